@@ -1,0 +1,355 @@
+//! The `materializer` command line (SPEC section 8).
+//!
+//! Exit status, for every command: 0 success; 1 the command's own error (a scan error, an
+//! invalid configuration); 2 the store was unreachable or the command line is wrong; 3 `apply`
+//! met a corrupt mailbox.
+
+mod output;
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{Backend, Config, Overrides};
+use crate::ingest::{apply_record, decode_record};
+use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
+use crate::store::memory::MemoryStore;
+use crate::store::{MailboxStore, SystemClock};
+
+use output::{ApplyLine, ErrorEnvelope, TruncateLine};
+
+/// Exit status: the store could not be reached (or the command line is wrong).
+pub const EXIT_UNAVAILABLE: u8 = 2;
+/// Exit status of `apply`: a delivery hit a corrupt mailbox.
+pub const EXIT_CORRUPT: u8 = 3;
+
+/// Materializes a dispatch log into per-user mailboxes.
+#[derive(Debug, Parser)]
+#[command(name = "materializer", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// TOML configuration file (see config/materializer.example.toml). Without it the defaults
+    /// apply, with the memory store.
+    #[arg(long, global = true, value_name = "FILE", env = "MATERIALIZER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Storage backend, overriding the configuration.
+    #[arg(long, global = true, value_enum)]
+    pub store: Option<BackendArg>,
+    /// Redis URL (redis:// or rediss://), overriding the configuration.
+    #[arg(long, global = true, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// Scylla contact points, comma-separated, overriding the configuration.
+    #[arg(
+        long,
+        global = true,
+        value_name = "HOST:PORT[,..]",
+        value_delimiter = ','
+    )]
+    pub scylla_nodes: Option<Vec<String>>,
+    /// Scylla keyspace, overriding the configuration.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub scylla_keyspace: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BackendArg {
+    Memory,
+    Redis,
+    Scylla,
+}
+
+impl From<BackendArg> for Backend {
+    fn from(b: BackendArg) -> Self {
+        match b {
+            BackendArg::Memory => Backend::Memory,
+            BackendArg::Redis => Backend::Redis,
+            BackendArg::Scylla => Backend::Scylla,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate the configuration and print it (secrets masked) as JSON.
+    CheckConfig,
+    /// Apply dispatch records (one JSON object a line) straight to the store, printing one JSON
+    /// line per delivery.
+    Apply(ApplyArgs),
+    /// Read a page of a mailbox as one JSON object.
+    Scan(ScanArgs),
+    /// Print a mailbox's metadata as one JSON object (no promote runs first).
+    Inspect(MailboxArgs),
+    /// Raise a mailbox's trim: every group below --before is deleted.
+    Truncate(TruncateArgs),
+    /// Compact a mailbox's expired days into its gap boundary and print the result.
+    Promote(MailboxArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// File of records, or - for standard input.
+    #[arg(default_value = "-", value_name = "FILE|-")]
+    pub input: String,
+    /// Largest record accepted, in bytes; a longer line is malformed (oversized).
+    #[arg(long, default_value_t = crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES)]
+    pub max_record_bytes: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct MailboxArgs {
+    /// The user id.
+    #[arg(long, value_name = "U")]
+    pub user: String,
+    /// The mailbox epoch.
+    #[arg(long, value_name = "E")]
+    pub epoch: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub mailbox: MailboxArgs,
+    /// The cursor: only seqs above it are returned.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub after: u64,
+    /// Inclusive upper bound.
+    #[arg(long, value_name = "S")]
+    pub until: Option<u64>,
+    /// Most groups returned (1..=10000).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct TruncateArgs {
+    #[command(flatten)]
+    pub mailbox: MailboxArgs,
+    /// First seq to keep; everything below is deleted.
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..=MAX_MAILBOX_SEQ))]
+    pub before: u64,
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        backend: cli.global.store.map(Backend::from),
+        redis_url: cli.global.redis_url.clone(),
+        scylla_nodes: cli.global.scylla_nodes.clone(),
+        scylla_keyspace: cli.global.scylla_keyspace.clone(),
+    };
+    let config = match Config::load(cli.global.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: invalid configuration: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli.command, config))
+}
+
+async fn run(command: Command, config: Config) -> ExitCode {
+    if let Command::CheckConfig = command {
+        println!("{}", config.redacted());
+        return ExitCode::SUCCESS;
+    }
+    let store = match open_store(&config).await {
+        Ok(store) => store,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    match command {
+        Command::CheckConfig => ExitCode::SUCCESS,
+        Command::Apply(args) => apply(store.as_ref(), &args).await,
+        Command::Scan(args) => scan(store.as_ref(), &args).await,
+        Command::Inspect(args) => inspect(store.as_ref(), &args).await,
+        Command::Truncate(args) => truncate(store.as_ref(), &args).await,
+        Command::Promote(args) => promote(store.as_ref(), &args).await,
+    }
+}
+
+/// Builds the configured backend.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn MailboxStore>, String> {
+    let policy = config.retention.policy();
+    match config.store.backend {
+        Backend::Memory => Ok(Arc::new(MemoryStore::new(policy, Arc::new(SystemClock)))),
+        other => Err(format!(
+            "the {} backend is not available in this build; use --store memory",
+            other.as_str()
+        )),
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    match serde_json::to_string(value) {
+        Ok(text) => println!("{text}"),
+        Err(e) => eprintln!("error: cannot render output: {e}"),
+    }
+}
+
+fn mailbox_of(args: &MailboxArgs) -> Result<MailboxId, ExitCode> {
+    UserId::parse(&args.user)
+        .map(|user| MailboxId::new(user, args.epoch))
+        .map_err(|e| {
+            eprintln!("error: --user: {e}");
+            ExitCode::from(EXIT_UNAVAILABLE)
+        })
+}
+
+/// Prints a store error as `{"error": ...}` and picks the exit status.
+fn fail(e: &StoreError) -> ExitCode {
+    print_json(&ErrorEnvelope::from(e));
+    match e {
+        StoreError::Unavailable { .. } => ExitCode::from(EXIT_UNAVAILABLE),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+async fn apply(store: &dyn MailboxStore, args: &ApplyArgs) -> ExitCode {
+    let reader: Box<dyn BufRead> = if args.input == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        match std::fs::File::open(&args.input) {
+            Ok(file) => Box::new(std::io::BufReader::new(file)),
+            Err(e) => {
+                eprintln!("error: cannot open {}: {e}", args.input);
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let mut corrupt = false;
+    let mut reader = reader;
+    let mut line_no = 0u64;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("error: reading {}: {e}", args.input);
+                return ExitCode::FAILURE;
+            }
+        }
+        line_no += 1;
+        let line = trim_line(&buf);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let record = match decode_record(line, args.max_record_bytes) {
+            Ok(record) => record,
+            Err(e) => {
+                print_json(&ApplyLine::malformed(line_no, &e));
+                continue;
+            }
+        };
+        for delivery in apply_record(store, &record).await {
+            if let Err(StoreError::Unavailable { detail, .. }) = &delivery.result {
+                let _ = std::io::stdout().flush();
+                eprintln!("error: line {line_no}: store unreachable: {detail}");
+                return ExitCode::from(EXIT_UNAVAILABLE);
+            }
+            corrupt |= matches!(delivery.result, Err(StoreError::Corrupt { .. }));
+            print_json(&ApplyLine::delivery(line_no, &delivery));
+        }
+    }
+    if corrupt {
+        ExitCode::from(EXIT_CORRUPT)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn trim_line(buf: &[u8]) -> &[u8] {
+    let mut end = buf.len();
+    while end > 0 && matches!(buf[end - 1], b'\n' | b'\r') {
+        end -= 1;
+    }
+    &buf[..end]
+}
+
+async fn scan(store: &dyn MailboxStore, args: &ScanArgs) -> ExitCode {
+    let mailbox = match mailbox_of(&args.mailbox) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    let request = ScanRequest {
+        after_seq: args.after,
+        until_seq: args.until,
+        limit_groups: args.limit,
+    };
+    match store.range_scan(&mailbox, request).await {
+        Ok(page) => {
+            print_json(&page);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+async fn inspect(store: &dyn MailboxStore, args: &MailboxArgs) -> ExitCode {
+    let mailbox = match mailbox_of(args) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    match store.inspect(&mailbox).await {
+        Ok(inspection) => {
+            print_json(&inspection);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+async fn truncate(store: &dyn MailboxStore, args: &TruncateArgs) -> ExitCode {
+    let mailbox = match mailbox_of(&args.mailbox) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    match store.truncate_before(&mailbox, args.before).await {
+        Ok(outcome) => {
+            print_json(&TruncateLine {
+                user_trim_seq: outcome.user_trim_seq,
+            });
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+async fn promote(store: &dyn MailboxStore, args: &MailboxArgs) -> ExitCode {
+    let mailbox = match mailbox_of(args) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    match store.promote(&mailbox).await {
+        Ok(outcome) => {
+            print_json(&outcome);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}

@@ -1,0 +1,567 @@
+//! Configuration: TOML files (see `config/materializer.example.toml`), then environment
+//! overrides, then command-line overrides, then validation.
+//!
+//! Every section and field has a default, so an empty file (or none) is a working memory-store
+//! configuration. Unknown keys are refused so a typo cannot silently fall back to a default.
+//! Secrets (Redis passwords in the URL, Scylla credentials) may come from the environment and are
+//! never printed: `Debug` and [`Config::redacted`] mask them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{RetentionPolicy, RetentionPolicyError};
+
+/// Why a configuration is refused. Every variant names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: String, message: String },
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+    #[error(transparent)]
+    Retention(#[from] RetentionPolicyError),
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Which backend holds the mailboxes, and how to reach it.
+    pub store: StoreConfig,
+    /// What a mailbox keeps.
+    pub retention: RetentionConfig,
+    /// The dispatch topic and the consumer group.
+    pub kafka: KafkaConfig,
+    /// Metrics and health endpoints.
+    pub http: HttpConfig,
+}
+
+/// The storage backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In-process, lost on exit: the reference and the embedded default.
+    #[default]
+    Memory,
+    Redis,
+    Scylla,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Redis => "redis",
+            Self::Scylla => "scylla",
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "memory" => Ok(Self::Memory),
+            "redis" => Ok(Self::Redis),
+            "scylla" => Ok(Self::Scylla),
+            other => Err(invalid(
+                "store.backend",
+                format!("unknown backend {other:?}; expected memory, redis or scylla"),
+            )),
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `memory` (default), `redis` or `scylla`.
+    pub backend: Backend,
+    pub redis: RedisConfig,
+    pub scylla: ScyllaConfig,
+}
+
+/// `[store.redis]`.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://` for TLS.
+    pub url: String,
+    /// Use the Redis Cluster client.
+    pub cluster: bool,
+    /// Prefix of every key (`P` in the key layout).
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: default_redis_url(),
+            cluster: false,
+            key_prefix: "mm".to_owned(),
+        }
+    }
+}
+
+fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379".to_owned()
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact_url(&self.url))
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+/// `[store.scylla]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScyllaConfig {
+    /// Contact points, `host:port`.
+    pub nodes: Vec<String>,
+    /// Keyspace holding the mailbox tables.
+    pub keyspace: String,
+}
+
+impl Default for ScyllaConfig {
+    fn default() -> Self {
+        Self {
+            nodes: vec!["127.0.0.1:9042".to_owned()],
+            keyspace: "mailbox".to_owned(),
+        }
+    }
+}
+
+/// `[retention]`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Days a bucket lives after its day ends.
+    pub days: u32,
+    /// How many days into the future a `committed_at` may lie.
+    pub future_window_days: u32,
+    /// Largest span between a mailbox's oldest and newest active day.
+    pub max_active_span_days: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        let p = RetentionPolicy::default();
+        Self {
+            days: p.retention_days,
+            future_window_days: p.future_window_days,
+            max_active_span_days: p.max_active_span_days,
+        }
+    }
+}
+
+impl RetentionConfig {
+    pub fn policy(&self) -> RetentionPolicy {
+        RetentionPolicy {
+            retention_days: self.days,
+            future_window_days: self.future_window_days,
+            max_active_span_days: self.max_active_span_days,
+        }
+    }
+}
+
+/// `[kafka]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma-separated.
+    pub brokers: String,
+    /// The dispatch topic.
+    pub topic: String,
+    /// Consumer group of the daemon.
+    pub group_id: String,
+    /// Where malformed, rejected and conflicting records go.
+    pub dlq_topic: String,
+    /// Passed to librdkafka as they are (TLS, SASL, ...).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".to_owned(),
+            topic: "dispatch".to_owned(),
+            group_id: "mailbox-materializer".to_owned(),
+            dlq_topic: "dispatch.dlq".to_owned(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address of `/metrics`, `/healthz`, `/readyz`.
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9898".to_owned(),
+        }
+    }
+}
+
+/// Overrides from the command line; `None` keeps the configured value.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub backend: Option<Backend>,
+    pub redis_url: Option<String>,
+    pub scylla_nodes: Option<Vec<String>>,
+    pub scylla_keyspace: Option<String>,
+}
+
+/// Environment variables read by [`Config::apply_env`], in the order applied.
+pub const ENV_VARS: &[&str] = &[
+    "MATERIALIZER_STORE",
+    "MATERIALIZER_REDIS_URL",
+    "MATERIALIZER_SCYLLA_NODES",
+    "MATERIALIZER_SCYLLA_KEYSPACE",
+    "MATERIALIZER_KAFKA_BROKERS",
+];
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<text>".to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Loads the file (or the defaults), applies the environment and the overrides, validates.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut config = match path {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        config.apply_env(|name| std::env::var(name).ok())?;
+        config.apply_overrides(overrides);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Applies the environment variables of [`ENV_VARS`], read through `get`.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = get("MATERIALIZER_STORE") {
+            self.store.backend = v.parse()?;
+        }
+        if let Some(v) = get("MATERIALIZER_REDIS_URL") {
+            self.store.redis.url = v;
+        }
+        if let Some(v) = get("MATERIALIZER_SCYLLA_NODES") {
+            self.store.scylla.nodes = split_list(&v);
+        }
+        if let Some(v) = get("MATERIALIZER_SCYLLA_KEYSPACE") {
+            self.store.scylla.keyspace = v;
+        }
+        if let Some(v) = get("MATERIALIZER_KAFKA_BROKERS") {
+            self.kafka.brokers = v;
+        }
+        Ok(())
+    }
+
+    pub fn apply_overrides(&mut self, overrides: &Overrides) {
+        if let Some(backend) = overrides.backend {
+            self.store.backend = backend;
+        }
+        if let Some(url) = &overrides.redis_url {
+            self.store.redis.url = url.clone();
+        }
+        if let Some(nodes) = &overrides.scylla_nodes {
+            self.store.scylla.nodes = nodes.clone();
+        }
+        if let Some(keyspace) = &overrides.scylla_keyspace {
+            self.store.scylla.keyspace = keyspace.clone();
+        }
+    }
+
+    /// Checks every field and the relations between them; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.retention.policy().validate()?;
+
+        let redis = &self.store.redis;
+        if !(redis.url.starts_with("redis://") || redis.url.starts_with("rediss://")) {
+            return Err(invalid(
+                "store.redis.url",
+                format!(
+                    "{} must start with redis:// or rediss://",
+                    redact_url(&redis.url)
+                ),
+            ));
+        }
+        if redis.key_prefix.is_empty()
+            || redis.key_prefix.len() > 64
+            || !redis
+                .key_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))
+        {
+            return Err(invalid(
+                "store.redis.key_prefix",
+                format!(
+                    "{:?} must be 1..=64 characters of [A-Za-z0-9._:-]",
+                    redis.key_prefix
+                ),
+            ));
+        }
+
+        let scylla = &self.store.scylla;
+        if scylla.nodes.is_empty() {
+            return Err(invalid(
+                "store.scylla.nodes",
+                "at least one host:port is required",
+            ));
+        }
+        for node in &scylla.nodes {
+            validate_host_port("store.scylla.nodes", node)?;
+        }
+        let keyspace_ok = !scylla.keyspace.is_empty()
+            && scylla.keyspace.len() <= 48
+            && scylla
+                .keyspace
+                .starts_with(|c: char| c.is_ascii_alphabetic())
+            && scylla
+                .keyspace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !keyspace_ok {
+            return Err(invalid(
+                "store.scylla.keyspace",
+                format!(
+                    "{:?} must be 1..=48 characters of [A-Za-z0-9_] starting with a letter",
+                    scylla.keyspace
+                ),
+            ));
+        }
+
+        let kafka = &self.kafka;
+        if kafka.brokers.trim().is_empty() {
+            return Err(invalid(
+                "kafka.brokers",
+                "at least one host:port is required",
+            ));
+        }
+        for broker in split_list(&kafka.brokers) {
+            validate_host_port("kafka.brokers", &broker)?;
+        }
+        for (key, value) in [
+            ("kafka.topic", &kafka.topic),
+            ("kafka.dlq_topic", &kafka.dlq_topic),
+        ] {
+            validate_topic(key, value)?;
+        }
+        if kafka.topic == kafka.dlq_topic {
+            return Err(invalid(
+                "kafka.dlq_topic",
+                "must differ from kafka.topic: dead letters would be consumed again",
+            ));
+        }
+        if kafka.group_id.trim().is_empty() {
+            return Err(invalid("kafka.group_id", "must not be empty"));
+        }
+
+        self.http
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("http.listen", format!("{:?}: {e}", self.http.listen)))?;
+        Ok(())
+    }
+
+    /// The configuration as JSON with secrets masked, for `check-config`.
+    pub fn redacted(&self) -> serde_json::Value {
+        let mut copy = self.clone();
+        copy.store.redis.url = redact_url(&copy.store.redis.url);
+        for (key, value) in copy.kafka.properties.iter_mut() {
+            if is_secret_key(key) {
+                *value = "***".to_owned();
+            }
+        }
+        serde_json::to_value(&copy).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password") || key.contains("secret") || key.contains("key.pem")
+}
+
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn validate_host_port(key: &str, value: &str) -> Result<(), ConfigError> {
+    let ok = value
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("{value:?} is not host:port")))
+    }
+}
+
+fn validate_topic(key: &str, topic: &str) -> Result<(), ConfigError> {
+    let ok = !topic.is_empty()
+        && topic.len() <= 249
+        && topic
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("{topic:?} is not a Kafka topic name (1..=249 of [A-Za-z0-9._-])"),
+        ))
+    }
+}
+
+/// Masks the password of a Redis URL: `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((credentials, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match credentials.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://***@{host}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_the_memory_default() {
+        let c = Config::from_toml("").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.store.backend, Backend::Memory);
+        assert_eq!(c.retention.policy(), RetentionPolicy::default());
+    }
+
+    #[test]
+    fn the_example_file_parses_and_validates() {
+        let text = include_str!("../config/materializer.example.toml");
+        let c = Config::from_toml(text).unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = Config::from_toml("[store]\nbakend = \"redis\"\n").unwrap_err();
+        assert!(e.to_string().contains("bakend"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let mut c = Config::default();
+        c.store.redis.url = "http://x".into();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("store.redis.url"));
+        let mut c = Config::default();
+        c.retention.days = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("retention.days"));
+        let mut c = Config::default();
+        c.kafka.dlq_topic = c.kafka.topic.clone();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("kafka.dlq_topic"));
+        let mut c = Config::default();
+        c.http.listen = "nowhere".into();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("http.listen"));
+    }
+
+    #[test]
+    fn environment_then_flags_override_the_file() {
+        let mut c = Config::default();
+        c.apply_env(|name| match name {
+            "MATERIALIZER_STORE" => Some("redis".into()),
+            "MATERIALIZER_REDIS_URL" => Some("redis://env:1".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.store.backend, Backend::Redis);
+        c.apply_overrides(&Overrides {
+            redis_url: Some("redis://flag:2".into()),
+            ..Default::default()
+        });
+        assert_eq!(c.store.redis.url, "redis://flag:2");
+    }
+
+    #[test]
+    fn secrets_are_masked() {
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("rediss://pw@h:1"), "rediss://***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        let mut c = Config::default();
+        c.store.redis.url = "redis://u:hunter2@h:1".into();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(!c.redacted().to_string().contains("hunter2"));
+    }
+}

@@ -1,0 +1,586 @@
+//! Decoding of dispatch records (SPEC section 3).
+//!
+//! The decoder walks a `serde_json::Value` by hand instead of deriving `Deserialize`, so every
+//! error names the exact field path (`deliveries[0].events[2].event_ordinal`) and says what was
+//! wrong. It never panics, whatever the bytes.
+//!
+//! Decisions where SPEC leaves a choice:
+//! - Unknown fields are **rejected** at every level of a known record type (top level,
+//!   deliveries, events), except inside `payload`, which is opaque. A typo in an upstream field
+//!   must not be silently dropped; an upstream schema change is a deliberate, coordinated rollout.
+//! - `type` may be omitted (means `group_dispatch`); an unknown `type` is malformed.
+//! - `dispatch_id` and `group_id` are required, non-empty strings of at most 1,024 bytes.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::model::validate::MAX_CREATED_AT_MS;
+use crate::model::{Event, EventGroup, MailboxId, Payload, UserId, MAX_MAILBOX_SEQ};
+
+/// Default ceiling on one record's size, in bytes (SPEC: 1 MiB, configurable).
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1 << 20;
+
+/// Longest `dispatch_id` / `group_id`, in bytes.
+pub const MAX_ID_BYTES: usize = 1024;
+
+/// What kind of malformation a record has. The words are the `error.kind` of a `malformed` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MalformedKind {
+    Oversized,
+    InvalidJson,
+    UnknownType,
+    UnknownField,
+    MissingField,
+    WrongType,
+    OutOfRange,
+    Empty,
+    InvalidUserId,
+}
+
+impl MalformedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Oversized => "oversized",
+            Self::InvalidJson => "invalid_json",
+            Self::UnknownType => "unknown_type",
+            Self::UnknownField => "unknown_field",
+            Self::MissingField => "missing_field",
+            Self::WrongType => "wrong_type",
+            Self::OutOfRange => "out_of_range",
+            Self::Empty => "empty",
+            Self::InvalidUserId => "invalid_user_id",
+        }
+    }
+}
+
+/// A malformed record: the kind, the field path (empty for the whole record) and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DecodeError {
+    pub kind: MalformedKind,
+    pub field: String,
+    pub detail: String,
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}: {}", self.kind.as_str(), self.detail)
+        } else {
+            write!(
+                f,
+                "{}: field `{}`: {}",
+                self.kind.as_str(),
+                self.field,
+                self.detail
+            )
+        }
+    }
+}
+
+impl DecodeError {
+    fn new(kind: MalformedKind, field: &str, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            field: field.to_owned(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// One decoded record of the dispatch topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchRecord {
+    GroupDispatch(GroupDispatch),
+    TruncateBefore(TruncateBefore),
+}
+
+/// A group message's deliveries to the mailboxes of one shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDispatch {
+    pub dispatch_id: String,
+    pub group_id: String,
+    /// Milliseconds since the Unix epoch; every event's `created_at`.
+    pub committed_at: u64,
+    /// One group per delivery, in record order.
+    pub deliveries: Vec<EventGroup>,
+}
+
+/// An explicit trim of one mailbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncateBefore {
+    pub mailbox: MailboxId,
+    pub before_seq: u64,
+}
+
+impl DispatchRecord {
+    /// `dispatch_id` of a group dispatch, for dead-letter headers.
+    pub fn dispatch_id(&self) -> Option<&str> {
+        match self {
+            Self::GroupDispatch(g) => Some(&g.dispatch_id),
+            Self::TruncateBefore(_) => None,
+        }
+    }
+}
+
+/// Decodes one record, refusing anything over `max_record_bytes`.
+pub fn decode_record(bytes: &[u8], max_record_bytes: usize) -> Result<DispatchRecord, DecodeError> {
+    if bytes.len() > max_record_bytes {
+        return Err(DecodeError::new(
+            MalformedKind::Oversized,
+            "",
+            format!(
+                "record is {} bytes; at most {max_record_bytes} are allowed",
+                bytes.len()
+            ),
+        ));
+    }
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        DecodeError::new(
+            MalformedKind::InvalidJson,
+            "",
+            format!("not valid JSON: {e}"),
+        )
+    })?;
+    let Value::Object(object) = value else {
+        return Err(DecodeError::new(
+            MalformedKind::WrongType,
+            "",
+            format!("expected a JSON object, got {}", type_name(&value)),
+        ));
+    };
+    let record_type = match object.get("type") {
+        None => "group_dispatch",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(DecodeError::new(
+                MalformedKind::WrongType,
+                "type",
+                format!("expected a string, got {}", type_name(other)),
+            ))
+        }
+    };
+    match record_type {
+        "group_dispatch" => decode_group_dispatch(&object).map(DispatchRecord::GroupDispatch),
+        "truncate_before" => decode_truncate(&object).map(DispatchRecord::TruncateBefore),
+        other => Err(DecodeError::new(
+            MalformedKind::UnknownType,
+            "type",
+            format!(
+                "unknown record type {other:?}; expected \"group_dispatch\" or \"truncate_before\""
+            ),
+        )),
+    }
+}
+
+const GROUP_FIELDS: &[&str] = &[
+    "type",
+    "dispatch_id",
+    "group_id",
+    "committed_at",
+    "deliveries",
+];
+const DELIVERY_FIELDS: &[&str] = &["user_id", "epoch", "mailbox_seq", "events"];
+const EVENT_FIELDS: &[&str] = &["event_ordinal", "payload"];
+const TRUNCATE_FIELDS: &[&str] = &["type", "user_id", "epoch", "before_seq"];
+
+fn decode_group_dispatch(object: &Map<String, Value>) -> Result<GroupDispatch, DecodeError> {
+    reject_unknown(object, GROUP_FIELDS, "")?;
+    let dispatch_id = bounded_string(object, "dispatch_id", "dispatch_id")?;
+    let group_id = bounded_string(object, "group_id", "group_id")?;
+    let committed_at = integer(object, "committed_at", "committed_at", 0, MAX_CREATED_AT_MS)?;
+    let deliveries = non_empty_array(object, "deliveries", "deliveries")?;
+    let deliveries = deliveries
+        .iter()
+        .enumerate()
+        .map(|(i, d)| decode_delivery(d, &format!("deliveries[{i}]"), committed_at))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(GroupDispatch {
+        dispatch_id,
+        group_id,
+        committed_at,
+        deliveries,
+    })
+}
+
+fn decode_delivery(
+    value: &Value,
+    path: &str,
+    committed_at: u64,
+) -> Result<EventGroup, DecodeError> {
+    let object = as_object(value, path)?;
+    reject_unknown(object, DELIVERY_FIELDS, path)?;
+    let mailbox = mailbox(object, path)?;
+    let mailbox_seq = integer(
+        object,
+        "mailbox_seq",
+        &join(path, "mailbox_seq"),
+        1,
+        MAX_MAILBOX_SEQ,
+    )?;
+    let events_path = join(path, "events");
+    let events = non_empty_array(object, "events", &events_path)?;
+    let events = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| decode_event(e, &format!("{events_path}[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EventGroup {
+        mailbox,
+        mailbox_seq,
+        created_at: committed_at,
+        events,
+    })
+}
+
+fn decode_event(value: &Value, path: &str) -> Result<Event, DecodeError> {
+    let object = as_object(value, path)?;
+    reject_unknown(object, EVENT_FIELDS, path)?;
+    let event_ordinal = integer(
+        object,
+        "event_ordinal",
+        &join(path, "event_ordinal"),
+        0,
+        u64::from(u32::MAX),
+    )? as u32;
+    let payload = object
+        .get("payload")
+        .ok_or_else(|| missing(&join(path, "payload")))?;
+    Ok(Event {
+        event_ordinal,
+        payload: Payload::from_value(payload),
+    })
+}
+
+fn decode_truncate(object: &Map<String, Value>) -> Result<TruncateBefore, DecodeError> {
+    reject_unknown(object, TRUNCATE_FIELDS, "")?;
+    let mailbox = mailbox(object, "")?;
+    let before_seq = integer(object, "before_seq", "before_seq", 1, MAX_MAILBOX_SEQ)?;
+    Ok(TruncateBefore {
+        mailbox,
+        before_seq,
+    })
+}
+
+fn mailbox(object: &Map<String, Value>, path: &str) -> Result<MailboxId, DecodeError> {
+    let user_path = join(path, "user_id");
+    let user_id = match object.get("user_id") {
+        None => return Err(missing(&user_path)),
+        Some(Value::String(s)) => UserId::parse(s).map_err(|e| {
+            DecodeError::new(MalformedKind::InvalidUserId, &user_path, e.to_string())
+        })?,
+        Some(other) => return Err(wrong_type(&user_path, "a string", other)),
+    };
+    let epoch = integer(
+        object,
+        "epoch",
+        &join(path, "epoch"),
+        0,
+        u64::from(u32::MAX),
+    )? as u32;
+    Ok(MailboxId::new(user_id, epoch))
+}
+
+fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+fn as_object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, DecodeError> {
+    value
+        .as_object()
+        .ok_or_else(|| wrong_type(path, "an object", value))
+}
+
+fn reject_unknown(
+    object: &Map<String, Value>,
+    known: &[&str],
+    path: &str,
+) -> Result<(), DecodeError> {
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(DecodeError::new(
+            MalformedKind::UnknownField,
+            &join(path, unknown),
+            format!("unknown field; expected one of {}", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn missing(path: &str) -> DecodeError {
+    DecodeError::new(
+        MalformedKind::MissingField,
+        path,
+        "required field is missing",
+    )
+}
+
+fn wrong_type(path: &str, expected: &str, got: &Value) -> DecodeError {
+    DecodeError::new(
+        MalformedKind::WrongType,
+        path,
+        format!("expected {expected}, got {}", type_name(got)),
+    )
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a fractional number",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn integer(
+    object: &Map<String, Value>,
+    key: &str,
+    path: &str,
+    min: u64,
+    max: u64,
+) -> Result<u64, DecodeError> {
+    let value = object.get(key).ok_or_else(|| missing(path))?;
+    let out_of_range = |shown: String| {
+        DecodeError::new(
+            MalformedKind::OutOfRange,
+            path,
+            format!("{shown} is outside {min}..={max}"),
+        )
+    };
+    match value {
+        Value::Number(n) => {
+            if let Some(v) = n.as_u64() {
+                if v < min || v > max {
+                    return Err(out_of_range(v.to_string()));
+                }
+                Ok(v)
+            } else if let Some(v) = n.as_i64() {
+                Err(out_of_range(v.to_string()))
+            } else if n.as_f64().is_some_and(|f| f.fract() == 0.0) {
+                Err(out_of_range(n.to_string()))
+            } else {
+                Err(wrong_type(path, "an integer", value))
+            }
+        }
+        other => Err(wrong_type(path, "an integer", other)),
+    }
+}
+
+fn bounded_string(
+    object: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<String, DecodeError> {
+    match object.get(key) {
+        None => Err(missing(path)),
+        Some(Value::String(s)) if s.is_empty() => Err(DecodeError::new(
+            MalformedKind::Empty,
+            path,
+            "must not be empty",
+        )),
+        Some(Value::String(s)) if s.len() > MAX_ID_BYTES => Err(DecodeError::new(
+            MalformedKind::OutOfRange,
+            path,
+            format!("{} bytes long; at most {MAX_ID_BYTES} are allowed", s.len()),
+        )),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(wrong_type(path, "a string", other)),
+    }
+}
+
+fn non_empty_array<'a>(
+    object: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<&'a [Value], DecodeError> {
+    match object.get(key) {
+        None => Err(missing(path)),
+        Some(Value::Array(items)) if items.is_empty() => Err(DecodeError::new(
+            MalformedKind::Empty,
+            path,
+            "must hold at least one entry",
+        )),
+        Some(Value::Array(items)) => Ok(items),
+        Some(other) => Err(wrong_type(path, "an array", other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = r#"{"type": "group_dispatch",
+ "dispatch_id": "grp-42/msg-9001", "group_id": "grp-42", "committed_at": 1764633600123,
+ "deliveries": [
+   {"user_id": "u-17", "epoch": 3, "mailbox_seq": 1042,
+    "events": [{"event_ordinal": 0, "payload": {"kind": "message", "body": "hi"}},
+               {"event_ordinal": 1, "payload": {"kind": "reaction", "emoji": "+1"}}]}]}"#;
+
+    fn decode(s: &str) -> Result<DispatchRecord, DecodeError> {
+        decode_record(s.as_bytes(), DEFAULT_MAX_RECORD_BYTES)
+    }
+
+    fn err(s: &str) -> DecodeError {
+        decode(s).expect_err("expected a malformed record")
+    }
+
+    #[test]
+    fn decodes_the_spec_example() {
+        let DispatchRecord::GroupDispatch(g) = decode(VALID).unwrap() else {
+            panic!("expected a group dispatch");
+        };
+        assert_eq!(g.dispatch_id, "grp-42/msg-9001");
+        assert_eq!(g.deliveries.len(), 1);
+        let d = &g.deliveries[0];
+        assert_eq!(d.mailbox.user_id.as_str(), "u-17");
+        assert_eq!(d.mailbox.epoch, 3);
+        assert_eq!(d.mailbox_seq, 1042);
+        assert_eq!(d.created_at, 1_764_633_600_123);
+        assert_eq!(
+            d.events[0].payload.as_str(),
+            r#"{"body":"hi","kind":"message"}"#
+        );
+    }
+
+    #[test]
+    fn type_may_be_omitted() {
+        let without = VALID.replacen(r#""type": "group_dispatch","#, "", 1);
+        assert!(matches!(
+            decode(&without),
+            Ok(DispatchRecord::GroupDispatch(_))
+        ));
+    }
+
+    #[test]
+    fn decodes_truncate_before() {
+        let r = decode(
+            r#"{"type": "truncate_before", "user_id": "u-17", "epoch": 3, "before_seq": 900}"#,
+        )
+        .unwrap();
+        let DispatchRecord::TruncateBefore(t) = r else {
+            panic!("expected a truncate");
+        };
+        assert_eq!(t.before_seq, 900);
+        assert_eq!(t.mailbox.epoch, 3);
+    }
+
+    #[test]
+    fn every_malformation_names_its_field() {
+        let cases: &[(&str, MalformedKind, &str)] = &[
+            ("[1]", MalformedKind::WrongType, ""),
+            ("{\"a\":", MalformedKind::InvalidJson, ""),
+            (r#"{"type":"nope"}"#, MalformedKind::UnknownType, "type"),
+            (r#"{"type":7}"#, MalformedKind::WrongType, "type"),
+            (
+                &VALID.replacen("\"group_id\"", "\"grop_id\"", 1),
+                MalformedKind::UnknownField,
+                "grop_id",
+            ),
+            (
+                &VALID.replacen("\"committed_at\": 1764633600123,", "", 1),
+                MalformedKind::MissingField,
+                "committed_at",
+            ),
+            (
+                &VALID.replacen("1764633600123", "-5", 1),
+                MalformedKind::OutOfRange,
+                "committed_at",
+            ),
+            (
+                &VALID.replacen("1764633600123", "\"x\"", 1),
+                MalformedKind::WrongType,
+                "committed_at",
+            ),
+            (
+                &VALID.replacen("1042", "0", 1),
+                MalformedKind::OutOfRange,
+                "deliveries[0].mailbox_seq",
+            ),
+            (
+                &VALID.replacen("1042", "10000000000000000", 1),
+                MalformedKind::OutOfRange,
+                "deliveries[0].mailbox_seq",
+            ),
+            (
+                &VALID.replacen("1042", "1.5", 1),
+                MalformedKind::WrongType,
+                "deliveries[0].mailbox_seq",
+            ),
+            (
+                &VALID.replacen("\"epoch\": 3", "\"epoch\": 4294967296", 1),
+                MalformedKind::OutOfRange,
+                "deliveries[0].epoch",
+            ),
+            (
+                &VALID.replacen("u-17", "u{17}", 1),
+                MalformedKind::InvalidUserId,
+                "deliveries[0].user_id",
+            ),
+            (
+                &VALID.replacen("\"event_ordinal\": 1", "\"event_ordinal\": -1", 1),
+                MalformedKind::OutOfRange,
+                "deliveries[0].events[1].event_ordinal",
+            ),
+            (
+                &VALID.replacen(
+                    ", \"payload\": {\"kind\": \"reaction\", \"emoji\": \"+1\"}",
+                    "",
+                    1,
+                ),
+                MalformedKind::MissingField,
+                "deliveries[0].events[1].payload",
+            ),
+            (
+                r#"{"dispatch_id":"d","group_id":"g","committed_at":1,"deliveries":[]}"#,
+                MalformedKind::Empty,
+                "deliveries",
+            ),
+            (
+                r#"{"dispatch_id":"d","group_id":"g","committed_at":1,"deliveries":[{"user_id":"u","epoch":1,"mailbox_seq":1,"events":[]}]}"#,
+                MalformedKind::Empty,
+                "deliveries[0].events",
+            ),
+            (
+                r#"{"dispatch_id":"","group_id":"g","committed_at":1,"deliveries":[1]}"#,
+                MalformedKind::Empty,
+                "dispatch_id",
+            ),
+            (
+                r#"{"dispatch_id":"d","group_id":"g","committed_at":1,"deliveries":[1]}"#,
+                MalformedKind::WrongType,
+                "deliveries[0]",
+            ),
+            (
+                r#"{"type":"truncate_before","user_id":"u","epoch":1,"before_seq":0}"#,
+                MalformedKind::OutOfRange,
+                "before_seq",
+            ),
+            (
+                r#"{"type":"truncate_before","user_id":"u","epoch":1,"before_seq":5,"x":1}"#,
+                MalformedKind::UnknownField,
+                "x",
+            ),
+        ];
+        for (input, kind, field) in cases {
+            let e = err(input);
+            assert_eq!(
+                (e.kind, e.field.as_str()),
+                (*kind, *field),
+                "input {input}: {e}"
+            );
+            assert!(!e.detail.is_empty());
+        }
+    }
+
+    #[test]
+    fn oversized_records_are_refused_before_parsing() {
+        let e = decode_record(VALID.as_bytes(), 100).unwrap_err();
+        assert_eq!(e.kind, MalformedKind::Oversized);
+    }
+}

@@ -1,0 +1,10 @@
+//! Ingest: decoding dispatch records and applying them to a store.
+//!
+//! The CLI's `apply` and the daemon share [`apply::apply_record`], so a record has one meaning
+//! whichever door it comes through.
+
+pub mod apply;
+pub mod decode;
+
+pub use apply::{apply_record, DeliveryOutcome, DeliveryResult};
+pub use decode::{decode_record, DecodeError, DispatchRecord, MalformedKind};

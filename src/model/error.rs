@@ -1,0 +1,246 @@
+//! The errors of the store contract (SPEC 4) and their retry class.
+//!
+//! Every error carries a kind word from SPEC 8.1 (`kind()`), which the CLI prints and the metrics
+//! use as a label, and a [`RetryClass`] that tells the daemon what to do with the record.
+
+use std::fmt;
+
+/// What the daemon does with a record whose delivery failed this way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryClass {
+    /// The input can never succeed as it is: dead-letter it and move on.
+    Permanent,
+    /// The mailbox cannot be interpreted safely: block that mailbox (fail closed) until an
+    /// operator replays it from the log. Never skipped automatically.
+    Corrupt,
+    /// The backend could not be reached or answered oddly: retry with backoff.
+    Transient,
+}
+
+/// Why an input was rejected before anything was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectKind {
+    DuplicateOrdinal,
+    CrossBucketGroup,
+    FutureCreatedAt,
+    SpanExceeded,
+    InvalidField,
+}
+
+impl RejectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DuplicateOrdinal => "duplicate_ordinal",
+            Self::CrossBucketGroup => "cross_bucket_group",
+            Self::FutureCreatedAt => "future_created_at",
+            Self::SpanExceeded => "span_exceeded",
+            Self::InvalidField => "invalid_field",
+        }
+    }
+}
+
+/// A replay that disagrees with what the mailbox holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConflictKind {
+    /// The seq already lives in another day bucket.
+    CrossDay {
+        existing_day: u64,
+        incoming_day: u64,
+    },
+}
+
+impl ConflictKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CrossDay { .. } => "cross_day",
+        }
+    }
+}
+
+/// Mailbox state that cannot be interpreted safely.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CorruptKind {
+    /// Meta of another retention format (V2/V3); never read or written.
+    UnsupportedFormat { found: String },
+    /// Meta proves live groups but the identity index is wholly missing.
+    IndexLost,
+    /// An identity index exists without its meta.
+    MetaLost,
+    /// A live-day input at or below `seqbucket_max_seq` has no identity.
+    IdentityMissing { seq: u64, seqbucket_max_seq: u64 },
+    /// A day's proof is missing, unparseable or disagrees with the day set.
+    BadProof { detail: String },
+}
+
+impl CorruptKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::UnsupportedFormat { .. } => "unsupported_format",
+            Self::IndexLost => "index_lost",
+            Self::MetaLost => "meta_lost",
+            Self::IdentityMissing { .. } => "identity_missing",
+            Self::BadProof { .. } => "bad_proof",
+        }
+    }
+}
+
+/// Why a cursor can no longer be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CursorExpired {
+    /// `after_seq + 1 < user_trim_seq`: resume after `resume_after` (= `user_trim_seq - 1`).
+    Trimmed { resume_after: u64 },
+    /// `after_seq < expired_gap_boundary`: events up to `boundary` may be gone by natural expiry.
+    ExpiredGap { boundary: u64 },
+}
+
+impl CursorExpired {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Trimmed { .. } => "trimmed",
+            Self::ExpiredGap { .. } => "expired_gap",
+        }
+    }
+}
+
+/// Every way a store operation can fail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("rejected ({}): {detail}", kind.as_str())]
+    Rejected { kind: RejectKind, detail: String },
+    #[error("conflict ({}): {}", kind.as_str(), conflict_detail(kind))]
+    Conflict { kind: ConflictKind },
+    #[error("corrupt mailbox ({}): {}", kind.as_str(), corrupt_detail(kind))]
+    Corrupt { kind: CorruptKind },
+    #[error("epoch mismatch: current epoch is {}", fmt_epoch(*current))]
+    EpochMismatch { current: Option<u32> },
+    #[error("cursor expired ({}): {}", cursor.reason(), cursor_detail(*cursor))]
+    CursorExpired { cursor: CursorExpired },
+    /// The backend is unreachable or failed in a way a retry may fix.
+    #[error("store unavailable ({backend}): {detail}")]
+    Unavailable {
+        backend: &'static str,
+        detail: String,
+    },
+}
+
+fn fmt_epoch(current: Option<u32>) -> String {
+    current.map_or_else(|| "none".to_owned(), |e| e.to_string())
+}
+
+fn conflict_detail(kind: &ConflictKind) -> String {
+    match kind {
+        ConflictKind::CrossDay {
+            existing_day,
+            incoming_day,
+        } => format!(
+            "seq already lives in day {existing_day}; the replay is dated day {incoming_day}"
+        ),
+    }
+}
+
+fn corrupt_detail(kind: &CorruptKind) -> String {
+    match kind {
+        CorruptKind::UnsupportedFormat { found } => {
+            format!("meta has retention_format_version {found}; only 4 is read or written")
+        }
+        CorruptKind::IndexLost => {
+            "meta proves live groups but the identity index is missing; replay the mailbox from the log"
+                .to_owned()
+        }
+        CorruptKind::MetaLost => {
+            "identity index exists without meta; replay the mailbox from the log".to_owned()
+        }
+        CorruptKind::IdentityMissing {
+            seq,
+            seqbucket_max_seq,
+        } => format!(
+            "seq {seq} is at or below seqbucket_max_seq {seqbucket_max_seq} but has no identity; replay the mailbox from the log"
+        ),
+        CorruptKind::BadProof { detail } => detail.clone(),
+    }
+}
+
+fn cursor_detail(cursor: CursorExpired) -> String {
+    match cursor {
+        CursorExpired::Trimmed { resume_after } => format!("resume after {resume_after}"),
+        CursorExpired::ExpiredGap { boundary } => {
+            format!("events up to seq {boundary} may have expired")
+        }
+    }
+}
+
+impl StoreError {
+    /// Shorthand for a rejection.
+    pub fn rejected(kind: RejectKind, detail: impl Into<String>) -> Self {
+        Self::Rejected {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// Shorthand for corruption.
+    pub fn corrupt(kind: CorruptKind) -> Self {
+        Self::Corrupt { kind }
+    }
+
+    /// The outcome word of SPEC 8.1 (`rejected`, `conflict`, `corrupt`) or the error's own kind
+    /// where SPEC gives the error no outcome word.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Rejected { .. } => "rejected",
+            Self::Conflict { .. } => "conflict",
+            Self::Corrupt { .. } => "corrupt",
+            Self::EpochMismatch { .. } => "rejected",
+            Self::CursorExpired { .. } => "cursor_expired",
+            Self::Unavailable { .. } => "unavailable",
+        }
+    }
+
+    /// The error kind word of SPEC 8.1.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Rejected { kind, .. } => kind.as_str(),
+            Self::Conflict { kind } => kind.as_str(),
+            Self::Corrupt { kind } => kind.as_str(),
+            Self::EpochMismatch { .. } => "epoch_mismatch",
+            Self::CursorExpired { .. } => "cursor_expired",
+            Self::Unavailable { .. } => "unavailable",
+        }
+    }
+
+    /// Human-readable detail without the kind prefix.
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Rejected { detail, .. } => detail.clone(),
+            Self::Conflict { kind } => conflict_detail(kind),
+            Self::Corrupt { kind } => corrupt_detail(kind),
+            Self::EpochMismatch { current } => {
+                format!("current epoch is {}", fmt_epoch(*current))
+            }
+            Self::CursorExpired { cursor } => cursor_detail(*cursor),
+            Self::Unavailable { detail, .. } => detail.clone(),
+        }
+    }
+
+    /// What the daemon does with a record that failed this way.
+    pub fn retry_class(&self) -> RetryClass {
+        match self {
+            Self::Rejected { .. }
+            | Self::Conflict { .. }
+            | Self::EpochMismatch { .. }
+            | Self::CursorExpired { .. } => RetryClass::Permanent,
+            Self::Corrupt { .. } => RetryClass::Corrupt,
+            Self::Unavailable { .. } => RetryClass::Transient,
+        }
+    }
+}
+
+impl fmt::Display for RetryClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Permanent => "permanent",
+            Self::Corrupt => "corrupt",
+            Self::Transient => "transient",
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! What store operations return when they succeed.
+//!
+//! The snake_case words returned by `as_str` are a stable interface: they are the `outcome` field of
+//! `materializer apply` and the `outcome` label of the metrics.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::group::Event;
+
+/// The successful results of [`append`](crate::store::MailboxStore::append) (SPEC 4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AppendOutcome {
+    /// A new group was written.
+    Inserted,
+    /// A same-day replay with identical content; nothing changed.
+    Unchanged,
+    /// A same-day replay with different content replaced the whole old group.
+    Replaced,
+    /// The input's day is already expired and no identity exists: the seq was merged into the
+    /// expired gap boundary and no event was written.
+    ExpiredMerged,
+    /// `seq < user_trim_seq`: the seq was explicitly truncated; nothing written.
+    Trimmed,
+    /// The input's epoch is older than the user's current epoch; nothing written.
+    StaleEpoch,
+}
+
+impl AppendOutcome {
+    pub const ALL: [AppendOutcome; 6] = [
+        Self::Inserted,
+        Self::Unchanged,
+        Self::Replaced,
+        Self::ExpiredMerged,
+        Self::Trimmed,
+        Self::StaleEpoch,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inserted => "inserted",
+            Self::Unchanged => "unchanged",
+            Self::Replaced => "replaced",
+            Self::ExpiredMerged => "expired_merged",
+            Self::Trimmed => "trimmed",
+            Self::StaleEpoch => "stale_epoch",
+        }
+    }
+}
+
+/// Result of [`truncate_before`](crate::store::MailboxStore::truncate_before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TruncateOutcome {
+    /// The trim after the call: `max(previous, before_seq)`.
+    pub user_trim_seq: u64,
+    /// Groups removed by this call.
+    pub removed_groups: u64,
+}
+
+/// Result of [`promote`](crate::store::MailboxStore::promote).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct PromoteOutcome {
+    /// Expired days compacted by this call.
+    pub expired_days: u32,
+    /// The boundary after the call.
+    pub expired_gap_boundary: u64,
+}
+
+/// Arguments of [`range_scan`](crate::store::MailboxStore::range_scan) (SPEC 4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanRequest {
+    /// Exclusive lower bound: the reader's cursor.
+    pub after_seq: u64,
+    /// Inclusive upper bound, if any.
+    pub until_seq: Option<u64>,
+    /// Most whole groups returned; `1..=MAX_SCAN_LIMIT`.
+    pub limit_groups: u32,
+}
+
+/// Ceiling on `limit_groups`: bounds the memory of one page.
+pub const MAX_SCAN_LIMIT: u32 = 10_000;
+
+/// One group as a reader sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScannedGroup {
+    pub mailbox_seq: u64,
+    pub created_at: u64,
+    /// Shared with the store where the backend can (memory), copied otherwise.
+    pub events: Arc<[Event]>,
+}
+
+/// A page of a mailbox: every live event with `after_seq < seq <= up_to` is in `groups`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScanPage {
+    pub groups: Vec<ScannedGroup>,
+    pub up_to: u64,
+    pub has_more: bool,
+}
+
+impl ScanPage {
+    /// A page that covers nothing beyond the cursor.
+    pub fn empty(after_seq: u64) -> Self {
+        Self {
+            groups: Vec::new(),
+            up_to: after_seq,
+            has_more: false,
+        }
+    }
+}
+
+/// The proof a mailbox keeps for one active day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ActiveDay {
+    /// `bucket_max_seq:<day>`: largest seq ever written into the day.
+    pub max_seq: u64,
+    /// `bucket_expires_at:<day>`.
+    pub expires_at: u64,
+}
+
+/// A read-only dump of a mailbox's metadata, as stored (no promote runs first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MailboxInspection {
+    /// `retention_format_version` of the meta; `None` when the mailbox has no meta.
+    pub format_version: Option<u32>,
+    /// The user's current epoch; `None` for a user never written.
+    pub current_epoch: Option<u32>,
+    pub min_day: Option<u64>,
+    pub max_day: Option<u64>,
+    pub active_day_count: u32,
+    pub active_days: BTreeMap<u64, ActiveDay>,
+    pub expired_gap_boundary: u64,
+    pub seqbucket_max_seq: u64,
+    pub user_trim_seq: u64,
+    /// Members of the identity index, expired ones included until a promote drops them.
+    pub identity_count: u64,
+    /// Whether the identity index exists at all.
+    pub identity_index_present: bool,
+}

@@ -1,0 +1,17 @@
+//! Corruptions a test (or a drill) can inject into a mailbox, named for what the store must then
+//! detect. Each backend maps them onto its own layout; the conformance suite uses one vocabulary.
+
+/// A way a mailbox's stored state can be damaged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Corruption {
+    /// Overwrite `retention_format_version` with another value (e.g. 3 for a V3 mailbox).
+    FormatVersion(u32),
+    /// Delete the whole identity index.
+    LoseIdentityIndex,
+    /// Remove one seq from the identity index (its events stay).
+    LoseIdentity(u64),
+    /// Delete the meta (identity index and buckets stay).
+    LoseMeta,
+    /// Remove the `bucket_max_seq` proof of one day (the day stays in the day set).
+    BreakProof(u64),
+}

@@ -1,0 +1,733 @@
+//! One user's state in the memory store and every rule of SPEC 4 applied to it.
+//!
+//! Read top to bottom, [`UserState::append`] answers "what happens to a replayed record?".
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
+
+use crate::model::error::{ConflictKind, CorruptKind, CursorExpired, RejectKind};
+use crate::model::outcome::MAX_SCAN_LIMIT;
+use crate::model::retention::today;
+use crate::model::{
+    ActiveDay, AppendOutcome, Event, EventGroup, MailboxInspection, PromoteOutcome,
+    RetentionPolicy, ScanPage, ScanRequest, ScannedGroup, StoreError, TruncateOutcome,
+    MAX_MAILBOX_SEQ,
+};
+use crate::store::fault::Corruption;
+
+/// The retention format this store reads and writes.
+pub const FORMAT_VERSION: u32 = 4;
+
+/// Everything stored for one user: the epoch key and the current epoch's mailbox.
+///
+/// Older epochs are deleted when the user moves on, so only one mailbox is ever held.
+#[derive(Debug, Default)]
+pub struct UserState {
+    /// `P:epoch:T`: the largest epoch ever appended; `None` for a user never written.
+    epoch: Option<u32>,
+    mailbox: Mailbox,
+}
+
+/// The keys of one `(user, epoch)`.
+#[derive(Debug, Default)]
+struct Mailbox {
+    /// `P:mbmeta`.
+    meta: Option<Meta>,
+    /// `P:mbseqbucket`; `None` when the key does not exist.
+    identity: Option<IdentityIndex>,
+    /// `P:mbdays`: day -> `expires_at(day)`. Empty means the key does not exist.
+    day_set: BTreeMap<u64, u64>,
+    /// `P:mbday:<day>` keys: day -> bucket.
+    buckets: BTreeMap<u64, DayBucket>,
+}
+
+/// The V4 meta hash.
+#[derive(Debug, Clone)]
+struct Meta {
+    format_version: u32,
+    active_day_count: u32,
+    min_day: Option<u64>,
+    max_day: Option<u64>,
+    expired_gap_boundary: u64,
+    seqbucket_max_seq: u64,
+    user_trim_seq: u64,
+    /// `bucket_max_seq:<day>` and `bucket_expires_at:<day>`; at most `max_active_span_days + 1`
+    /// entries (the span check bounds the day set, promote removes expired days). Fields are
+    /// optional so a damaged proof can be represented and detected.
+    proofs: BTreeMap<u64, Proof>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Proof {
+    max_seq: Option<u64>,
+    expires_at: Option<u64>,
+}
+
+impl Meta {
+    fn new() -> Self {
+        Self {
+            format_version: FORMAT_VERSION,
+            active_day_count: 0,
+            min_day: None,
+            max_day: None,
+            expired_gap_boundary: 0,
+            seqbucket_max_seq: 0,
+            user_trim_seq: 0,
+            proofs: BTreeMap::new(),
+        }
+    }
+
+    /// Recomputes `min_day/max_day/active_day_count` from the day set.
+    fn recompute_range(&mut self, day_set: &BTreeMap<u64, u64>) {
+        self.min_day = day_set.keys().next().copied();
+        self.max_day = day_set.keys().next_back().copied();
+        self.active_day_count = day_set.len() as u32;
+    }
+}
+
+/// The identity index: seq -> `expires_at(day)`, with a score index for dropping expired members.
+///
+/// Holds only identities of groups that can still physically exist: expired members are dropped
+/// by every append and promote, and the whole index is gone once its largest score has passed
+/// (the Redis key's EXPIREAT).
+#[derive(Debug, Default, Clone)]
+struct IdentityIndex {
+    by_seq: BTreeMap<u64, u64>,
+    by_expiry: BTreeSet<(u64, u64)>,
+}
+
+impl IdentityIndex {
+    fn insert(&mut self, seq: u64, expires_at: u64) {
+        if let Some(old) = self.by_seq.insert(seq, expires_at) {
+            self.by_expiry.remove(&(old, seq));
+        }
+        self.by_expiry.insert((expires_at, seq));
+    }
+
+    fn remove(&mut self, seq: u64) -> bool {
+        match self.by_seq.remove(&seq) {
+            Some(expires_at) => {
+                self.by_expiry.remove(&(expires_at, seq));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn max_score(&self) -> Option<u64> {
+        self.by_expiry.iter().next_back().map(|&(e, _)| e)
+    }
+
+    /// Drops members whose expiry has passed.
+    fn drop_expired(&mut self, now: u64) {
+        while let Some(&(expires_at, seq)) = self.by_expiry.iter().next() {
+            if expires_at > now {
+                break;
+            }
+            self.by_expiry.remove(&(expires_at, seq));
+            self.by_seq.remove(&seq);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_seq.is_empty()
+    }
+}
+
+/// One `P:mbday:<day>` bucket: the groups of one day, by seq.
+#[derive(Debug, Default)]
+struct DayBucket {
+    expires_at: u64,
+    groups: BTreeMap<u64, StoredGroup>,
+}
+
+#[derive(Debug, Clone)]
+struct StoredGroup {
+    created_at: u64,
+    events: Arc<[Event]>,
+}
+
+/// The state of promote's phase 1: what phase 2 will apply.
+struct PromotePlan {
+    expired_days: Vec<u64>,
+    new_boundary: u64,
+}
+
+pub(super) fn future_rejection(policy: &RetentionPolicy, day: u64, now: u64) -> StoreError {
+    StoreError::rejected(
+        RejectKind::FutureCreatedAt,
+        format!(
+            "created_at day {day} is beyond today ({}) + future_window_days ({})",
+            today(now),
+            policy.future_window_days
+        ),
+    )
+}
+
+pub(super) fn validate_before_seq(before_seq: u64) -> Result<(), StoreError> {
+    if before_seq == 0 || before_seq > MAX_MAILBOX_SEQ {
+        return Err(StoreError::rejected(
+            RejectKind::InvalidField,
+            format!("before_seq {before_seq} is outside 1..={MAX_MAILBOX_SEQ}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_scan(request: &ScanRequest) -> Result<(), StoreError> {
+    if request.limit_groups == 0 || request.limit_groups > MAX_SCAN_LIMIT {
+        return Err(StoreError::rejected(
+            RejectKind::InvalidField,
+            format!(
+                "limit {} is outside 1..={MAX_SCAN_LIMIT}",
+                request.limit_groups
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Events sorted by ordinal: the order every backend stores and returns them in.
+fn canonical_events(events: &[Event]) -> Arc<[Event]> {
+    let mut sorted = events.to_vec();
+    sorted.sort_by_key(|e| e.event_ordinal);
+    sorted.into()
+}
+
+impl UserState {
+    /// Whether any key of this user exists.
+    pub fn exists(&self) -> bool {
+        self.epoch.is_some()
+    }
+
+    /// SPEC 4.2, steps 3 to 8 (validation and the future window ran before the lock was taken).
+    pub fn append(
+        &mut self,
+        policy: &RetentionPolicy,
+        now: u64,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        let seq = group.mailbox_seq;
+        let day = group.day();
+        let incoming_expires_at = policy.expires_at(day);
+
+        // 3. Epoch: older input is stale; newer input moves the user and deletes the old epoch.
+        match self.epoch {
+            Some(current) if group.mailbox.epoch < current => return Ok(AppendOutcome::StaleEpoch),
+            Some(current) if group.mailbox.epoch == current => {}
+            _ => {
+                // Checked before the move so a cold user's span rejection cannot happen after it:
+                // a fresh mailbox holds no day, so a single day never exceeds the span.
+                self.epoch = Some(group.mailbox.epoch);
+                self.mailbox = Mailbox::default();
+            }
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+
+        // 4-6. Format, promote, identity hygiene, integrity.
+        mailbox.check_format()?;
+        if mailbox.meta.is_some() {
+            mailbox.promote(now)?;
+        }
+        mailbox.drop_expired_identities(now);
+        mailbox.check_integrity(now)?;
+
+        // 7. Trim.
+        let trim = mailbox.meta.as_ref().map_or(0, |m| m.user_trim_seq);
+        if seq < trim {
+            return Ok(AppendOutcome::Trimmed);
+        }
+
+        // 8. Identity lookup.
+        let identity = mailbox
+            .identity
+            .as_ref()
+            .and_then(|index| index.by_seq.get(&seq).copied());
+        if let Some(existing_expires_at) = identity {
+            if existing_expires_at != incoming_expires_at {
+                return Err(StoreError::Conflict {
+                    kind: ConflictKind::CrossDay {
+                        existing_day: day_of_expiry(policy, existing_expires_at),
+                        incoming_day: day,
+                    },
+                });
+            }
+            let bucket = mailbox.buckets.entry(day).or_insert_with(|| DayBucket {
+                expires_at: incoming_expires_at,
+                groups: BTreeMap::new(),
+            });
+            let events = canonical_events(&group.events);
+            if let Some(stored) = bucket.groups.get(&seq) {
+                if stored.created_at == group.created_at && stored.events == events {
+                    return Ok(AppendOutcome::Unchanged);
+                }
+            }
+            bucket.groups.insert(
+                seq,
+                StoredGroup {
+                    created_at: group.created_at,
+                    events,
+                },
+            );
+            return Ok(AppendOutcome::Replaced);
+        }
+
+        if policy.is_expired(day, now) {
+            let meta = mailbox.meta.get_or_insert_with(Meta::new);
+            meta.expired_gap_boundary = meta.expired_gap_boundary.max(seq);
+            return Ok(AppendOutcome::ExpiredMerged);
+        }
+
+        let seqbucket_max_seq = mailbox.meta.as_ref().map_or(0, |m| m.seqbucket_max_seq);
+        if seq <= seqbucket_max_seq {
+            return Err(StoreError::corrupt(CorruptKind::IdentityMissing {
+                seq,
+                seqbucket_max_seq,
+            }));
+        }
+
+        let low = mailbox.day_set.keys().next().map_or(day, |&d| d.min(day));
+        let high = mailbox
+            .day_set
+            .keys()
+            .next_back()
+            .map_or(day, |&d| d.max(day));
+        if high - low > u64::from(policy.max_active_span_days) {
+            return Err(StoreError::rejected(
+                RejectKind::SpanExceeded,
+                format!(
+                    "adding day {day} makes the active days span {low}..={high}, more than max_active_span_days ({})",
+                    policy.max_active_span_days
+                ),
+            ));
+        }
+
+        // Insert: events, identity, day member, proofs, range, seqbucket_max_seq.
+        mailbox
+            .buckets
+            .entry(day)
+            .or_insert_with(|| DayBucket {
+                expires_at: incoming_expires_at,
+                groups: BTreeMap::new(),
+            })
+            .groups
+            .insert(
+                seq,
+                StoredGroup {
+                    created_at: group.created_at,
+                    events: canonical_events(&group.events),
+                },
+            );
+        mailbox
+            .identity
+            .get_or_insert_with(IdentityIndex::default)
+            .insert(seq, incoming_expires_at);
+        mailbox.day_set.insert(day, incoming_expires_at);
+        let meta = mailbox.meta.get_or_insert_with(Meta::new);
+        let proof = meta.proofs.entry(day).or_default();
+        proof.max_seq = Some(proof.max_seq.map_or(seq, |m| m.max(seq)));
+        proof.expires_at = Some(incoming_expires_at);
+        meta.recompute_range(&mailbox.day_set);
+        meta.seqbucket_max_seq = meta.seqbucket_max_seq.max(seq);
+        Ok(AppendOutcome::Inserted)
+    }
+
+    /// SPEC 4.3.
+    pub fn truncate_before(
+        &mut self,
+        now: u64,
+        epoch: u32,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        match self.epoch {
+            // A user never written: the truncate establishes the mailbox so the trim is durable
+            // and a later replay of older seqs stays trimmed.
+            None => {
+                self.epoch = Some(epoch);
+                self.mailbox = Mailbox::default();
+            }
+            Some(current) if current != epoch => {
+                return Err(StoreError::EpochMismatch {
+                    current: Some(current),
+                })
+            }
+            Some(_) => {}
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        mailbox.check_format()?;
+        if mailbox.meta.is_some() {
+            mailbox.promote(now)?;
+        }
+        mailbox.drop_expired_identities(now);
+        mailbox.check_integrity(now)?;
+
+        let meta = mailbox.meta.get_or_insert_with(Meta::new);
+        meta.user_trim_seq = meta.user_trim_seq.max(before_seq);
+        let trim = meta.user_trim_seq;
+        let mut removed_groups = 0;
+        for bucket in mailbox.buckets.values_mut() {
+            let kept = bucket.groups.split_off(&trim);
+            removed_groups += bucket.groups.len() as u64;
+            bucket.groups = kept;
+        }
+        mailbox.buckets.retain(|_, b| !b.groups.is_empty());
+        if let Some(index) = mailbox.identity.as_mut() {
+            let below: Vec<u64> = index.by_seq.range(..trim).map(|(&s, _)| s).collect();
+            for seq in below {
+                index.remove(seq);
+            }
+            if index.is_empty() {
+                mailbox.identity = None;
+            }
+        }
+        Ok(TruncateOutcome {
+            user_trim_seq: trim,
+            removed_groups,
+        })
+    }
+
+    /// SPEC 4.4 steps 1 to 6. `Ok(None)` means nothing was read (reverse range, empty mailbox).
+    pub fn scan_read(
+        &mut self,
+        now: u64,
+        epoch: u32,
+        request: &ScanRequest,
+    ) -> Result<Option<ScanPage>, StoreError> {
+        match self.epoch {
+            None => return Ok(None),
+            Some(current) if current != epoch => {
+                return Err(StoreError::EpochMismatch {
+                    current: Some(current),
+                })
+            }
+            Some(_) => {}
+        }
+        if request
+            .until_seq
+            .is_some_and(|until| until <= request.after_seq)
+        {
+            return Ok(None);
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        mailbox.check_format()?;
+        if mailbox.meta.is_none() {
+            return Ok(None);
+        }
+        mailbox.promote(now)?;
+        mailbox.check_cursor(request.after_seq)?;
+        Ok(Some(mailbox.read_page(request)))
+    }
+
+    /// SPEC 4.4 step 7: promote again after the read and refuse a page whose coverage expiry
+    /// crossed meanwhile.
+    pub fn scan_verify(
+        &mut self,
+        now: u64,
+        epoch: u32,
+        request: &ScanRequest,
+    ) -> Result<(), StoreError> {
+        if self.epoch != Some(epoch) {
+            return Err(StoreError::EpochMismatch {
+                current: self.epoch,
+            });
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        mailbox.check_format()?;
+        if mailbox.meta.is_none() {
+            return Err(StoreError::corrupt(CorruptKind::BadProof {
+                detail: "meta disappeared between the scan's read and its check".to_owned(),
+            }));
+        }
+        mailbox.promote(now)?;
+        mailbox.check_cursor(request.after_seq)
+    }
+
+    /// SPEC 4.5 for the mailbox of `epoch`, if it is the current one.
+    pub fn promote(&mut self, now: u64, epoch: u32) -> Result<PromoteOutcome, StoreError> {
+        if self.epoch != Some(epoch) {
+            return Ok(PromoteOutcome::default());
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        mailbox.check_format()?;
+        if mailbox.meta.is_none() {
+            return Ok(PromoteOutcome::default());
+        }
+        let expired_days = mailbox.promote(now)?;
+        mailbox.drop_expired_identities(now);
+        Ok(PromoteOutcome {
+            expired_days,
+            expired_gap_boundary: mailbox.meta.as_ref().map_or(0, |m| m.expired_gap_boundary),
+        })
+    }
+
+    pub fn inspect(&mut self, now: u64, epoch: u32) -> MailboxInspection {
+        let mailbox_present = self.epoch == Some(epoch);
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        let meta = mailbox.meta.as_ref().filter(|_| mailbox_present);
+        let identity = mailbox.identity.as_ref().filter(|_| mailbox_present);
+        MailboxInspection {
+            format_version: meta.map(|m| m.format_version),
+            current_epoch: self.epoch,
+            min_day: meta.and_then(|m| m.min_day),
+            max_day: meta.and_then(|m| m.max_day),
+            active_day_count: meta.map_or(0, |m| m.active_day_count),
+            active_days: meta
+                .map(|m| {
+                    m.proofs
+                        .iter()
+                        .map(|(&day, p)| {
+                            (
+                                day,
+                                ActiveDay {
+                                    max_seq: p.max_seq.unwrap_or(0),
+                                    expires_at: p.expires_at.unwrap_or(0),
+                                },
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            expired_gap_boundary: meta.map_or(0, |m| m.expired_gap_boundary),
+            seqbucket_max_seq: meta.map_or(0, |m| m.seqbucket_max_seq),
+            user_trim_seq: meta.map_or(0, |m| m.user_trim_seq),
+            identity_count: identity.map_or(0, |i| i.by_seq.len() as u64),
+            identity_index_present: identity.is_some(),
+        }
+    }
+
+    pub fn inject(&mut self, epoch: u32, corruption: &Corruption, now: u64) -> bool {
+        if self.epoch != Some(epoch) {
+            return false;
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        match corruption {
+            Corruption::FormatVersion(version) => match mailbox.meta.as_mut() {
+                Some(meta) => {
+                    meta.format_version = *version;
+                    true
+                }
+                None => false,
+            },
+            Corruption::LoseIdentityIndex => mailbox.identity.take().is_some(),
+            Corruption::LoseIdentity(seq) => {
+                let removed = mailbox.identity.as_mut().is_some_and(|i| i.remove(*seq));
+                if mailbox
+                    .identity
+                    .as_ref()
+                    .is_some_and(IdentityIndex::is_empty)
+                {
+                    mailbox.identity = None;
+                }
+                removed
+            }
+            Corruption::LoseMeta => mailbox.meta.take().is_some(),
+            Corruption::BreakProof(day) => mailbox
+                .meta
+                .as_mut()
+                .and_then(|m| m.proofs.get_mut(day))
+                .map(|p| p.max_seq.take().is_some())
+                .unwrap_or(false),
+        }
+    }
+}
+
+/// The day whose expiry is `expires_at` under `policy`.
+fn day_of_expiry(policy: &RetentionPolicy, expires_at: u64) -> u64 {
+    (expires_at / crate::model::DAY_SECS).saturating_sub(1 + u64::from(policy.retention_days))
+}
+
+impl Mailbox {
+    /// Imitates key TTLs: buckets past their expiry and an identity index past its largest score
+    /// no longer exist.
+    fn expire_physically(&mut self, now: u64) {
+        self.buckets.retain(|_, bucket| bucket.expires_at > now);
+        if self
+            .identity
+            .as_ref()
+            .is_some_and(|index| index.max_score().is_none_or(|max| max <= now))
+        {
+            self.identity = None;
+        }
+    }
+
+    /// SPEC 4.2.4: meta of another format is never read or written.
+    fn check_format(&self) -> Result<(), StoreError> {
+        match &self.meta {
+            Some(meta) if meta.format_version != FORMAT_VERSION => {
+                Err(StoreError::corrupt(CorruptKind::UnsupportedFormat {
+                    found: meta.format_version.to_string(),
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn drop_expired_identities(&mut self, now: u64) {
+        if let Some(index) = self.identity.as_mut() {
+            index.drop_expired(now);
+            if index.is_empty() {
+                self.identity = None;
+            }
+        }
+    }
+
+    /// SPEC 4.2.6.
+    fn check_integrity(&self, now: u64) -> Result<(), StoreError> {
+        match (&self.meta, &self.identity) {
+            (Some(meta), None) => {
+                let proves_live_groups = meta.proofs.values().any(|p| {
+                    p.expires_at.is_some_and(|e| e > now)
+                        && p.max_seq.is_some_and(|m| m >= meta.user_trim_seq)
+                });
+                if proves_live_groups {
+                    return Err(StoreError::corrupt(CorruptKind::IndexLost));
+                }
+                Ok(())
+            }
+            (None, Some(_)) => Err(StoreError::corrupt(CorruptKind::MetaLost)),
+            _ => Ok(()),
+        }
+    }
+
+    /// SPEC 4.5 on a mailbox with meta. Returns the number of days compacted.
+    fn promote(&mut self, now: u64) -> Result<u32, StoreError> {
+        let plan = self.plan_promote(now)?;
+        let Some(meta) = self.meta.as_mut() else {
+            return Ok(0);
+        };
+        // Phase 2: apply everything at once.
+        for day in &plan.expired_days {
+            meta.proofs.remove(day);
+            self.day_set.remove(day);
+        }
+        meta.expired_gap_boundary = plan.new_boundary;
+        meta.recompute_range(&self.day_set);
+        Ok(plan.expired_days.len() as u32)
+    }
+
+    /// Promote phase 1: validate every expired day and compute the new boundary; change nothing.
+    fn plan_promote(&self, now: u64) -> Result<PromotePlan, StoreError> {
+        let Some(meta) = self.meta.as_ref() else {
+            return Ok(PromotePlan {
+                expired_days: Vec::new(),
+                new_boundary: 0,
+            });
+        };
+        let mut plan = PromotePlan {
+            expired_days: Vec::new(),
+            new_boundary: meta.expired_gap_boundary,
+        };
+        for (&day, &score) in &self.day_set {
+            if score > now {
+                continue;
+            }
+            let proof = meta.proofs.get(&day).copied().unwrap_or_default();
+            let bad = |what: &str| {
+                StoreError::corrupt(CorruptKind::BadProof {
+                    detail: format!("expired day {day}: {what}"),
+                })
+            };
+            let max_seq = proof
+                .max_seq
+                .ok_or_else(|| bad("bucket_max_seq is missing"))?;
+            let expires_at = proof
+                .expires_at
+                .ok_or_else(|| bad("bucket_expires_at is missing"))?;
+            if expires_at != score {
+                return Err(bad(&format!(
+                    "bucket_expires_at {expires_at} disagrees with the day set score {score}"
+                )));
+            }
+            // A day wholly below the trim proves no gap: its seqs were removed explicitly.
+            if max_seq >= meta.user_trim_seq {
+                plan.new_boundary = plan.new_boundary.max(max_seq);
+            }
+            plan.expired_days.push(day);
+        }
+        Ok(plan)
+    }
+
+    /// SPEC 4.4 steps 4 and 5.
+    fn check_cursor(&self, after_seq: u64) -> Result<(), StoreError> {
+        let Some(meta) = self.meta.as_ref() else {
+            return Ok(());
+        };
+        if after_seq.saturating_add(1) < meta.user_trim_seq {
+            return Err(StoreError::CursorExpired {
+                cursor: CursorExpired::Trimmed {
+                    resume_after: meta.user_trim_seq - 1,
+                },
+            });
+        }
+        if after_seq < meta.expired_gap_boundary {
+            return Err(StoreError::CursorExpired {
+                cursor: CursorExpired::ExpiredGap {
+                    boundary: meta.expired_gap_boundary,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// SPEC 4.4 step 6: a k-way merge over every active day from the true `min_day` to `max_day`.
+    fn read_page(&self, request: &ScanRequest) -> ScanPage {
+        let low = request.after_seq.saturating_add(1);
+        let high = request.until_seq.unwrap_or(u64::MAX);
+        let limit = request.limit_groups as usize;
+        let mut cursors: Vec<_> = self
+            .day_set
+            .keys()
+            .filter_map(|day| self.buckets.get(day))
+            .map(|bucket| bucket.groups.range(low..=high).peekable())
+            .collect();
+        // Min-heap of (next seq, day cursor): seqs are unique across days, so ties cannot occur.
+        let mut heap: BinaryHeap<Reverse<(u64, usize)>> = cursors
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, cursor)| cursor.peek().map(|(&seq, _)| Reverse((seq, i))))
+            .collect();
+        let mut groups = Vec::with_capacity(limit.min(64));
+        let mut has_more = false;
+        while let Some(Reverse((_, i))) = heap.pop() {
+            if groups.len() == limit {
+                has_more = true;
+                break;
+            }
+            let Some((&seq, group)) = cursors[i].next() else {
+                continue;
+            };
+            groups.push(ScannedGroup {
+                mailbox_seq: seq,
+                created_at: group.created_at,
+                events: Arc::clone(&group.events),
+            });
+            if let Some((&next, _)) = cursors[i].peek() {
+                heap.push(Reverse((next, i)));
+            }
+        }
+        let up_to = if has_more {
+            groups.last().map_or(request.after_seq, |g| g.mailbox_seq)
+        } else {
+            let seqbucket_max_seq = self.meta.as_ref().map_or(0, |m| m.seqbucket_max_seq);
+            let covered = request
+                .until_seq
+                .map_or(seqbucket_max_seq, |u| u.min(seqbucket_max_seq));
+            covered
+                .max(request.after_seq)
+                .max(groups.last().map_or(0, |g| g.mailbox_seq))
+        };
+        ScanPage {
+            groups,
+            up_to,
+            has_more,
+        }
+    }
+}
