@@ -16,6 +16,12 @@ use crate::model::{
 
 pub use clock::{Clock, ManualClock, SystemClock};
 
+/// An async callback a backend runs at a fixed point inside an operation. Tests use it to move
+/// time between a scan's read and its post-read check ("expiry between the check and the read").
+pub type PhaseHook = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
+
 /// A mailbox store.
 ///
 /// # Guarantees every backend gives (checked by the conformance suite in `tests/`)

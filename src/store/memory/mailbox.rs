@@ -502,6 +502,12 @@ impl UserState {
         }
     }
 
+    /// The whole state, after physical expiry, as text.
+    pub fn dump(&mut self, now: u64) -> String {
+        self.mailbox.expire_physically(now);
+        format!("{self:?}")
+    }
+
     pub fn inject(&mut self, epoch: u32, corruption: &Corruption, now: u64) -> bool {
         if self.epoch != Some(epoch) {
             return false;

@@ -24,7 +24,7 @@ use crate::model::{
     ScanPage, ScanRequest, StoreError, TruncateOutcome, UserId,
 };
 use crate::store::fault::Corruption;
-use crate::store::{Clock, MailboxStore};
+use crate::store::{Clock, MailboxStore, PhaseHook};
 
 use mailbox::UserState;
 
@@ -32,15 +32,12 @@ use mailbox::UserState;
 /// unrelated mailboxes negligible.
 pub const SHARDS: usize = 64;
 
-/// Called between a scan's read and its post-read promote; tests use it to move the clock there.
-pub type ScanHook = Arc<dyn Fn() + Send + Sync>;
-
 /// The memory backend. Cheap to share behind an `Arc`.
 pub struct MemoryStore {
     policy: RetentionPolicy,
     clock: Arc<dyn Clock>,
     shards: Box<[Mutex<HashMap<UserId, UserState>>]>,
-    after_scan_read: Mutex<Option<ScanHook>>,
+    after_scan_read: Mutex<Option<PhaseHook>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -69,7 +66,7 @@ impl MemoryStore {
     }
 
     /// Installs (or clears) the hook run between a scan's read and its post-read check.
-    pub fn set_after_scan_read_hook(&self, hook: Option<ScanHook>) {
+    pub fn set_after_scan_read_hook(&self, hook: Option<PhaseHook>) {
         *lock(&self.after_scan_read) = hook;
     }
 
@@ -80,6 +77,17 @@ impl MemoryStore {
             return false;
         };
         user.inject(mailbox.epoch, corruption, self.clock.now_secs())
+    }
+
+    /// Everything stored for `user`, after physical expiry, as text: a fingerprint tests compare
+    /// to prove that a refused operation modified nothing.
+    pub fn debug_dump(&self, user: &UserId) -> String {
+        let now = self.clock.now_secs();
+        let mut shard = self.shard(user);
+        match shard.get_mut(user) {
+            Some(state) => state.dump(now),
+            None => String::new(),
+        }
     }
 
     fn shard(&self, user: &UserId) -> MutexGuard<'_, HashMap<UserId, UserState>> {
@@ -161,7 +169,7 @@ impl MailboxStore for MemoryStore {
         };
         let hook = lock(&self.after_scan_read).clone();
         if let Some(hook) = hook {
-            hook();
+            hook().await;
         }
         let mut shard = self.shard(&mailbox.user_id);
         match shard.get_mut(&mailbox.user_id) {

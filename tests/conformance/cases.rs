@@ -1,0 +1,808 @@
+//! The conformance cases. Each is `pub async fn name(harness)`, named for the rule it checks;
+//! SPEC section 10's regression list maps onto them one to one (see `conformance_tests!`).
+
+use std::sync::Arc;
+
+use mailbox_materializer::model::error::{ConflictKind, CorruptKind, CursorExpired, RejectKind};
+use mailbox_materializer::model::{
+    AppendOutcome, Event, MailboxId, Payload, RetentionPolicy, ScanPage, ScanRequest, StoreError,
+    DAY_SECS,
+};
+use mailbox_materializer::store::fault::Corruption;
+use mailbox_materializer::store::MailboxStore;
+
+use super::{at_day, expiry_of, group, mailbox, policy, user, Fixture, Harness, NOW0, TODAY0};
+
+type H = Arc<dyn Harness>;
+
+async fn scan(
+    store: &dyn MailboxStore,
+    mb: &MailboxId,
+    after: u64,
+    until: Option<u64>,
+    limit: u32,
+) -> Result<ScanPage, StoreError> {
+    store
+        .range_scan(
+            mb,
+            ScanRequest {
+                after_seq: after,
+                until_seq: until,
+                limit_groups: limit,
+            },
+        )
+        .await
+}
+
+fn seqs(page: &ScanPage) -> Vec<u64> {
+    page.groups.iter().map(|g| g.mailbox_seq).collect()
+}
+
+async fn scan_seqs(store: &dyn MailboxStore, mb: &MailboxId, after: u64) -> Vec<u64> {
+    seqs(
+        &scan(store, mb, after, None, 1000)
+            .await
+            .expect("scan succeeds"),
+    )
+}
+
+fn gap(boundary: u64) -> StoreError {
+    StoreError::CursorExpired {
+        cursor: CursorExpired::ExpiredGap { boundary },
+    }
+}
+
+fn trimmed(resume_after: u64) -> StoreError {
+    StoreError::CursorExpired {
+        cursor: CursorExpired::Trimmed { resume_after },
+    }
+}
+
+fn corrupt_kind(result: &Result<impl std::fmt::Debug, StoreError>) -> &'static str {
+    match result {
+        Err(StoreError::Corrupt { kind }) => kind.as_str(),
+        other => panic!("expected a corrupt error, got {other:?}"),
+    }
+}
+
+fn reject_kind<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> RejectKind {
+    match result {
+        Err(StoreError::Rejected { kind, .. }) => *kind,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+async fn fixture(h: &H) -> Box<dyn Fixture> {
+    h.fixture(policy(), NOW0).await
+}
+
+async fn append_ok(store: &dyn MailboxStore, mb: &MailboxId, seq: u64, day: u64, tag: &str) {
+    let outcome = store.append(&group(mb, seq, day, 2, tag)).await;
+    assert_eq!(outcome, Ok(AppendOutcome::Inserted), "seq {seq} day {day}");
+}
+
+// ---- epoch ----
+
+pub async fn memory_epoch_check_and_reverse_range(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-epoch", 3);
+
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    assert_eq!(page, ScanPage::empty(0), "a user never written scans empty");
+
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    for wrong in [2, 4] {
+        let r = scan(&*s, &mailbox("u-epoch", wrong), 0, None, 10).await;
+        assert_eq!(r, Err(StoreError::EpochMismatch { current: Some(3) }));
+    }
+
+    assert_eq!(scan(&*s, &mb, 5, Some(5), 10).await, Ok(ScanPage::empty(5)));
+    assert_eq!(scan(&*s, &mb, 5, Some(3), 10).await, Ok(ScanPage::empty(5)));
+
+    // A reverse range reads no storage: even a mailbox that cannot be read answers empty.
+    assert!(f.corrupt(&mb, Corruption::FormatVersion(3)).await);
+    assert_eq!(scan(&*s, &mb, 5, Some(2), 10).await, Ok(ScanPage::empty(5)));
+    assert_eq!(
+        corrupt_kind(&scan(&*s, &mb, 0, Some(9), 10).await),
+        "unsupported_format"
+    );
+}
+
+pub async fn epoch_move_deletes_the_old_epoch(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let old = mailbox("u-move", 1);
+    let new = mailbox("u-move", 2);
+    for seq in 1..=3 {
+        append_ok(&*s, &old, seq, TODAY0 - seq, "old").await;
+    }
+    append_ok(&*s, &new, 1, TODAY0, "new").await;
+
+    let inspected = s.inspect(&old).await.unwrap();
+    assert_eq!(inspected.current_epoch, Some(2));
+    assert_eq!(inspected.format_version, None, "old meta deleted");
+    assert!(!inspected.identity_index_present, "old index deleted");
+    assert_eq!(
+        scan(&*s, &old, 0, None, 10).await,
+        Err(StoreError::EpochMismatch { current: Some(2) })
+    );
+    assert_eq!(scan_seqs(&*s, &new, 0).await, vec![1]);
+}
+
+pub async fn stale_epoch_writes_nothing(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-stale", 5);
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    let before = f.fingerprint(&mb.user_id).await;
+    let stale = group(&mailbox("u-stale", 4), 2, TODAY0, 1, "b");
+    assert_eq!(s.append(&stale).await, Ok(AppendOutcome::StaleEpoch));
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+}
+
+// ---- natural expiry versus explicit trim ----
+
+pub async fn natural_ttl_kept_apart_from_explicit_trim(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-ttl", 1);
+    let old_day = TODAY0 - 10;
+    append_ok(&*s, &mb, 1, old_day, "a").await;
+    append_ok(&*s, &mb, 2, old_day, "b").await;
+    append_ok(&*s, &mb, 3, TODAY0, "c").await;
+
+    f.set_now(expiry_of(&policy(), old_day)).await;
+    let promoted = s.promote(&mb).await.unwrap();
+    assert_eq!(promoted.expired_days, 1);
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.user_trim_seq, 0, "expiry never moves the trim");
+    assert_eq!(inspected.expired_gap_boundary, 2);
+    assert_eq!(
+        inspected.active_days.keys().copied().collect::<Vec<_>>(),
+        vec![TODAY0]
+    );
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(gap(2)));
+    assert_eq!(scan_seqs(&*s, &mb, 2).await, vec![3]);
+
+    let t = s.truncate_before(&mb, 3).await.unwrap();
+    assert_eq!(t.user_trim_seq, 3);
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(
+        inspected.expired_gap_boundary, 2,
+        "a trim never moves the gap"
+    );
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(trimmed(2)));
+    assert_eq!(scan_seqs(&*s, &mb, 2).await, vec![3]);
+}
+
+pub async fn expired_cursor_gap(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-gap", 1);
+    append_ok(&*s, &mb, 1, TODAY0 - 20, "a").await;
+    append_ok(&*s, &mb, 2, TODAY0 - 5, "b").await;
+    append_ok(&*s, &mb, 3, TODAY0, "c").await;
+    assert_eq!(scan_seqs(&*s, &mb, 0).await, vec![1, 2, 3]);
+
+    f.set_now(expiry_of(&policy(), TODAY0 - 20)).await;
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(gap(1)));
+    assert_eq!(scan_seqs(&*s, &mb, 1).await, vec![2, 3]);
+
+    f.set_now(expiry_of(&policy(), TODAY0 - 5)).await;
+    assert_eq!(scan(&*s, &mb, 1, None, 10).await, Err(gap(2)));
+    assert_eq!(scan_seqs(&*s, &mb, 2).await, vec![3]);
+}
+
+// ---- validation ----
+
+pub async fn duplicate_ordinal_rejected(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-dup", 1);
+    let mut g = group(&mb, 1, TODAY0, 3, "a");
+    g.events[2].event_ordinal = 1;
+    assert_eq!(
+        reject_kind(&s.append(&g).await),
+        RejectKind::DuplicateOrdinal
+    );
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(
+        inspected.current_epoch, None,
+        "a rejected cold user leaves nothing"
+    );
+
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    let before = f.fingerprint(&mb.user_id).await;
+    g.mailbox_seq = 2;
+    assert_eq!(
+        reject_kind(&s.append(&g).await),
+        RejectKind::DuplicateOrdinal
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+}
+
+pub async fn future_window_rejects_and_leaves_no_key(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-future", 1);
+    let untouched = f.fingerprint(&user("u-never-written")).await;
+
+    let r = s.append(&group(&mb, 1, TODAY0 + 31, 1, "a")).await;
+    assert_eq!(reject_kind(&r), RejectKind::FutureCreatedAt);
+    assert_eq!(
+        f.fingerprint(&mb.user_id).await,
+        untouched,
+        "no key for a rejected cold user"
+    );
+    assert_eq!(s.inspect(&mb).await.unwrap().current_epoch, None);
+
+    append_ok(&*s, &mb, 1, TODAY0 + 30, "a").await;
+}
+
+pub async fn span_exceeded_rejects_and_changes_nothing(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-span", 1);
+    append_ok(&*s, &mb, 1, TODAY0 - 5, "a").await;
+    let before = f.fingerprint(&mb.user_id).await;
+    let r = s.append(&group(&mb, 2, TODAY0 + 26, 1, "b")).await;
+    assert_eq!(reject_kind(&r), RejectKind::SpanExceeded);
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+    append_ok(&*s, &mb, 2, TODAY0 + 25, "b").await;
+    assert_eq!(s.inspect(&mb).await.unwrap().active_day_count, 2);
+}
+
+// ---- replays ----
+
+pub async fn same_day_replacement_of_the_whole_group(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-replace", 1);
+    assert_eq!(
+        s.append(&group(&mb, 5, TODAY0, 3, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    let replacement = group(&mb, 5, TODAY0, 2, "b");
+    assert_eq!(s.append(&replacement).await, Ok(AppendOutcome::Replaced));
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    assert_eq!(page.groups.len(), 1);
+    assert_eq!(
+        &*page.groups[0].events,
+        &replacement.events[..],
+        "no event of the old group survives"
+    );
+
+    // Same day, another millisecond: different content, replaced again.
+    let mut later = replacement.clone();
+    later.created_at += 1000;
+    assert_eq!(s.append(&later).await, Ok(AppendOutcome::Replaced));
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    assert_eq!(page.groups[0].created_at, later.created_at);
+    assert_eq!(s.inspect(&mb).await.unwrap().identity_count, 1);
+}
+
+pub async fn identical_replay_is_unchanged(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-same", 1);
+    let g = group(&mb, 1, TODAY0, 3, "a");
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Inserted));
+    let before = f.fingerprint(&mb.user_id).await;
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Unchanged));
+    // Events are compared in ordinal order, whatever order the record lists them in.
+    let mut shuffled = g.clone();
+    shuffled.events.reverse();
+    assert_eq!(s.append(&shuffled).await, Ok(AppendOutcome::Unchanged));
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+}
+
+pub async fn cross_day_conflict(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-cross", 1);
+    append_ok(&*s, &mb, 5, TODAY0 - 1, "a").await;
+    let before = f.fingerprint(&mb.user_id).await;
+    let r = s.append(&group(&mb, 5, TODAY0, 2, "a")).await;
+    assert_eq!(
+        r,
+        Err(StoreError::Conflict {
+            kind: ConflictKind::CrossDay {
+                existing_day: TODAY0 - 1,
+                incoming_day: TODAY0
+            }
+        })
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    assert_eq!(seqs(&page), vec![5], "no second copy of the group");
+    assert_eq!(page.groups[0].created_at, at_day(TODAY0 - 1));
+}
+
+pub async fn cross_day_conflict_for_expired_input(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-cross-exp", 1);
+    append_ok(&*s, &mb, 5, TODAY0, "a").await;
+    let before = f.fingerprint(&mb.user_id).await;
+    let r = s.append(&group(&mb, 5, TODAY0 - 40, 2, "a")).await;
+    assert_eq!(
+        r,
+        Err(StoreError::Conflict {
+            kind: ConflictKind::CrossDay {
+                existing_day: TODAY0,
+                incoming_day: TODAY0 - 40
+            }
+        })
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+    assert_eq!(s.inspect(&mb).await.unwrap().expired_gap_boundary, 0);
+}
+
+pub async fn expired_replay_merges_the_gap(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-expired", 1);
+    assert_eq!(
+        s.append(&group(&mb, 7, TODAY0 - 40, 2, "a")).await,
+        Ok(AppendOutcome::ExpiredMerged)
+    );
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.format_version, Some(4));
+    assert_eq!(inspected.expired_gap_boundary, 7);
+    assert_eq!(inspected.active_day_count, 0);
+    assert_eq!(inspected.seqbucket_max_seq, 0);
+    assert!(
+        !inspected.identity_index_present,
+        "no identity for expired input"
+    );
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(gap(7)));
+    assert_eq!(scan_seqs(&*s, &mb, 7).await, Vec::<u64>::new());
+
+    append_ok(&*s, &mb, 8, TODAY0, "b").await;
+    assert_eq!(
+        s.append(&group(&mb, 6, TODAY0 - 35, 1, "c")).await,
+        Ok(AppendOutcome::ExpiredMerged)
+    );
+    assert_eq!(
+        s.inspect(&mb).await.unwrap().expired_gap_boundary,
+        7,
+        "never lowers"
+    );
+    assert_eq!(scan_seqs(&*s, &mb, 7).await, vec![8]);
+}
+
+// ---- promote and boundedness ----
+
+pub async fn active_proof_compaction(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-compact", 1);
+    for (seq, back) in [(1, 3), (2, 2), (3, 1), (4, 0)] {
+        append_ok(&*s, &mb, seq, TODAY0 - back, "a").await;
+    }
+    f.set_now(expiry_of(&policy(), TODAY0 - 2)).await;
+    let promoted = s.promote(&mb).await.unwrap();
+    assert_eq!(promoted.expired_days, 2);
+    assert_eq!(promoted.expired_gap_boundary, 2);
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(
+        inspected.active_days.keys().copied().collect::<Vec<_>>(),
+        vec![TODAY0 - 1, TODAY0]
+    );
+    assert_eq!(inspected.min_day, Some(TODAY0 - 1));
+    assert_eq!(inspected.max_day, Some(TODAY0));
+    assert_eq!(inspected.active_day_count, 2);
+    assert_eq!(inspected.identity_count, 2, "expired identities dropped");
+    assert_eq!(s.promote(&mb).await.unwrap().expired_days, 0);
+}
+
+/// Writes one group a day for `days` days, moving the clock a day each time; returns the last seq.
+async fn write_daily(f: &dyn Fixture, mb: &MailboxId, days: u64) -> u64 {
+    let s = f.store();
+    for i in 0..days {
+        f.set_now(NOW0 + i * DAY_SECS).await;
+        append_ok(&*s, mb, i + 1, TODAY0 + i, "daily").await;
+        let inspected = s.inspect(mb).await.unwrap();
+        assert!(
+            inspected.active_days.len() <= policy().max_active_days(),
+            "day {i}: {} proofs",
+            inspected.active_days.len()
+        );
+    }
+    days
+}
+
+pub async fn thirty_two_consecutive_day_buckets(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-32", 1);
+    write_daily(&*f, &mb, 32).await;
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.active_day_count, 31);
+    assert_eq!(inspected.active_days.len(), 31);
+    assert_eq!(inspected.min_day, Some(TODAY0 + 1));
+    assert_eq!(inspected.max_day, Some(TODAY0 + 31));
+    assert_eq!(inspected.expired_gap_boundary, 1);
+    assert_eq!(scan(&*s, &mb, 0, None, 100).await, Err(gap(1)));
+    assert_eq!(scan_seqs(&*s, &mb, 1).await, (2..=32).collect::<Vec<_>>());
+}
+
+pub async fn long_offline_recovery(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-offline", 1);
+    let last = write_daily(&*f, &mb, 31).await;
+    // A cold mailbox keeps its (bounded) proofs until something promotes it.
+    let back = NOW0 + 400 * DAY_SECS;
+    f.set_now(back).await;
+    assert_eq!(s.inspect(&mb).await.unwrap().active_days.len(), 31);
+
+    let today = back / DAY_SECS;
+    append_ok(&*s, &mb, last + 1, today, "back").await;
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.active_day_count, 1);
+    assert_eq!(
+        inspected.active_days.keys().copied().collect::<Vec<_>>(),
+        vec![today]
+    );
+    assert_eq!(inspected.expired_gap_boundary, last);
+    assert_eq!(inspected.identity_count, 1);
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(gap(last)));
+    assert_eq!(scan_seqs(&*s, &mb, last).await, vec![last + 1]);
+}
+
+pub async fn metadata_stays_bounded_over_a_year(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-year", 1);
+    let mut seq = 0;
+    for i in 0..365u64 {
+        f.set_now(NOW0 + i * DAY_SECS).await;
+        for _ in 0..2 {
+            seq += 1;
+            append_ok(&*s, &mb, seq, TODAY0 + i, "y").await;
+        }
+        if i % 30 == 29 {
+            let inspected = s.inspect(&mb).await.unwrap();
+            assert!(inspected.active_days.len() <= 31);
+            assert!(inspected.identity_count <= 2 * 31 + 2);
+        }
+    }
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.active_days.len(), 31);
+    assert_eq!(inspected.identity_count, 62);
+}
+
+pub async fn expiry_between_check_and_read(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-race", 1);
+    append_ok(&*s, &mb, 1, TODAY0 - 30, "a").await;
+    append_ok(&*s, &mb, 2, TODAY0, "b").await;
+    f.jump_during_next_scan(expiry_of(&policy(), TODAY0 - 30))
+        .await;
+    assert_eq!(
+        scan(&*s, &mb, 0, None, 10).await,
+        Err(gap(1)),
+        "coverage crossed by expiry during the read is never reported"
+    );
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(gap(1)));
+    assert_eq!(scan_seqs(&*s, &mb, 1).await, vec![2]);
+}
+
+// ---- corruption fails closed ----
+
+pub async fn v3_meta_rejected_with_nothing_modified(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-v3", 1);
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    append_ok(&*s, &mb, 2, TODAY0, "b").await;
+    assert!(f.corrupt(&mb, Corruption::FormatVersion(3)).await);
+    let before = f.fingerprint(&mb.user_id).await;
+
+    let r = s.append(&group(&mb, 3, TODAY0, 1, "c")).await;
+    assert_eq!(
+        r,
+        Err(StoreError::Corrupt {
+            kind: CorruptKind::UnsupportedFormat { found: "3".into() }
+        })
+    );
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 1, TODAY0, 2, "a")).await),
+        "unsupported_format"
+    );
+    assert_eq!(
+        corrupt_kind(&scan(&*s, &mb, 0, None, 10).await),
+        "unsupported_format"
+    );
+    assert_eq!(
+        corrupt_kind(&s.truncate_before(&mb, 2).await),
+        "unsupported_format"
+    );
+    assert_eq!(corrupt_kind(&s.promote(&mb).await), "unsupported_format");
+    assert_eq!(f.fingerprint(&mb.user_id).await, before, "nothing modified");
+}
+
+pub async fn index_lost_is_corrupt(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-index", 1);
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    assert!(f.corrupt(&mb, Corruption::LoseIdentityIndex).await);
+    let before = f.fingerprint(&mb.user_id).await;
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 2, TODAY0, 1, "b")).await),
+        "index_lost"
+    );
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 1, TODAY0, 2, "a")).await),
+        "index_lost"
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+}
+
+pub async fn meta_lost_is_corrupt(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-meta", 1);
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    assert!(f.corrupt(&mb, Corruption::LoseMeta).await);
+    let before = f.fingerprint(&mb.user_id).await;
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 2, TODAY0, 1, "b")).await),
+        "meta_lost"
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+}
+
+pub async fn identity_missing_below_seqbucket_max_seq_is_corrupt(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-ident", 1);
+    for seq in 1..=3 {
+        append_ok(&*s, &mb, seq, TODAY0, "a").await;
+    }
+    assert!(f.corrupt(&mb, Corruption::LoseIdentity(2)).await);
+    let before = f.fingerprint(&mb.user_id).await;
+    assert_eq!(
+        s.append(&group(&mb, 2, TODAY0, 2, "a")).await,
+        Err(StoreError::Corrupt {
+            kind: CorruptKind::IdentityMissing {
+                seq: 2,
+                seqbucket_max_seq: 3
+            }
+        })
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+
+    // A seq below the largest ever accepted that this mailbox never saw: out of source order.
+    let other = mailbox("u-ident-2", 1);
+    append_ok(&*s, &other, 10, TODAY0, "a").await;
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&other, 5, TODAY0, 1, "b")).await),
+        "identity_missing"
+    );
+}
+
+pub async fn bad_proof_two_phase_promote_changes_nothing(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-proof", 1);
+    append_ok(&*s, &mb, 1, TODAY0 - 10, "a").await;
+    append_ok(&*s, &mb, 2, TODAY0 - 9, "b").await;
+    append_ok(&*s, &mb, 3, TODAY0, "c").await;
+    assert!(f.corrupt(&mb, Corruption::BreakProof(TODAY0 - 9)).await);
+    f.set_now(expiry_of(&policy(), TODAY0 - 9)).await;
+    let before = f.fingerprint(&mb.user_id).await;
+
+    assert_eq!(corrupt_kind(&s.promote(&mb).await), "bad_proof");
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.expired_gap_boundary, 0, "earlier day not merged");
+    assert!(
+        inspected.active_days.contains_key(&(TODAY0 - 10)),
+        "earlier proof not deleted"
+    );
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 4, TODAY0, 1, "d")).await),
+        "bad_proof"
+    );
+    assert_eq!(
+        corrupt_kind(&scan(&*s, &mb, 3, None, 10).await),
+        "bad_proof"
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before);
+}
+
+// ---- scans ----
+
+pub async fn scan_reads_buckets_older_than_max_day_minus_retention(h: &H) {
+    let short = RetentionPolicy {
+        retention_days: 3,
+        future_window_days: 30,
+        max_active_span_days: 30,
+    };
+    let f = h.fixture(short, NOW0).await;
+    let s = f.store();
+    let mb = mailbox("u-bound", 1);
+    append_ok(&*s, &mb, 1, TODAY0 - 2, "old").await;
+    append_ok(&*s, &mb, 2, TODAY0 + 20, "future").await;
+    // max_day - retention_days = TODAY0 + 17: the old bound would miss seq 1.
+    assert_eq!(scan_seqs(&*s, &mb, 0).await, vec![1, 2]);
+}
+
+pub async fn scan_pages_whole_groups_in_seq_order(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-page", 1);
+    for seq in 1..=10u64 {
+        // Days are not monotonic in seq: the merge is by seq across buckets.
+        let day = TODAY0 - (seq % 4);
+        let g = group(&mb, seq, day, 2, "p");
+        assert_eq!(s.append(&g).await, Ok(AppendOutcome::Inserted));
+    }
+    let mut after = 0;
+    let mut pages = Vec::new();
+    loop {
+        let page = scan(&*s, &mb, after, None, 3).await.unwrap();
+        assert!(
+            page.groups.iter().all(|g| g.events.len() == 2),
+            "whole groups"
+        );
+        pages.push(seqs(&page));
+        after = page.up_to;
+        if !page.has_more {
+            break;
+        }
+    }
+    assert_eq!(
+        pages,
+        vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9], vec![10]]
+    );
+    assert_eq!(after, 10);
+
+    let bounded = scan(&*s, &mb, 2, Some(5), 10).await.unwrap();
+    assert_eq!(seqs(&bounded), vec![3, 4, 5]);
+    assert_eq!((bounded.up_to, bounded.has_more), (5, false));
+
+    let limited = scan(&*s, &mb, 2, Some(5), 2).await.unwrap();
+    assert_eq!(seqs(&limited), vec![3, 4]);
+    assert_eq!((limited.up_to, limited.has_more), (4, true));
+
+    assert_eq!(
+        reject_kind(&scan(&*s, &mb, 0, None, 0).await),
+        RejectKind::InvalidField
+    );
+}
+
+pub async fn payload_round_trips_as_canonical_json(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-payload", 1);
+    let value = serde_json::json!({"b": 1, "a": [1, 2.5, {"z": null, "y": "é\"\n"}], "c": true});
+    let mut g = group(&mb, 1, TODAY0, 1, "x");
+    g.events[0] = Event {
+        event_ordinal: 7,
+        payload: Payload::from_value(&value),
+    };
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Inserted));
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    let event = &page.groups[0].events[0];
+    assert_eq!(event.event_ordinal, 7);
+    assert_eq!(event.payload.to_value(), value);
+    assert_eq!(event.payload.as_str(), value.to_string());
+}
+
+// ---- truncate ----
+
+pub async fn trim_outcome_and_trim_never_lowers(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-trim", 1);
+    for seq in 1..=5 {
+        append_ok(&*s, &mb, seq, TODAY0, "a").await;
+    }
+    assert_eq!(s.truncate_before(&mb, 3).await.unwrap().user_trim_seq, 3);
+    assert_eq!(s.truncate_before(&mb, 2).await.unwrap().user_trim_seq, 3);
+    assert_eq!(
+        s.append(&group(&mb, 2, TODAY0, 2, "a")).await,
+        Ok(AppendOutcome::Trimmed)
+    );
+    assert_eq!(
+        s.append(&group(&mb, 1, TODAY0 - 50, 2, "a")).await,
+        Ok(AppendOutcome::Trimmed)
+    );
+    assert_eq!(scan_seqs(&*s, &mb, 2).await, vec![3, 4, 5]);
+    assert_eq!(scan(&*s, &mb, 0, None, 10).await, Err(trimmed(2)));
+    assert_eq!(scan(&*s, &mb, 1, None, 10).await, Err(trimmed(2)));
+}
+
+pub async fn truncate_removes_whole_groups_and_keeps_empty_day_proofs(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-trunc", 1);
+    let old_day = TODAY0 - 10;
+    append_ok(&*s, &mb, 1, old_day, "a").await;
+    append_ok(&*s, &mb, 2, old_day, "a").await;
+    append_ok(&*s, &mb, 3, TODAY0, "b").await;
+    let t = s.truncate_before(&mb, 3).await.unwrap();
+    assert_eq!((t.user_trim_seq, t.removed_groups), (3, 2));
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert!(inspected.active_days.contains_key(&old_day), "proof kept");
+    assert_eq!(inspected.identity_count, 1);
+
+    f.set_now(expiry_of(&policy(), old_day)).await;
+    assert_eq!(s.promote(&mb).await.unwrap().expired_days, 1);
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(
+        inspected.expired_gap_boundary, 0,
+        "a day wholly below the trim merges no gap"
+    );
+    assert_eq!(scan_seqs(&*s, &mb, 2).await, vec![3]);
+}
+
+pub async fn truncate_on_unknown_user_is_durable(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-trunc-cold", 2);
+    assert_eq!(s.truncate_before(&mb, 10).await.unwrap().user_trim_seq, 10);
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(
+        (inspected.current_epoch, inspected.user_trim_seq),
+        (Some(2), 10)
+    );
+    assert_eq!(
+        s.append(&group(&mb, 5, TODAY0, 1, "a")).await,
+        Ok(AppendOutcome::Trimmed)
+    );
+    for other in [1, 3] {
+        assert_eq!(
+            s.truncate_before(&mailbox("u-trunc-cold", other), 20).await,
+            Err(StoreError::EpochMismatch { current: Some(2) })
+        );
+    }
+}
+
+// ---- atomicity ----
+
+pub async fn concurrent_appends_to_one_mailbox(h: &H) {
+    let f = fixture(h).await;
+    let mb = mailbox("u-concurrent", 1);
+    let writers = 6;
+    let seqs_per_writer = 40u64;
+    let mut tasks = Vec::new();
+    for _ in 0..writers {
+        let store = f.store();
+        let mb = mb.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for seq in 1..=seqs_per_writer {
+                outcomes.push(store.append(&group(&mb, seq, TODAY0, 2, "c")).await);
+            }
+            outcomes
+        }));
+    }
+    let mut inserted = vec![0u32; seqs_per_writer as usize];
+    for task in tasks {
+        for (i, outcome) in task.await.unwrap().into_iter().enumerate() {
+            match outcome {
+                Ok(AppendOutcome::Inserted) => inserted[i] += 1,
+                Ok(AppendOutcome::Unchanged) => {}
+                other => panic!("seq {}: {other:?}", i + 1),
+            }
+        }
+    }
+    assert!(inserted.iter().all(|&n| n == 1), "{inserted:?}");
+    let s = f.store();
+    assert_eq!(
+        scan_seqs(&*s, &mb, 0).await,
+        (1..=seqs_per_writer).collect::<Vec<_>>()
+    );
+}
+
+// ---- randomized ----
+
+pub async fn randomized_histories_keep_the_invariants(h: &H) {
+    super::history::check_random_histories(h.clone(), 48).await;
+}

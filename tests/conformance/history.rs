@@ -1,0 +1,501 @@
+//! Randomized histories: a proptest generator of operation sequences, a runner that plays one on
+//! any fixture while checking the store's invariants, and a comparison of two backends on the
+//! same history.
+//!
+//! Ops are generated as *intents* (fresh append, identical replay of an earlier append, ...) and
+//! resolved to concrete groups by the runner from its own bookkeeping of what it sent, never from
+//! store results. The same history therefore produces the same concrete calls on every backend,
+//! which is what makes [`compare_backends`] meaningful.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use mailbox_materializer::model::{
+    AppendOutcome, CursorExpired, EventGroup, MailboxId, RetentionPolicy, ScanRequest, StoreError,
+    DAY_SECS,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+
+use super::{group, mailbox, Fixture, Harness, NOW0};
+
+/// Users a history touches; few, so ops collide on mailboxes.
+const USERS: u8 = 3;
+
+/// One step of a history.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// A new seq (a gap of `seq_gap - 1` skipped seqs), dated `day_offset` days from today.
+    Fresh {
+        user: u8,
+        seq_gap: u8,
+        day_offset: i16,
+        events: u8,
+    },
+    /// An already-expired input with a new seq.
+    FreshExpired { user: u8, days_back: u16 },
+    /// The earlier append number `pick` (mod count) sent again as it was.
+    IdenticalReplay { user: u8, pick: u16 },
+    /// The earlier append `pick` again, same day, other content.
+    DifferentReplay { user: u8, pick: u16, events: u8 },
+    /// The earlier append `pick` again, moved by `shift` days (possibly into an expired day).
+    CrossDayReplay { user: u8, pick: u16, shift: i16 },
+    /// An append with the previous epoch of the user.
+    StaleAppend { user: u8 },
+    /// The user moves to the next epoch with a fresh append.
+    EpochBump { user: u8 },
+    /// Trim everything below `seq_back` under the user's highest seq sent.
+    Truncate { user: u8, seq_back: u8 },
+    /// Move the clock forward.
+    Advance { secs: u64 },
+    /// A reader scans from its cursor (or from 0), paging to the end.
+    Scan {
+        user: u8,
+        from_zero: bool,
+        limit: u8,
+    },
+    /// Background compaction of one mailbox.
+    Promote { user: u8 },
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let user = 0..USERS;
+    prop_oneof![
+        6 => (user.clone(), 1..4u8, prop_oneof![5 => -2..=0i16, 2 => -35..31i16], 1..4u8).prop_map(|(user, seq_gap, day_offset, events)| Op::Fresh { user, seq_gap, day_offset, events }),
+        1 => (user.clone(), 31..90u16).prop_map(|(user, days_back)| Op::FreshExpired { user, days_back }),
+        2 => (user.clone(), any::<u16>()).prop_map(|(user, pick)| Op::IdenticalReplay { user, pick }),
+        2 => (user.clone(), any::<u16>(), 1..4u8).prop_map(|(user, pick, events)| Op::DifferentReplay { user, pick, events }),
+        2 => (user.clone(), any::<u16>(), -50..10i16).prop_map(|(user, pick, shift)| Op::CrossDayReplay { user, pick, shift }),
+        1 => user.clone().prop_map(|user| Op::StaleAppend { user }),
+        1 => user.clone().prop_map(|user| Op::EpochBump { user }),
+        1 => (user.clone(), 0..6u8).prop_map(|(user, seq_back)| Op::Truncate { user, seq_back }),
+        3 => prop_oneof![
+            3 => 3_600..86_400u64,
+            2 => DAY_SECS..10 * DAY_SECS,
+            1 => 30 * DAY_SECS..120 * DAY_SECS,
+        ].prop_map(|secs| Op::Advance { secs }),
+        4 => (user.clone(), any::<bool>(), 1..6u8).prop_map(|(user, from_zero, limit)| Op::Scan { user, from_zero, limit }),
+        1 => user.prop_map(|user| Op::Promote { user }),
+    ]
+}
+
+/// A history: a policy (the default, or a tight one that makes span and future limits bite) and
+/// its operations.
+pub fn history_strategy() -> impl Strategy<Value = (RetentionPolicy, Vec<Op>)> {
+    let policies = prop_oneof![
+        Just(RetentionPolicy::default()),
+        Just(RetentionPolicy {
+            retention_days: 3,
+            future_window_days: 5,
+            max_active_span_days: 6,
+        }),
+    ];
+    (policies, prop::collection::vec(op_strategy(), 1..60))
+}
+
+/// What the runner remembers of one user.
+#[derive(Debug, Default, Clone)]
+struct UserBook {
+    epoch: u32,
+    /// Highest seq ever sent in the current epoch.
+    last_seq: u64,
+    /// Appends sent in the current epoch, in order.
+    sent: Vec<EventGroup>,
+    /// Seqs the store reported as live (Inserted/Replaced/Unchanged), with their content.
+    live: BTreeMap<u64, EventGroup>,
+    /// Seqs whose coverage expiry has crossed or that were merged as expired: seq -> expires_at
+    /// (0 for merged ones, which are gone at once).
+    gone_at: BTreeMap<u64, u64>,
+    /// Largest trim the store confirmed.
+    trim: u64,
+    /// The reader's cursor.
+    cursor: u64,
+}
+
+/// Plays one history on a fixture, asserting the invariants, and returns one observation line per
+/// op (free-text details left out) for cross-backend comparison.
+pub async fn run_history(
+    fixture: &dyn Fixture,
+    policy: &RetentionPolicy,
+    ops: &[Op],
+) -> Result<Vec<String>, TestCaseError> {
+    let store = fixture.store();
+    let mut now = NOW0;
+    let mut books: Vec<UserBook> = (0..USERS)
+        .map(|_| UserBook {
+            epoch: 1,
+            ..Default::default()
+        })
+        .collect();
+    let mut observed = Vec::with_capacity(ops.len());
+    let name = |u: u8| format!("u-hist-{u}");
+
+    for op in ops {
+        let today = now / DAY_SECS;
+        let line = match op {
+            Op::Advance { secs } => {
+                now += secs;
+                fixture.set_now(now).await;
+                format!("advance {secs}")
+            }
+            Op::Promote { user } => {
+                let book = &books[*user as usize];
+                let mb = mailbox(&name(*user), book.epoch);
+                format!(
+                    "promote {:?}",
+                    store.promote(&mb).await.map(|p| p.expired_days)
+                )
+            }
+            Op::Truncate { user, seq_back } => {
+                let book = &mut books[*user as usize];
+                let mb = mailbox(&name(*user), book.epoch);
+                let before = book.last_seq.saturating_sub(u64::from(*seq_back)).max(1);
+                let result = store.truncate_before(&mb, before).await;
+                if let Ok(t) = &result {
+                    prop_assert_eq!(t.user_trim_seq, book.trim.max(before));
+                    book.trim = t.user_trim_seq;
+                    book.live.retain(|&seq, _| seq >= t.user_trim_seq);
+                }
+                format!(
+                    "truncate {before} {}",
+                    observe(&result.map(|t| t.user_trim_seq))
+                )
+            }
+            Op::Scan {
+                user,
+                from_zero,
+                limit,
+            } => {
+                let book = &mut books[*user as usize];
+                let mb = mailbox(&name(*user), book.epoch);
+                let after = if *from_zero { 0 } else { book.cursor };
+                scan_and_check(&*store, &mb, book, after, u32::from(*limit), now).await?
+            }
+            _ => {
+                let Some((g, user)) = resolve(op, &mut books, today, policy, &name) else {
+                    observed.push("skip".to_owned());
+                    continue;
+                };
+                let result = store.append(&g).await;
+                let book = &mut books[user as usize];
+                record_append(book, &g, &result, policy, now);
+                let inspected = store
+                    .inspect(&g.mailbox)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("inspect: {e}")))?;
+                prop_assert!(
+                    inspected.active_days.len() <= policy.max_active_days(),
+                    "{} active-day proofs",
+                    inspected.active_days.len()
+                );
+                format!(
+                    "append {} {} {}",
+                    g.mailbox,
+                    g.mailbox_seq,
+                    observe(&result)
+                )
+            }
+        };
+        observed.push(line);
+    }
+    Ok(observed)
+}
+
+/// Turns an intent into a concrete group, updating the bookkeeping of what was sent.
+fn resolve(
+    op: &Op,
+    books: &mut [UserBook],
+    today: u64,
+    policy: &RetentionPolicy,
+    name: &dyn Fn(u8) -> String,
+) -> Option<(EventGroup, u8)> {
+    let shifted = |offset: i64| (today as i64 + offset).max(0) as u64;
+    let (user, g) = match *op {
+        Op::Fresh {
+            user,
+            seq_gap,
+            day_offset,
+            events,
+        } => {
+            let book = &mut books[user as usize];
+            book.last_seq += u64::from(seq_gap);
+            let mb = mailbox(&name(user), book.epoch);
+            let tag = format!("f{}", book.last_seq);
+            (
+                user,
+                group(
+                    &mb,
+                    book.last_seq,
+                    shifted(day_offset.into()),
+                    events.into(),
+                    &tag,
+                ),
+            )
+        }
+        Op::FreshExpired { user, days_back } => {
+            let book = &mut books[user as usize];
+            book.last_seq += 1;
+            let mb = mailbox(&name(user), book.epoch);
+            let day = shifted(-i64::from(days_back))
+                .min((today + 1).saturating_sub(u64::from(policy.retention_days) + 2));
+            (user, group(&mb, book.last_seq, day, 1, "expired"))
+        }
+        Op::IdenticalReplay { user, pick } => {
+            let book = &books[user as usize];
+            let earlier = pick_sent(book, pick)?;
+            (user, earlier.clone())
+        }
+        Op::DifferentReplay { user, pick, events } => {
+            let book = &books[user as usize];
+            let earlier = pick_sent(book, pick)?;
+            let mut g = group(
+                &earlier.mailbox,
+                earlier.mailbox_seq,
+                earlier.day(),
+                events.into(),
+                &format!("d{pick}"),
+            );
+            g.created_at = earlier.created_at;
+            (user, g)
+        }
+        Op::CrossDayReplay { user, pick, shift } => {
+            let book = &books[user as usize];
+            let earlier = pick_sent(book, pick)?;
+            let shift = if shift == 0 { -1 } else { shift };
+            let day = (earlier.day() as i64 + i64::from(shift)).max(0) as u64;
+            let mut g = earlier.clone();
+            g.created_at = day * mailbox_materializer::model::DAY_MS + 7;
+            (user, g)
+        }
+        Op::StaleAppend { user } => {
+            let book = &books[user as usize];
+            if book.epoch == 0 {
+                return None;
+            }
+            let mb = mailbox(&name(user), book.epoch - 1);
+            (user, group(&mb, book.last_seq + 1, today, 1, "stale"))
+        }
+        Op::EpochBump { user } => {
+            let book = &mut books[user as usize];
+            *book = UserBook {
+                epoch: book.epoch + 1,
+                ..Default::default()
+            };
+            book.last_seq = 1;
+            let mb = mailbox(&name(user), book.epoch);
+            (user, group(&mb, 1, today, 1, "bump"))
+        }
+        _ => return None,
+    };
+    let book = &mut books[user as usize];
+    if g.mailbox.epoch == book.epoch {
+        book.sent.push(g.clone());
+    }
+    Some((g, user))
+}
+
+fn pick_sent(book: &UserBook, pick: u16) -> Option<&EventGroup> {
+    if book.sent.is_empty() {
+        None
+    } else {
+        book.sent.get(pick as usize % book.sent.len())
+    }
+}
+
+/// Updates what the runner knows is live or gone after an append.
+fn record_append(
+    book: &mut UserBook,
+    g: &EventGroup,
+    result: &Result<AppendOutcome, StoreError>,
+    policy: &RetentionPolicy,
+    now: u64,
+) {
+    if g.mailbox.epoch != book.epoch {
+        // A stale-epoch append: whatever it did belongs to another mailbox.
+        return;
+    }
+    match result {
+        Ok(AppendOutcome::Inserted | AppendOutcome::Replaced | AppendOutcome::Unchanged) => {
+            let mut stored = g.clone();
+            stored.events.sort_by_key(|e| e.event_ordinal);
+            book.live.insert(g.mailbox_seq, stored);
+            book.gone_at
+                .insert(g.mailbox_seq, policy.expires_at(g.day()));
+        }
+        Ok(AppendOutcome::ExpiredMerged) => {
+            book.gone_at.entry(g.mailbox_seq).or_insert(now);
+        }
+        _ => {}
+    }
+}
+
+/// Scans from `after`, paging to the end, and checks every invariant of a page.
+async fn scan_and_check(
+    store: &dyn mailbox_materializer::store::MailboxStore,
+    mb: &MailboxId,
+    book: &mut UserBook,
+    after: u64,
+    limit: u32,
+    now: u64,
+) -> Result<String, TestCaseError> {
+    let mut after = after;
+    let mut seen = BTreeSet::new();
+    let mut lines = Vec::new();
+    for _page in 0..1000 {
+        let result = store
+            .range_scan(
+                mb,
+                ScanRequest {
+                    after_seq: after,
+                    until_seq: None,
+                    limit_groups: limit,
+                },
+            )
+            .await;
+        // A seq the reader could have missed: it lived above the cursor, at or above the trim,
+        // and its coverage has expired (or it was merged as expired input).
+        let crossed = book
+            .gone_at
+            .iter()
+            .any(|(&seq, &gone)| seq > after && seq >= book.trim && gone <= now);
+        match &result {
+            Ok(page) => {
+                prop_assert!(
+                    !crossed,
+                    "expiry crossed cursor {} but the scan succeeded",
+                    after
+                );
+                let mut previous = after;
+                for g in &page.groups {
+                    prop_assert!(g.mailbox_seq > previous, "seqs increase past the cursor");
+                    prop_assert!(g.mailbox_seq >= book.trim, "nothing below the trim");
+                    prop_assert!(
+                        seen.insert(g.mailbox_seq),
+                        "group {} seen twice",
+                        g.mailbox_seq
+                    );
+                    previous = g.mailbox_seq;
+                }
+                prop_assert!(page.groups.len() <= limit as usize);
+                prop_assert!(page.up_to >= after);
+                // Completeness: every group the store accepted and that is still live appears.
+                for (seq, g) in book.live.range(after + 1..=page.up_to.max(after + 1)) {
+                    if *seq > page.up_to {
+                        break;
+                    }
+                    if book.gone_at.get(seq).is_some_and(|&gone| gone <= now) {
+                        continue;
+                    }
+                    let found = page.groups.iter().find(|p| p.mailbox_seq == *seq);
+                    prop_assert!(found.is_some(), "live seq {} missing from the page", seq);
+                    let found = found.unwrap();
+                    prop_assert_eq!(found.created_at, g.created_at);
+                    prop_assert_eq!(&*found.events, &g.events[..]);
+                }
+                lines.push(format!(
+                    "{:?} up_to={} more={}",
+                    page.groups
+                        .iter()
+                        .map(|g| g.mailbox_seq)
+                        .collect::<Vec<_>>(),
+                    page.up_to,
+                    page.has_more
+                ));
+                after = page.up_to;
+                book.cursor = page.up_to;
+                if !page.has_more {
+                    break;
+                }
+            }
+            Err(StoreError::CursorExpired { cursor }) => {
+                lines.push(observe(&result.clone().map(|_| ())));
+                match *cursor {
+                    CursorExpired::Trimmed { resume_after } => {
+                        prop_assert_eq!(resume_after + 1, book.trim);
+                        book.cursor = resume_after;
+                    }
+                    CursorExpired::ExpiredGap { boundary } => {
+                        prop_assert!(boundary > after);
+                        book.cursor = boundary;
+                    }
+                }
+                break;
+            }
+            Err(StoreError::EpochMismatch { .. }) => {
+                lines.push(observe(&result.clone().map(|_| ())));
+                break;
+            }
+            Err(other) => {
+                return Err(TestCaseError::fail(format!("scan of {mb} failed: {other}")));
+            }
+        }
+    }
+    Ok(format!("scan {mb} {}", lines.join(" | ")))
+}
+
+/// An outcome without free-text details, comparable across backends.
+pub fn observe<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> String {
+    match result {
+        Ok(v) => format!("ok {v:?}"),
+        Err(StoreError::Rejected { kind, .. }) => format!("rejected {}", kind.as_str()),
+        Err(StoreError::Corrupt { kind }) => format!("corrupt {}", kind.as_str()),
+        Err(StoreError::Unavailable { .. }) => "unavailable".to_owned(),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+/// Runs `cases` random histories on fresh fixtures of `harness`, checking the invariants.
+pub async fn check_random_histories(harness: Arc<dyn Harness>, cases: u32) {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut runner = TestRunner::new(ProptestConfig {
+            cases,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&history_strategy(), |(policy, ops)| {
+                handle.block_on(async {
+                    let fixture = harness.fixture(policy, NOW0).await;
+                    run_history(&*fixture, &policy, &ops).await.map(|_| ())
+                })
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    })
+    .await
+    .expect("history runner panicked");
+}
+
+/// Runs `cases` random histories on a fixture of each harness and requires identical
+/// observations: same outcomes, same pages.
+pub async fn compare_backends(
+    reference: Arc<dyn Harness>,
+    candidate: Arc<dyn Harness>,
+    cases: u32,
+) {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut runner = TestRunner::new(ProptestConfig {
+            cases,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&history_strategy(), |(policy, ops)| {
+                handle.block_on(async {
+                    let a = reference.fixture(policy, NOW0).await;
+                    let b = candidate.fixture(policy, NOW0).await;
+                    let expected = run_history(&*a, &policy, &ops).await?;
+                    let actual = run_history(&*b, &policy, &ops).await?;
+                    for (i, (x, y)) in expected.iter().zip(&actual).enumerate() {
+                        prop_assert_eq!(x, y, "op {} ({:?}) differs", i, ops.get(i));
+                    }
+                    prop_assert_eq!(expected.len(), actual.len());
+                    Ok(())
+                })
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    })
+    .await
+    .expect("comparison runner panicked");
+}
