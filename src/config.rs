@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -96,8 +96,21 @@ impl std::str::FromStr for Backend {
 pub struct StoreConfig {
     /// `memory` (default), `redis` or `scylla`.
     pub backend: Backend,
+    pub memory: MemoryConfig,
     pub redis: RedisConfig,
     pub scylla: ScyllaConfig,
+}
+
+/// `[store.memory]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// JSON file the memory store is loaded from at start and saved to after a command that
+    /// changes it, so separate CLI invocations share one store. Unset: nothing is kept.
+    pub snapshot: Option<PathBuf>,
+    /// Pins the memory store's clock to this Unix second, for reproducible scripted checks.
+    /// Unset: the system clock.
+    pub fixed_now: Option<u64>,
 }
 
 /// `[store.redis]`.
@@ -236,6 +249,7 @@ impl Default for HttpConfig {
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub backend: Option<Backend>,
+    pub memory_snapshot: Option<PathBuf>,
     pub redis_url: Option<String>,
     pub scylla_nodes: Option<Vec<String>>,
     pub scylla_keyspace: Option<String>,
@@ -244,6 +258,7 @@ pub struct Overrides {
 /// Environment variables read by [`Config::apply_env`], in the order applied.
 pub const ENV_VARS: &[&str] = &[
     "MATERIALIZER_STORE",
+    "MATERIALIZER_MEMORY_SNAPSHOT",
     "MATERIALIZER_REDIS_URL",
     "MATERIALIZER_SCYLLA_NODES",
     "MATERIALIZER_SCYLLA_KEYSPACE",
@@ -291,6 +306,9 @@ impl Config {
         if let Some(v) = get("MATERIALIZER_STORE") {
             self.store.backend = v.parse()?;
         }
+        if let Some(v) = get("MATERIALIZER_MEMORY_SNAPSHOT") {
+            self.store.memory.snapshot = Some(PathBuf::from(v));
+        }
         if let Some(v) = get("MATERIALIZER_REDIS_URL") {
             self.store.redis.url = v;
         }
@@ -309,6 +327,9 @@ impl Config {
     pub fn apply_overrides(&mut self, overrides: &Overrides) {
         if let Some(backend) = overrides.backend {
             self.store.backend = backend;
+        }
+        if let Some(path) = &overrides.memory_snapshot {
+            self.store.memory.snapshot = Some(path.clone());
         }
         if let Some(url) = &overrides.redis_url {
             self.store.redis.url = url.clone();

@@ -17,7 +17,7 @@ use crate::config::{Backend, Config, Overrides};
 use crate::ingest::{apply_record, decode_record};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::memory::MemoryStore;
-use crate::store::{MailboxStore, SystemClock};
+use crate::store::{Clock, MailboxStore, ManualClock, SystemClock};
 
 use output::{ApplyLine, ErrorEnvelope, TruncateLine};
 
@@ -46,6 +46,9 @@ pub struct GlobalArgs {
     /// Storage backend, overriding the configuration.
     #[arg(long, global = true, value_enum)]
     pub store: Option<BackendArg>,
+    /// Memory store snapshot file shared by separate invocations (memory backend only).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub memory_snapshot: Option<PathBuf>,
     /// Redis URL (redis:// or rediss://), overriding the configuration.
     #[arg(long, global = true, value_name = "URL")]
     pub redis_url: Option<String>,
@@ -145,6 +148,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let overrides = Overrides {
         backend: cli.global.store.map(Backend::from),
+        memory_snapshot: cli.global.memory_snapshot.clone(),
         redis_url: cli.global.redis_url.clone(),
         scylla_nodes: cli.global.scylla_nodes.clone(),
         scylla_keyspace: cli.global.scylla_keyspace.clone(),
@@ -174,28 +178,72 @@ async fn run(command: Command, config: Config) -> ExitCode {
         println!("{}", config.redacted());
         return ExitCode::SUCCESS;
     }
-    let store = match open_store(&config).await {
-        Ok(store) => store,
+    let opened = match open_store(&config).await {
+        Ok(opened) => opened,
         Err(message) => {
             eprintln!("error: {message}");
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    match command {
+    let store = opened.store.as_ref();
+    let code = match &command {
         Command::CheckConfig => ExitCode::SUCCESS,
-        Command::Apply(args) => apply(store.as_ref(), &args).await,
-        Command::Scan(args) => scan(store.as_ref(), &args).await,
-        Command::Inspect(args) => inspect(store.as_ref(), &args).await,
-        Command::Truncate(args) => truncate(store.as_ref(), &args).await,
-        Command::Promote(args) => promote(store.as_ref(), &args).await,
+        Command::Apply(args) => apply(store, args).await,
+        Command::Scan(args) => scan(store, args).await,
+        Command::Inspect(args) => inspect(store, args).await,
+        Command::Truncate(args) => truncate(store, args).await,
+        Command::Promote(args) => promote(store, args).await,
+    };
+    if matches!(
+        command,
+        Command::Apply(_) | Command::Truncate(_) | Command::Promote(_)
+    ) {
+        if let Err(e) = opened.persist() {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    code
+}
+
+/// A store built from the configuration, with what it takes to keep a memory store's content.
+pub struct OpenedStore {
+    pub store: Arc<dyn MailboxStore>,
+    memory_snapshot: Option<(Arc<MemoryStore>, PathBuf)>,
+}
+
+impl OpenedStore {
+    /// Saves a memory store to its snapshot file, if one is configured.
+    pub fn persist(&self) -> Result<(), String> {
+        match &self.memory_snapshot {
+            Some((store, path)) => store.save_snapshot(path).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
     }
 }
 
 /// Builds the configured backend.
-pub async fn open_store(config: &Config) -> Result<Arc<dyn MailboxStore>, String> {
+pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
     let policy = config.retention.policy();
     match config.store.backend {
-        Backend::Memory => Ok(Arc::new(MemoryStore::new(policy, Arc::new(SystemClock)))),
+        Backend::Memory => {
+            let clock: Arc<dyn Clock> = match config.store.memory.fixed_now {
+                Some(now) => Arc::new(ManualClock::new(now)),
+                None => Arc::new(SystemClock),
+            };
+            let store = Arc::new(MemoryStore::new(policy, clock));
+            let memory_snapshot = match &config.store.memory.snapshot {
+                Some(path) => {
+                    store.load_snapshot(path).map_err(|e| e.to_string())?;
+                    Some((store.clone(), path.clone()))
+                }
+                None => None,
+            };
+            Ok(OpenedStore {
+                store,
+                memory_snapshot,
+            })
+        }
         other => Err(format!(
             "the {} backend is not available in this build; use --store memory",
             other.as_str()

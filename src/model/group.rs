@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde::ser::Error as _;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::ids::MailboxId;
 use super::retention::day_of_ms;
@@ -68,8 +68,14 @@ impl Serialize for Payload {
     }
 }
 
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde_json::Value::deserialize(deserializer).map(|v| Self::from_value(&v))
+    }
+}
+
 /// One event of a group.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Event {
     pub event_ordinal: u32,
     pub payload: Payload,

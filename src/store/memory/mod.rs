@@ -11,6 +11,9 @@
 //! for its whole duration, which makes it atomic per mailbox. No lock is held across an `.await`.
 
 mod mailbox;
+mod snapshot;
+
+pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT};
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;

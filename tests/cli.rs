@@ -1,0 +1,319 @@
+//! The store commands of SPEC 8.1, run as a user runs them: the built binary, JSON on stdout,
+//! exit statuses. The memory store is shared between invocations through a snapshot file and
+//! pinned to a fixed clock so the days are reproducible.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{json, Value};
+
+const NOW: u64 = 1_805_112_000;
+const DAY_MS: u64 = 86_400_000;
+
+struct Env {
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Env {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("mm-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[store.memory]\nsnapshot = {:?}\nfixed_now = {NOW}\n",
+                dir.join("snapshot.json")
+            ),
+        )
+        .unwrap();
+        Self { dir, config }
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_materializer"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().unwrap()
+    }
+
+    fn json_lines(&self, args: &[&str], stdin: Option<&str>) -> (Vec<Value>, i32) {
+        let out = self.run(args, stdin);
+        let lines = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        (lines, out.status.code().unwrap_or(-1))
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn dispatch(seq: u64, day_offset: i64, body: &str) -> String {
+    let committed_at = (NOW * 1000) as i64 + day_offset * DAY_MS as i64;
+    json!({"type": "group_dispatch", "dispatch_id": format!("d-{seq}"), "group_id": "grp-42",
+        "committed_at": committed_at,
+        "deliveries": [{"user_id": "u-17", "epoch": 3, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"body": body}},
+                       {"event_ordinal": 1, "payload": {"n": seq}}]}]})
+    .to_string()
+}
+
+fn write(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn apply_prints_one_line_per_delivery_and_scan_returns_the_groups() {
+    let env = Env::new("apply");
+    let records = [
+        dispatch(7, 0, "hi"),
+        dispatch(7, 0, "hi"),
+        dispatch(7, -1, "hi"),
+        "{not json".to_owned(),
+        dispatch(8, -45, "old"),
+        dispatch(9, 0, "there"),
+        r#"{"type": "truncate_before", "user_id": "u-17", "epoch": 3, "before_seq": 2}"#.to_owned(),
+    ];
+    let file = write(&env.dir, "in.jsonl", &records);
+    let (lines, code) = env.json_lines(&["apply", file.to_str().unwrap()], None);
+    assert_eq!(code, 0);
+    let outcomes: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["line"].as_u64().unwrap(),
+                l["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (1, "inserted".into()),
+            (2, "unchanged".into()),
+            (3, "conflict".into()),
+            (4, "malformed".into()),
+            (5, "expired_merged".into()),
+            (6, "inserted".into()),
+            (7, "truncated".into()),
+        ]
+    );
+    assert_eq!(
+        lines[0],
+        json!({"line": 1, "user_id": "u-17", "epoch": 3, "mailbox_seq": 7, "outcome": "inserted"})
+    );
+    assert_eq!(lines[2]["error"]["kind"], "cross_day");
+    assert!(lines[2]["error"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("day"));
+    assert_eq!(lines[3]["error"]["kind"], "invalid_json");
+    assert_eq!(
+        lines[6],
+        json!({"line": 7, "user_id": "u-17", "epoch": 3, "outcome": "truncated", "user_trim_seq": 2})
+    );
+
+    // Seq 8 was merged as expired input, so a cursor below it lost coverage.
+    let (scan, code) = env.json_lines(
+        &["scan", "--user", "u-17", "--epoch", "3", "--after", "1"],
+        None,
+    );
+    assert_eq!(code, 1);
+    assert_eq!(
+        scan[0],
+        json!({"error": {"kind": "cursor_expired", "reason": "expired_gap", "boundary": 8}})
+    );
+    let (scan, code) = env.json_lines(
+        &["scan", "--user", "u-17", "--epoch", "3", "--after", "8"],
+        None,
+    );
+    assert_eq!(code, 0);
+    let expected_created_at = NOW * 1000;
+    assert_eq!(
+        scan[0],
+        json!({"groups": [{"mailbox_seq": 9, "created_at": expected_created_at,
+            "events": [{"event_ordinal": 0, "payload": {"body": "there"}},
+                       {"event_ordinal": 1, "payload": {"n": 9}}]}],
+            "up_to": 9, "has_more": false})
+    );
+}
+
+#[test]
+fn apply_reads_standard_input() {
+    let env = Env::new("stdin");
+    let (lines, code) = env.json_lines(&["apply", "-"], Some(&dispatch(1, 0, "x")));
+    assert_eq!(code, 0);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["outcome"], "inserted");
+}
+
+#[test]
+fn apply_rejections_name_the_kind() {
+    let env = Env::new("rejected");
+    let mut dup: Value = serde_json::from_str(&dispatch(1, 0, "x")).unwrap();
+    dup["deliveries"][0]["events"][1]["event_ordinal"] = json!(0);
+    let future = dispatch(2, 31, "later");
+    let (lines, code) = env.json_lines(&["apply"], Some(&format!("{dup}\n{future}\n")));
+    assert_eq!(code, 0);
+    assert_eq!(lines[0]["outcome"], "rejected");
+    assert_eq!(lines[0]["error"]["kind"], "duplicate_ordinal");
+    assert_eq!(lines[1]["error"]["kind"], "future_created_at");
+    let (inspect, _) = env.json_lines(&["inspect", "--user", "u-17", "--epoch", "3"], None);
+    assert_eq!(
+        inspect[0]["current_epoch"],
+        Value::Null,
+        "nothing left behind"
+    );
+}
+
+#[test]
+fn scan_epoch_mismatch_inspect_and_truncate() {
+    let env = Env::new("inspect");
+    let (_, code) = env.json_lines(
+        &["apply"],
+        Some(&format!(
+            "{}\n{}\n",
+            dispatch(1, -2, "a"),
+            dispatch(2, 0, "b")
+        )),
+    );
+    assert_eq!(code, 0);
+
+    let (scan, code) = env.json_lines(
+        &["scan", "--user", "u-17", "--epoch", "4", "--after", "0"],
+        None,
+    );
+    assert_eq!(
+        (scan[0].clone(), code),
+        (
+            json!({"error": {"kind": "epoch_mismatch", "current": 3}}),
+            1
+        )
+    );
+
+    let (inspect, code) = env.json_lines(&["inspect", "--user", "u-17", "--epoch", "3"], None);
+    assert_eq!(code, 0);
+    let i = &inspect[0];
+    let today = NOW / 86_400;
+    assert_eq!(i["format_version"], 4);
+    assert_eq!(i["current_epoch"], 3);
+    assert_eq!(i["min_day"], today - 2);
+    assert_eq!(i["max_day"], today);
+    assert_eq!(i["active_day_count"], 2);
+    assert_eq!(i["active_days"][today.to_string()]["max_seq"], 2);
+    assert_eq!(
+        i["active_days"][today.to_string()]["expires_at"],
+        (today + 31) * 86_400
+    );
+    assert_eq!(i["expired_gap_boundary"], 0);
+    assert_eq!(i["seqbucket_max_seq"], 2);
+    assert_eq!(i["user_trim_seq"], 0);
+
+    let (t, code) = env.json_lines(
+        &[
+            "truncate", "--user", "u-17", "--epoch", "3", "--before", "2",
+        ],
+        None,
+    );
+    assert_eq!((t[0].clone(), code), (json!({"user_trim_seq": 2}), 0));
+    let (scan, code) = env.json_lines(
+        &["scan", "--user", "u-17", "--epoch", "3", "--after", "0"],
+        None,
+    );
+    assert_eq!(code, 1);
+    assert_eq!(
+        scan[0],
+        json!({"error": {"kind": "cursor_expired", "reason": "trimmed", "resume_after": 1}})
+    );
+    let (scan, _) = env.json_lines(
+        &[
+            "scan", "--user", "u-17", "--epoch", "3", "--after", "1", "--limit", "1",
+        ],
+        None,
+    );
+    assert_eq!(scan[0]["groups"][0]["mailbox_seq"], 2);
+}
+
+#[test]
+fn corrupt_mailbox_makes_apply_exit_3() {
+    let env = Env::new("corrupt");
+    // Seq 5 then seq 3: a live seq below seqbucket_max_seq without identity fails closed.
+    let input = format!("{}\n{}\n", dispatch(5, 0, "a"), dispatch(3, 0, "b"));
+    let (lines, code) = env.json_lines(&["apply"], Some(&input));
+    assert_eq!(code, 3);
+    assert_eq!(lines[1]["outcome"], "corrupt");
+    assert_eq!(lines[1]["error"]["kind"], "identity_missing");
+}
+
+#[test]
+fn unavailable_backend_exits_2_and_bad_config_exits_1() {
+    let env = Env::new("unavailable");
+    let out = env.run(
+        &[
+            "--store",
+            "scylla",
+            "--scylla-nodes",
+            "127.0.0.1:1",
+            "scan",
+            "--user",
+            "u",
+            "--epoch",
+            "1",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let bad = env.dir.join("bad.toml");
+    std::fs::write(&bad, "[retention]\ndays = 0\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(["--config", bad.to_str().unwrap(), "check-config"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("retention.days"));
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in [
+        "check-config",
+        "apply",
+        "scan",
+        "inspect",
+        "truncate",
+        "promote",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd} --help");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
+    }
+}
