@@ -13,6 +13,7 @@
 //!   [`store::Clock`], and one module per backend: [`store::memory`] (the executable reference).
 //! - [`ingest`]: decoding dispatch records ([`ingest::decode`]) and applying them to a store
 //!   ([`ingest::apply`]); reaches a store only through the trait.
+//! - [`demo`]: the synthetic dispatch log of `materializer demo`.
 //! - [`config`]: the TOML configuration with environment overrides and validation.
 //! - [`cli`]: the `materializer` commands; wires config, stores and ingest together.
 //!
@@ -20,6 +21,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod ingest;
 pub mod model;
 pub mod store;

@@ -4,6 +4,7 @@
 //! invalid configuration); 2 the store was unreachable or the command line is wrong; 3 `apply`
 //! met a corrupt mailbox.
 
+mod demo;
 mod output;
 
 use std::io::{BufRead, Write};
@@ -97,6 +98,9 @@ pub enum Command {
     Truncate(TruncateArgs),
     /// Compact a mailbox's expired days into its gap boundary and print the result.
     Promote(MailboxArgs),
+    /// Run a synthetic dispatch log (replays, conflicts, expired and malformed input) through the
+    /// ingest path into a memory store and print a table of outcomes.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Debug, Args)]
@@ -174,9 +178,13 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(command: Command, config: Config) -> ExitCode {
-    if let Command::CheckConfig = command {
-        println!("{}", config.redacted());
-        return ExitCode::SUCCESS;
+    match &command {
+        Command::CheckConfig => {
+            println!("{}", config.redacted());
+            return ExitCode::SUCCESS;
+        }
+        Command::Demo(args) => return demo::run(&config, args).await,
+        _ => {}
     }
     let opened = match open_store(&config).await {
         Ok(opened) => opened,
@@ -187,7 +195,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
     };
     let store = opened.store.as_ref();
     let code = match &command {
-        Command::CheckConfig => ExitCode::SUCCESS,
+        Command::CheckConfig | Command::Demo(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply(store, args).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,

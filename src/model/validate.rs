@@ -47,7 +47,6 @@ pub fn validate_group(group: &EventGroup) -> Result<(), StoreError> {
             group.events.len()
         )));
     }
-    let mut seen = HashSet::with_capacity(group.events.len());
     for (i, event) in group.events.iter().enumerate() {
         if event.payload.len() > MAX_PAYLOAD_BYTES {
             return Err(invalid(format!(
@@ -55,15 +54,30 @@ pub fn validate_group(group: &EventGroup) -> Result<(), StoreError> {
                 event.payload.len()
             )));
         }
-        if !seen.insert(event.event_ordinal) {
-            return Err(StoreError::rejected(
-                RejectKind::DuplicateOrdinal,
-                format!(
-                    "events[{i}].event_ordinal {} appears twice in the group",
-                    event.event_ordinal
-                ),
-            ));
-        }
+    }
+    if let Some(i) = first_duplicate_ordinal(group) {
+        return Err(StoreError::rejected(
+            RejectKind::DuplicateOrdinal,
+            format!(
+                "events[{i}].event_ordinal {} appears twice in the group",
+                group.events[i].event_ordinal
+            ),
+        ));
     }
     Ok(())
+}
+
+/// Index of the first event whose ordinal an earlier event already has.
+fn first_duplicate_ordinal(group: &EventGroup) -> Option<usize> {
+    let events = &group.events;
+    // Groups are small; a quadratic scan beats hashing below a few dozen events.
+    if events.len() <= 32 {
+        return (1..events.len()).find(|&i| {
+            events[..i]
+                .iter()
+                .any(|e| e.event_ordinal == events[i].event_ordinal)
+        });
+    }
+    let mut seen = HashSet::with_capacity(events.len());
+    events.iter().position(|e| !seen.insert(e.event_ordinal))
 }

@@ -2,7 +2,7 @@
 //!
 //! Read top to bottom, [`UserState::append`] answers "what happens to a replayed record?".
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -97,62 +97,38 @@ impl Meta {
     }
 }
 
-/// The identity index: seq -> `expires_at(day)`, with a score index for dropping expired members.
+/// The identity index: seq -> `expires_at(day)`.
 ///
 /// Holds only identities of groups that can still physically exist: expired members are dropped
 /// by every append and promote, and the whole index is gone once its largest score has passed
-/// (the Redis key's EXPIREAT).
+/// (the Redis key's EXPIREAT). Expiry work runs only once [`Mailbox::next_expiry`] has passed, so
+/// the linear walks below stay off the per-append path.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
-#[serde(from = "BTreeMap<u64, u64>", into = "BTreeMap<u64, u64>")]
+#[serde(transparent)]
 struct IdentityIndex {
     by_seq: BTreeMap<u64, u64>,
-    by_expiry: BTreeSet<(u64, u64)>,
-}
-
-impl From<BTreeMap<u64, u64>> for IdentityIndex {
-    fn from(by_seq: BTreeMap<u64, u64>) -> Self {
-        let by_expiry = by_seq.iter().map(|(&seq, &e)| (e, seq)).collect();
-        Self { by_seq, by_expiry }
-    }
-}
-
-impl From<IdentityIndex> for BTreeMap<u64, u64> {
-    fn from(index: IdentityIndex) -> Self {
-        index.by_seq
-    }
 }
 
 impl IdentityIndex {
     fn insert(&mut self, seq: u64, expires_at: u64) {
-        if let Some(old) = self.by_seq.insert(seq, expires_at) {
-            self.by_expiry.remove(&(old, seq));
-        }
-        self.by_expiry.insert((expires_at, seq));
+        self.by_seq.insert(seq, expires_at);
     }
 
     fn remove(&mut self, seq: u64) -> bool {
-        match self.by_seq.remove(&seq) {
-            Some(expires_at) => {
-                self.by_expiry.remove(&(expires_at, seq));
-                true
-            }
-            None => false,
-        }
+        self.by_seq.remove(&seq).is_some()
     }
 
     fn max_score(&self) -> Option<u64> {
-        self.by_expiry.iter().next_back().map(|&(e, _)| e)
+        self.by_seq.values().copied().max()
+    }
+
+    fn min_score(&self) -> Option<u64> {
+        self.by_seq.values().copied().min()
     }
 
     /// Drops members whose expiry has passed.
     fn drop_expired(&mut self, now: u64) {
-        while let Some(&(expires_at, seq)) = self.by_expiry.iter().next() {
-            if expires_at > now {
-                break;
-            }
-            self.by_expiry.remove(&(expires_at, seq));
-            self.by_seq.remove(&seq);
-        }
+        self.by_seq.retain(|_, expires_at| *expires_at > now);
     }
 
     fn is_empty(&self) -> bool {
@@ -216,6 +192,9 @@ pub(super) fn validate_scan(request: &ScanRequest) -> Result<(), StoreError> {
 
 /// Events sorted by ordinal: the order every backend stores and returns them in.
 fn canonical_events(events: &[Event]) -> Arc<[Event]> {
+    if events.is_sorted_by_key(|e| e.event_ordinal) {
+        return events.iter().cloned().collect();
+    }
     let mut sorted = events.to_vec();
     sorted.sort_by_key(|e| e.event_ordinal);
     sorted.into()
@@ -670,7 +649,7 @@ impl Mailbox {
         let identities = self
             .identity
             .as_ref()
-            .and_then(|i| i.by_expiry.first().map(|&(e, _)| e));
+            .and_then(IdentityIndex::min_score);
         self.next_expiry = buckets
             .chain(days)
             .chain(identities)
