@@ -72,7 +72,13 @@ pub fn synthetic_workload(users: u64, rounds: u64, now_ms: u64, seed: u64) -> Wo
             // modelled by occasionally delivering to the next user too.
             let committed_at =
                 today_start.saturating_sub(rng.below(4) * DAY_MS) + rng.below(DAY_MS / 2);
-            let mut deliveries = vec![delivery(user, 1, seq, &format!("hello {round}"), 1 + rng.below(3) as u32)];
+            let mut deliveries = vec![delivery(
+                user,
+                1,
+                seq,
+                &format!("hello {round}"),
+                1 + rng.below(3) as u32,
+            )];
             if rng.below(5) == 0 && user + 1 < users {
                 let other = user + 1;
                 next_seq[other as usize] += 1;
@@ -84,20 +90,29 @@ pub fn synthetic_workload(users: u64, rounds: u64, now_ms: u64, seed: u64) -> Wo
         }
         // Replays and the unhappy paths, a few per round.
         for _ in 0..(users / 4).max(1) {
-            let (user, seq, committed_at, record) = sent[rng.below(sent.len() as u64) as usize].clone();
+            let (user, seq, committed_at, record) =
+                sent[rng.below(sent.len() as u64) as usize].clone();
             match rng.below(4) {
                 // A log replay: identical.
                 0 | 1 => records.push(record),
                 // Same day, other content.
                 2 => {
                     id += 1;
-                    records.push(dispatch(id, committed_at, vec![delivery(user, 1, seq, "edited", 1)]));
+                    records.push(dispatch(
+                        id,
+                        committed_at,
+                        vec![delivery(user, 1, seq, "edited", 1)],
+                    ));
                 }
                 // Another day: a cross-day conflict.
                 _ => {
                     id += 1;
                     let other_day = committed_at.saturating_sub(DAY_MS * (1 + rng.below(3)));
-                    records.push(dispatch(id, other_day, vec![delivery(user, 1, seq, "moved", 1)]));
+                    records.push(dispatch(
+                        id,
+                        other_day,
+                        vec![delivery(user, 1, seq, "moved", 1)],
+                    ));
                 }
             }
         }
@@ -112,7 +127,11 @@ pub fn synthetic_workload(users: u64, rounds: u64, now_ms: u64, seed: u64) -> Wo
         ));
         // A stale epoch.
         id += 1;
-        records.push(dispatch(id, today_start, vec![delivery(rng.below(users), 0, 1, "stale", 1)]));
+        records.push(dispatch(
+            id,
+            today_start,
+            vec![delivery(rng.below(users), 0, 1, "stale", 1)],
+        ));
         // Malformed records: broken JSON and a bad user id.
         records.push(b"{\"type\": \"group_dispatch\", \"deliveries\": [".to_vec());
         id += 1;

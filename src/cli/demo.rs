@@ -66,7 +66,9 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     }
     let elapsed = started.elapsed();
 
-    println!("materializer demo: a synthetic dispatch log applied in log order to the memory store");
+    println!(
+        "materializer demo: a synthetic dispatch log applied in log order to the memory store"
+    );
     println!(
         "records: {}   deliveries: {deliveries}   mailboxes: {}   elapsed: {:.1} ms",
         workload.records.len(),
@@ -111,7 +113,10 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
         Ok(page) => println!(
             "scan demo-user-1 epoch 1 after 0: {} groups (seqs {:?}), up_to {}, has_more {}",
             page.groups.len(),
-            page.groups.iter().map(|g| g.mailbox_seq).collect::<Vec<_>>(),
+            page.groups
+                .iter()
+                .map(|g| g.mailbox_seq)
+                .collect::<Vec<_>>(),
             page.up_to,
             page.has_more
         ),

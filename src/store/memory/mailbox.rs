@@ -646,10 +646,7 @@ impl Mailbox {
     fn recompute_next_expiry(&mut self) {
         let buckets = self.buckets.values().map(|b| b.expires_at);
         let days = self.day_set.values().copied();
-        let identities = self
-            .identity
-            .as_ref()
-            .and_then(IdentityIndex::min_score);
+        let identities = self.identity.as_ref().and_then(IdentityIndex::min_score);
         self.next_expiry = buckets
             .chain(days)
             .chain(identities)
