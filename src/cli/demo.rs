@@ -77,8 +77,8 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     );
     println!();
     println!(
-        "{:<16} {:>8}   {}",
-        "outcome", "count", "in the daemon (malformed counts records, the rest deliveries)"
+        "{:<16} {:>8}   in the daemon (malformed counts records, the rest deliveries)",
+        "outcome", "count"
     );
     let order = [
         "inserted",
