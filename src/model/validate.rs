@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use super::error::{RejectKind, StoreError};
 use super::group::EventGroup;
 use super::ids::MAX_MAILBOX_SEQ;
+use super::outcome::{ScanRequest, MAX_SCAN_LIMIT};
 
 /// Largest canonical payload of one event, in bytes. Matches the default record size limit, so
 /// a payload that fits a record always fits here.
@@ -80,4 +81,29 @@ fn first_duplicate_ordinal(group: &EventGroup) -> Option<usize> {
     }
     let mut seen = HashSet::with_capacity(events.len());
     events.iter().position(|e| !seen.insert(e.event_ordinal))
+}
+
+/// `before_seq` of a truncate: a valid mailbox seq.
+pub fn validate_before_seq(before_seq: u64) -> Result<(), StoreError> {
+    if before_seq == 0 || before_seq > MAX_MAILBOX_SEQ {
+        return Err(StoreError::rejected(
+            RejectKind::InvalidField,
+            format!("before_seq {before_seq} is outside 1..={MAX_MAILBOX_SEQ}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `limit_groups` of a scan: `1..=MAX_SCAN_LIMIT`.
+pub fn validate_scan(request: &ScanRequest) -> Result<(), StoreError> {
+    if request.limit_groups == 0 || request.limit_groups > MAX_SCAN_LIMIT {
+        return Err(StoreError::rejected(
+            RejectKind::InvalidField,
+            format!(
+                "limit {} is outside 1..={MAX_SCAN_LIMIT}",
+                request.limit_groups
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod fault;
 pub mod memory;
+pub mod redis;
 
 use async_trait::async_trait;
 

@@ -9,6 +9,7 @@
 
 pub mod cases;
 pub mod history;
+pub mod memory;
 
 use std::sync::Arc;
 

@@ -8,12 +8,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::error::{ConflictKind, CorruptKind, CursorExpired, RejectKind};
-use crate::model::outcome::MAX_SCAN_LIMIT;
 use crate::model::retention::today;
 use crate::model::{
     ActiveDay, AppendOutcome, Event, EventGroup, MailboxInspection, PromoteOutcome,
     RetentionPolicy, ScanPage, ScanRequest, ScannedGroup, StoreError, TruncateOutcome,
-    MAX_MAILBOX_SEQ,
 };
 use crate::store::fault::Corruption;
 
@@ -165,29 +163,6 @@ pub(super) fn future_rejection(policy: &RetentionPolicy, day: u64, now: u64) -> 
             policy.future_window_days
         ),
     )
-}
-
-pub(super) fn validate_before_seq(before_seq: u64) -> Result<(), StoreError> {
-    if before_seq == 0 || before_seq > MAX_MAILBOX_SEQ {
-        return Err(StoreError::rejected(
-            RejectKind::InvalidField,
-            format!("before_seq {before_seq} is outside 1..={MAX_MAILBOX_SEQ}"),
-        ));
-    }
-    Ok(())
-}
-
-pub(super) fn validate_scan(request: &ScanRequest) -> Result<(), StoreError> {
-    if request.limit_groups == 0 || request.limit_groups > MAX_SCAN_LIMIT {
-        return Err(StoreError::rejected(
-            RejectKind::InvalidField,
-            format!(
-                "limit {} is outside 1..={MAX_SCAN_LIMIT}",
-                request.limit_groups
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Events sorted by ordinal: the order every backend stores and returns them in.
@@ -696,7 +671,8 @@ impl Mailbox {
         }
     }
 
-    /// SPEC 4.5 on a mailbox with meta. Returns the number of days compacted.
+    /// SPEC 4.5 on a mailbox with meta: compacts expired days and drops expired identity
+    /// members. Returns the number of days compacted.
     fn promote(&mut self, now: u64) -> Result<u32, StoreError> {
         if now < self.next_expiry {
             // No day can have expired: phase 1 would find nothing to validate or merge.
@@ -713,6 +689,7 @@ impl Mailbox {
         }
         meta.expired_gap_boundary = plan.new_boundary;
         meta.recompute_range(&self.day_set);
+        self.drop_expired_identities(now);
         self.recompute_next_expiry();
         Ok(plan.expired_days.len() as u32)
     }

@@ -142,7 +142,7 @@ impl MailboxStore for MemoryStore {
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
-        mailbox::validate_before_seq(before_seq)?;
+        crate::model::validate::validate_before_seq(before_seq)?;
         let now = self.clock.now_secs();
         let mut shard = self.shard(&mailbox.user_id);
         let user = shard.entry(mailbox.user_id.clone()).or_default();
@@ -158,7 +158,7 @@ impl MailboxStore for MemoryStore {
         mailbox: &MailboxId,
         request: ScanRequest,
     ) -> Result<ScanPage, StoreError> {
-        mailbox::validate_scan(&request)?;
+        crate::model::validate::validate_scan(&request)?;
         let page = {
             let mut shard = self.shard(&mailbox.user_id);
             let Some(user) = shard.get_mut(&mailbox.user_id) else {

@@ -1,0 +1,22 @@
+--[[
+  The post-read step of RangeScan (SPEC 4.4 step 7): promote again and refuse a page whose
+  coverage expiry (or an expired replay, or a trim) crossed while the buckets were being read.
+
+  KEYS[1..4] and ARGV[1..3] as in scan_begin.lua.
+
+  Returns {0}, or ERR_EPOCH_MISMATCH current, ERR_UNSUPPORTED_FORMAT found, ERR_BAD_PROOF
+  detail, ERR_CURSOR_TRIMMED user_trim_seq, ERR_CURSOR_GAP boundary.
+]]
+local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local current = rcall('GET', epoch_key)
+if current ~= ARGV[1] then return {ERR_EPOCH_MISMATCH, current or ''} end
+local err = check_format(meta_key)
+if err then return err end
+if rcall('EXISTS', meta_key) == 0 then
+  return {ERR_BAD_PROOF, 'meta disappeared between the scan read and its check'}
+end
+local _, perr = promote(meta_key, days_key, seqbucket_key, now_seconds())
+if perr then return perr end
+err = check_cursor(meta_key, ARGV[2], ARGV[3])
+if err then return err end
+return {0}

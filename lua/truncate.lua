@@ -1,0 +1,63 @@
+--[[
+  TruncateBefore (SPEC 4.3): raise user_trim_seq (never lower it) and delete every group and
+  identity below it.
+
+  KEYS[1..5] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix)
+  ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal
+
+  Returns {0, user_trim_seq, removed_groups}, or ERR_EPOCH_MISMATCH current,
+  ERR_UNSUPPORTED_FORMAT found, ERR_INDEX_LOST, ERR_META_LOST, ERR_BAD_PROOF detail.
+
+  A user never written is established at this epoch with the trim, so the trim is durable.
+  Work is proportional to the active days and the live identities, both bounded.
+]]
+local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local epoch = ARGV[1]
+local before = ARGV[2]
+
+local now = now_seconds()
+local current = rcall('GET', epoch_key)
+if current and current ~= epoch then
+  return {ERR_EPOCH_MISMATCH, current}
+end
+
+local err = check_format(meta_key)
+if err then return err end
+if rcall('EXISTS', meta_key) == 1 then
+  local _, perr = promote(meta_key, days_key, seqbucket_key, now)
+  if perr then return perr end
+end
+identity_hygiene(seqbucket_key, now)
+err = check_integrity(meta_key, seqbucket_key, now)
+if err then return err end
+
+if not current then rcall('SET', epoch_key, epoch) end
+ensure_meta(meta_key)
+local trim
+trim, err = meta_seq(meta_key, 'user_trim_seq')
+if err then return err end
+trim = seq_max(trim, before)
+rcall('HSET', meta_key, 'user_trim_seq', trim)
+local trim20 = pad(trim)
+local trim_score = tonumber(trim)
+
+local removed_seqs = {}
+local removed_groups = 0
+for _, day in ipairs(rcall('ZRANGE', days_key, 0, -1)) do
+  local day_key = day_prefix .. day
+  for _, m in ipairs(rcall('ZRANGE', day_key, '-inf', trim_score, 'BYSCORE')) do
+    local s16 = string.sub(m, 1, 16)
+    if pad(s16) < trim20 then
+      rcall('ZREM', day_key, m)
+      if not removed_seqs[s16] then
+        removed_seqs[s16] = true
+        removed_groups = removed_groups + 1
+      end
+    end
+  end
+end
+for _, s16 in ipairs(rcall('ZRANGE', seqbucket_key, 0, -1)) do
+  if pad(s16) < trim20 then rcall('ZREM', seqbucket_key, s16) end
+end
+return {0, trim, removed_groups}

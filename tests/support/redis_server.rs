@@ -1,0 +1,313 @@
+//! Real `redis-server` processes for tests, on loopback or a private unix socket, optionally
+//! under libfaketime so expiry is Redis's own TTL machinery on a clock the test moves.
+//!
+//! Debian's redis-server uses jemalloc, which deadlocks under libfaketime at start-up; a tiny shim
+//! (built here with gcc, once per test process) routes the allocator to glibc first.
+//! A missing `redis-server`, `gcc` or libfaketime is a loud failure, never a skip: the test
+//! command (`scripts/test`) installs them.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+const SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <errno.h>
+#include <dlfcn.h>
+extern void *__libc_malloc(size_t); extern void *__libc_calloc(size_t,size_t);
+extern void *__libc_realloc(void*,size_t); extern void __libc_free(void*);
+extern void *__libc_memalign(size_t,size_t);
+void *malloc(size_t n){return __libc_malloc(n);}
+void *calloc(size_t a,size_t b){return __libc_calloc(a,b);}
+void *realloc(void*p,size_t n){return __libc_realloc(p,n);}
+void free(void*p){__libc_free(p);}
+void *memalign(size_t a,size_t n){return __libc_memalign(a,n);}
+void *aligned_alloc(size_t a,size_t n){return __libc_memalign(a,n);}
+int posix_memalign(void**r,size_t a,size_t n){void*p=__libc_memalign(a,n); if(!p) return ENOMEM; *r=p; return 0;}
+static size_t (*libc_mus)(void*);
+size_t malloc_usable_size(void*p){ if(!libc_mus){void*h=dlopen("libc.so.6",RTLD_NOW|RTLD_NOLOAD); libc_mus=dlsym(h,"malloc_usable_size");} return libc_mus(p);}
+"#;
+
+/// How a test server keeps time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The machine's clock.
+    Real,
+    /// libfaketime starting at this Unix second; `FAKETIME_NO_CACHE=1`, so a jump written with
+    /// [`RedisServer::set_now`] is exact at once (Redis runs ~5x slower).
+    Fake(u64),
+}
+
+/// Where a test server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// A unix socket in the server's own folder: no port can collide.
+    Unix,
+    /// A loopback TCP port (cluster nodes need one; the bus uses port + 10000).
+    Tcp(u16),
+}
+
+/// One running `redis-server`, stopped when dropped.
+pub struct RedisServer {
+    dir: PathBuf,
+    child: Child,
+    listen: Listen,
+    clock_file: Option<PathBuf>,
+}
+
+fn scratch_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("redis-servers")
+}
+
+/// Builds the allocator shim once per test process.
+fn shim() -> &'static Path {
+    static SHIM_PATH: OnceLock<PathBuf> = OnceLock::new();
+    SHIM_PATH.get_or_init(|| {
+        let dir = scratch_root().join(format!("shim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch folder");
+        let source = dir.join("glibcmalloc.c");
+        let library = dir.join("glibcmalloc.so");
+        std::fs::write(&source, SHIM).expect("write shim source");
+        let status = Command::new("gcc")
+            .args(["-O2", "-shared", "-fPIC", "-o"])
+            .arg(&library)
+            .arg(&source)
+            .arg("-ldl")
+            .status()
+            .expect("gcc is required to build the libfaketime allocator shim (scripts/test installs it)");
+        assert!(status.success(), "building the allocator shim failed");
+        library
+    })
+}
+
+/// `@YYYY-MM-DD HH:MM:SS` for libfaketime.
+pub fn faketime_spec(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let rem = unix_secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "@{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// A loopback port that is free now, with `port + 10000` free too (the cluster bus).
+pub fn free_port() -> u16 {
+    for _ in 0..200 {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let port = listener.local_addr().expect("local addr").port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port pair found");
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers PING.
+    pub fn start(clock: Clock, listen: Listen, extra_args: &[&str]) -> Self {
+        let redis = which("redis-server").unwrap_or_else(|| {
+            panic!("redis-server is not installed (scripts/test installs it with apt-get)")
+        });
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = scratch_root().join(format!("r-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch folder");
+
+        let mut command = Command::new(redis);
+        command
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"));
+        match listen {
+            Listen::Unix => {
+                command
+                    .arg("--port")
+                    .arg("0")
+                    .arg("--unixsocket")
+                    .arg(dir.join("redis.sock"))
+                    .arg("--unixsocketperm")
+                    .arg("700");
+            }
+            Listen::Tcp(port) => {
+                command.arg("--port").arg(port.to_string());
+            }
+        }
+        command.args(extra_args);
+        let mut clock_file = None;
+        if let Clock::Fake(start) = clock {
+            assert!(
+                Path::new(LIBFAKETIME).exists(),
+                "libfaketime is not installed at {LIBFAKETIME} (scripts/test installs it with apt-get)"
+            );
+            let file = dir.join("faketime.rc");
+            write_atomically(&file, &faketime_spec(start));
+            command
+                .env("LD_PRELOAD", format!("{}:{LIBFAKETIME}", shim().display()))
+                .env("FAKETIME_TIMESTAMP_FILE", &file)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            clock_file = Some(file);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start redis-server");
+        let server = Self {
+            dir,
+            child,
+            listen,
+            clock_file,
+        };
+        server.wait_ready();
+        server
+    }
+
+    /// The URL the store connects with.
+    pub fn url(&self) -> String {
+        match self.listen {
+            Listen::Unix => format!("redis+unix://{}", self.socket().display()),
+            Listen::Tcp(port) => format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    pub fn port(&self) -> Option<u16> {
+        match self.listen {
+            Listen::Tcp(port) => Some(port),
+            Listen::Unix => None,
+        }
+    }
+
+    /// Moves the server's clock to `unix_secs` (it keeps ticking from there).
+    pub fn set_now(&self, unix_secs: u64) {
+        let file = self
+            .clock_file
+            .as_ref()
+            .expect("this server runs on the real clock and cannot be moved");
+        write_atomically(file, &faketime_spec(unix_secs));
+    }
+
+    /// Sends one inline command and returns the raw reply (for readiness and admin steps that
+    /// must not depend on the code under test).
+    pub fn raw(&self, command: &str) -> String {
+        let mut reply = vec![0u8; 65_536];
+        match self.listen {
+            Listen::Unix => {
+                let mut s = UnixStream::connect(self.socket()).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                s.write_all(format!("{command}\r\n").as_bytes())
+                    .expect("write");
+                let n = s.read(&mut reply).expect("read");
+                String::from_utf8_lossy(&reply[..n]).into_owned()
+            }
+            Listen::Tcp(port) => {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                s.write_all(format!("{command}\r\n").as_bytes())
+                    .expect("write");
+                let n = s.read(&mut reply).expect("read");
+                String::from_utf8_lossy(&reply[..n]).into_owned()
+            }
+        }
+    }
+
+    fn try_ping(&self) -> bool {
+        let attempt = || -> std::io::Result<bool> {
+            let mut buf = [0u8; 16];
+            let n = match self.listen {
+                Listen::Unix => {
+                    let mut s = UnixStream::connect(self.socket())?;
+                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                    s.write_all(b"PING\r\n")?;
+                    s.read(&mut buf)?
+                }
+                Listen::Tcp(port) => {
+                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                    s.write_all(b"PING\r\n")?;
+                    s.read(&mut buf)?
+                }
+            };
+            Ok(buf[..n].starts_with(b"+PONG"))
+        };
+        attempt().unwrap_or(false)
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.try_ping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        panic!("redis-server did not answer PING within 20 s; its log:\n{log}");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write clock file");
+    std::fs::rename(&tmp, path).expect("replace clock file");
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .chain([
+            Path::new("/usr/bin").join(program),
+            Path::new("/usr/sbin").join(program),
+        ])
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn faketime_spec_formats_civil_dates() {
+    assert_eq!(faketime_spec(1_805_112_000), "@2027-03-15 12:00:00");
+    assert_eq!(faketime_spec(0), "@1970-01-01 00:00:00");
+    assert_eq!(faketime_spec(951_782_400), "@2000-02-29 00:00:00");
+}
