@@ -123,6 +123,14 @@ pub struct RedisConfig {
     pub cluster: bool,
     /// Prefix of every key (`P` in the key layout).
     pub key_prefix: String,
+    /// Further Cluster seed nodes (`redis://host:port`), besides `url`.
+    pub cluster_nodes: Vec<String>,
+    /// Time allowed to establish a connection, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Time allowed for one command or script, in milliseconds.
+    pub command_timeout_ms: u64,
+    /// Most mailboxes the patrol promotes per second.
+    pub patrol_rate_per_second: u32,
 }
 
 impl Default for RedisConfig {
@@ -131,6 +139,10 @@ impl Default for RedisConfig {
             url: default_redis_url(),
             cluster: false,
             key_prefix: "mm".to_owned(),
+            cluster_nodes: Vec::new(),
+            connect_timeout_ms: 5_000,
+            command_timeout_ms: 5_000,
+            patrol_rate_per_second: 200,
         }
     }
 }
@@ -145,6 +157,10 @@ impl fmt::Debug for RedisConfig {
             .field("url", &redact_url(&self.url))
             .field("cluster", &self.cluster)
             .field("key_prefix", &self.key_prefix)
+            .field("cluster_nodes", &self.cluster_nodes)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("patrol_rate_per_second", &self.patrol_rate_per_second)
             .finish()
     }
 }
@@ -347,13 +363,37 @@ impl Config {
         self.retention.policy().validate()?;
 
         let redis = &self.store.redis;
-        if !(redis.url.starts_with("redis://") || redis.url.starts_with("rediss://")) {
+        for (key, url) in std::iter::once(("store.redis.url", &redis.url)).chain(
+            redis
+                .cluster_nodes
+                .iter()
+                .map(|n| ("store.redis.cluster_nodes", n)),
+        ) {
+            let scheme_ok = ["redis://", "rediss://", "redis+unix://", "unix://"]
+                .iter()
+                .any(|scheme| url.starts_with(scheme));
+            if !scheme_ok {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} must start with redis://, rediss:// or redis+unix://",
+                        redact_url(url)
+                    ),
+                ));
+            }
+        }
+        for (key, value) in [
+            ("store.redis.connect_timeout_ms", redis.connect_timeout_ms),
+            ("store.redis.command_timeout_ms", redis.command_timeout_ms),
+        ] {
+            if value == 0 || value > 600_000 {
+                return Err(invalid(key, format!("{value} is outside 1..=600000")));
+            }
+        }
+        if redis.patrol_rate_per_second == 0 {
             return Err(invalid(
-                "store.redis.url",
-                format!(
-                    "{} must start with redis:// or rediss://",
-                    redact_url(&redis.url)
-                ),
+                "store.redis.patrol_rate_per_second",
+                "must be at least 1",
             ));
         }
         if redis.key_prefix.is_empty()
@@ -438,6 +478,9 @@ impl Config {
     pub fn redacted(&self) -> serde_json::Value {
         let mut copy = self.clone();
         copy.store.redis.url = redact_url(&copy.store.redis.url);
+        for node in copy.store.redis.cluster_nodes.iter_mut() {
+            *node = redact_url(node);
+        }
         for (key, value) in copy.kafka.properties.iter_mut() {
             if is_secret_key(key) {
                 *value = "***".to_owned();

@@ -1,6 +1,7 @@
 //! The conformance suite on the memory store, the executable reference.
 
 mod conformance;
+mod support;
 
 use conformance::memory::MemoryHarness;
 

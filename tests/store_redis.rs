@@ -7,134 +7,14 @@
 mod conformance;
 mod support;
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use conformance::memory::MemoryHarness;
-use conformance::{group, mailbox, policy, Fixture, Harness, NOW0, TODAY0};
-use mailbox_materializer::model::{AppendOutcome, MailboxId, RetentionPolicy, UserId, DAY_SECS};
-use mailbox_materializer::store::fault::Corruption;
+use conformance::redis::{RedisFixture, RedisHarness};
+use conformance::{group, mailbox, policy, Fixture, NOW0, TODAY0};
+use mailbox_materializer::model::{AppendOutcome, DAY_SECS};
 use mailbox_materializer::store::redis::keys::MailboxKeys;
-use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
-use mailbox_materializer::store::{MailboxStore, PhaseHook};
-use support::redis_server::{Clock, Listen, RedisServer};
-
-/// Starts one faketime'd server per fixture.
-#[derive(Debug, Clone, Copy)]
-pub struct RedisHarness;
-
-pub struct RedisFixture {
-    server: Arc<RedisServer>,
-    store: Arc<RedisStore>,
-}
-
-impl RedisFixture {
-    pub async fn start(policy: RetentionPolicy, now_secs: u64) -> Self {
-        let server = tokio::task::spawn_blocking(move || {
-            RedisServer::start(Clock::Fake(now_secs), Listen::Unix, &[])
-        })
-        .await
-        .expect("server start");
-        let store = RedisStore::connect(RedisSettings::new(server.url(), "mm"), policy)
-            .await
-            .expect("connect to the test server");
-        Self {
-            server: Arc::new(server),
-            store: Arc::new(store),
-        }
-    }
-
-    async fn cmd<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        cmd.query_async(&mut self.store.conn())
-            .await
-            .expect("admin command")
-    }
-}
-
-#[async_trait]
-impl Harness for RedisHarness {
-    async fn fixture(&self, policy: RetentionPolicy, now_secs: u64) -> Box<dyn Fixture> {
-        Box::new(RedisFixture::start(policy, now_secs).await)
-    }
-}
-
-#[async_trait]
-impl Fixture for RedisFixture {
-    fn store(&self) -> Arc<dyn MailboxStore> {
-        self.store.clone()
-    }
-
-    async fn set_now(&self, now_secs: u64) {
-        self.server.set_now(now_secs);
-    }
-
-    async fn jump_during_next_scan(&self, now_secs: u64) {
-        let server = Arc::clone(&self.server);
-        let store: Weak<RedisStore> = Arc::downgrade(&self.store);
-        let hook: PhaseHook = Arc::new(move || {
-            server.set_now(now_secs);
-            if let Some(store) = store.upgrade() {
-                store.set_after_scan_read_hook(None);
-            }
-            Box::pin(async {})
-        });
-        self.store.set_after_scan_read_hook(Some(hook));
-    }
-
-    async fn corrupt(&self, mb: &MailboxId, corruption: Corruption) -> bool {
-        let keys = MailboxKeys::new("mm", mb);
-        match corruption {
-            Corruption::FormatVersion(version) => {
-                let exists: i64 = self.cmd(redis::cmd("EXISTS").arg(&keys.meta)).await;
-                if exists == 1 {
-                    let _: i64 = self
-                        .cmd(
-                            redis::cmd("HSET")
-                                .arg(&keys.meta)
-                                .arg("retention_format_version")
-                                .arg(version),
-                        )
-                        .await;
-                }
-                exists == 1
-            }
-            Corruption::LoseIdentityIndex => {
-                self.cmd::<i64>(redis::cmd("DEL").arg(&keys.seqbucket))
-                    .await
-                    == 1
-            }
-            Corruption::LoseIdentity(seq) => {
-                self.cmd::<i64>(
-                    redis::cmd("ZREM")
-                        .arg(&keys.seqbucket)
-                        .arg(format!("{seq:016}")),
-                )
-                .await
-                    == 1
-            }
-            Corruption::LoseMeta => self.cmd::<i64>(redis::cmd("DEL").arg(&keys.meta)).await == 1,
-            Corruption::BreakProof(day) => {
-                self.cmd::<i64>(
-                    redis::cmd("HDEL")
-                        .arg(&keys.meta)
-                        .arg(format!("bucket_max_seq:{day}")),
-                )
-                .await
-                    == 1
-            }
-        }
-    }
-
-    async fn fingerprint(&self, user: &UserId) -> String {
-        let dump = self.store.dump_user(user).await.expect("dump");
-        dump.iter()
-            .map(|(key, bytes, expire)| {
-                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                format!("{key} {expire} {hex}\n")
-            })
-            .collect()
-    }
-}
+use mailbox_materializer::store::MailboxStore;
 
 conformance_tests!(RedisHarness);
 
@@ -216,7 +96,7 @@ async fn meta_hash_stays_bounded_over_32_consecutive_days() {
     let keys = MailboxKeys::new("mm", &mb);
     let mut max_hlen = 0;
     for i in 0..32u64 {
-        f.server.set_now(NOW0 + i * DAY_SECS);
+        f.set_now_sync(NOW0 + i * DAY_SECS);
         assert_eq!(
             s.append(&group(&mb, i + 1, TODAY0 + i, 1, "d")).await,
             Ok(AppendOutcome::Inserted)
@@ -316,7 +196,7 @@ async fn patrol_compacts_cold_mailboxes_and_touches_nothing_else() {
         s.append(&group(&warm, 1, TODAY0, 1, "w")).await,
         Ok(AppendOutcome::Inserted)
     );
-    f.server.set_now(p.expires_at(TODAY0 - 10));
+    f.set_now_sync(p.expires_at(TODAY0 - 10));
     let warm_before = f.fingerprint(&warm.user_id).await;
     assert_eq!(
         s.inspect(&cold).await.unwrap().active_days.len(),

@@ -11,6 +11,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -18,6 +19,7 @@ use crate::config::{Backend, Config, Overrides};
 use crate::ingest::{apply_record, decode_record};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Clock, MailboxStore, ManualClock, SystemClock};
 
 use output::{ApplyLine, ErrorEnvelope, TruncateLine};
@@ -98,6 +100,9 @@ pub enum Command {
     Truncate(TruncateArgs),
     /// Compact a mailbox's expired days into its gap boundary and print the result.
     Promote(MailboxArgs),
+    /// Walk every mailbox of a Redis store (every master in Cluster mode) and promote each,
+    /// rate-limited, compacting cold mailboxes' expired proofs. Prints a JSON summary.
+    Patrol(PatrolArgs),
     /// Run a synthetic dispatch log (replays, conflicts, expired and malformed input) through the
     /// ingest path into a memory store and print a table of outcomes.
     Demo(demo::DemoArgs),
@@ -111,6 +116,13 @@ pub struct ApplyArgs {
     /// Largest record accepted, in bytes; a longer line is malformed (oversized).
     #[arg(long, default_value_t = crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct PatrolArgs {
+    /// Most mailboxes promoted per second (default: store.redis.patrol_rate_per_second).
+    #[arg(long, value_name = "N")]
+    pub rate: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -193,9 +205,12 @@ async fn run(command: Command, config: Config) -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
+    if let Command::Patrol(args) = &command {
+        return patrol(&config, &opened, args).await;
+    }
     let store = opened.store.as_ref();
     let code = match &command {
-        Command::CheckConfig | Command::Demo(_) => ExitCode::SUCCESS,
+        Command::CheckConfig | Command::Demo(_) | Command::Patrol(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply(store, args).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
@@ -218,6 +233,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
 pub struct OpenedStore {
     pub store: Arc<dyn MailboxStore>,
     memory_snapshot: Option<(Arc<MemoryStore>, PathBuf)>,
+    /// The same store when it is Redis, for the Redis-only commands (patrol).
+    redis: Option<Arc<RedisStore>>,
 }
 
 impl OpenedStore {
@@ -227,6 +244,18 @@ impl OpenedStore {
             Some((store, path)) => store.save_snapshot(path).map_err(|e| e.to_string()),
             None => Ok(()),
         }
+    }
+}
+
+/// The Redis store settings of a configuration.
+fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
+    RedisSettings {
+        url: redis.url.clone(),
+        cluster: redis.cluster,
+        extra_nodes: redis.cluster_nodes.clone(),
+        key_prefix: redis.key_prefix.clone(),
+        connect_timeout: Duration::from_millis(redis.connect_timeout_ms),
+        command_timeout: Duration::from_millis(redis.command_timeout_ms),
     }
 }
 
@@ -250,10 +279,23 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
             Ok(OpenedStore {
                 store,
                 memory_snapshot,
+                redis: None,
+            })
+        }
+        Backend::Redis => {
+            let store = Arc::new(
+                RedisStore::connect(redis_settings(&config.store.redis), policy)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            Ok(OpenedStore {
+                store: store.clone(),
+                memory_snapshot: None,
+                redis: Some(store),
             })
         }
         other => Err(format!(
-            "the {} backend is not available in this build; use --store memory",
+            "the {} backend is not available in this build; use --store memory or redis",
             other.as_str()
         )),
     }
@@ -391,6 +433,30 @@ async fn truncate(store: &dyn MailboxStore, args: &TruncateArgs) -> ExitCode {
                 user_trim_seq: outcome.user_trim_seq,
             });
             ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> ExitCode {
+    let Some(store) = &opened.redis else {
+        eprintln!(
+            "error: patrol walks a Redis store; the {} backend has no cold mailboxes to patrol",
+            config.store.backend.as_str()
+        );
+        return ExitCode::FAILURE;
+    };
+    let rate = args
+        .rate
+        .unwrap_or(config.store.redis.patrol_rate_per_second);
+    match store.patrol(rate).await {
+        Ok(report) => {
+            print_json(&report);
+            if report.corrupt > 0 {
+                ExitCode::from(EXIT_CORRUPT)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => fail(&e),
     }

@@ -10,6 +10,7 @@
 pub mod cases;
 pub mod history;
 pub mod memory;
+pub mod redis;
 
 use std::sync::Arc;
 

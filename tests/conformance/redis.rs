@@ -1,0 +1,232 @@
+//! Redis as a conformance harness: a real `redis-server` per fixture under libfaketime (standalone),
+//! or a shared Redis Cluster on a fixed clock with a fresh key prefix per fixture.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use async_trait::async_trait;
+use mailbox_materializer::model::{MailboxId, RetentionPolicy, UserId};
+use mailbox_materializer::store::fault::Corruption;
+use mailbox_materializer::store::redis::keys::MailboxKeys;
+use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+use mailbox_materializer::store::{MailboxStore, PhaseHook};
+
+use super::{Fixture, Harness};
+use crate::support::redis_server::{Clock, Listen, RedisServer};
+
+/// Starts one faketime'd server per fixture.
+#[derive(Debug, Clone, Copy)]
+pub struct RedisHarness;
+
+pub struct RedisFixture {
+    /// The server whose clock this fixture moves; `None` on a shared cluster (fixed clock).
+    pub server: Option<Arc<RedisServer>>,
+    pub store: Arc<RedisStore>,
+    pub prefix: String,
+}
+
+impl RedisFixture {
+    pub async fn start(policy: RetentionPolicy, now_secs: u64) -> Self {
+        let server = tokio::task::spawn_blocking(move || {
+            RedisServer::start(Clock::Fake(now_secs), Listen::Unix, &[])
+        })
+        .await
+        .expect("server start");
+        let store = RedisStore::connect(RedisSettings::new(server.url(), "mm"), policy)
+            .await
+            .expect("connect to the test server");
+        Self {
+            server: Some(Arc::new(server)),
+            store: Arc::new(store),
+            prefix: "mm".to_owned(),
+        }
+    }
+
+    fn server(&self) -> &Arc<RedisServer> {
+        self.server
+            .as_ref()
+            .expect("this fixture runs on a shared cluster with a fixed clock")
+    }
+
+    pub fn set_now_sync(&self, now_secs: u64) {
+        self.server().set_now(now_secs);
+    }
+
+    pub async fn cmd<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        cmd.query_async(&mut self.store.conn())
+            .await
+            .expect("admin command")
+    }
+}
+
+#[async_trait]
+impl Harness for RedisHarness {
+    async fn fixture(&self, policy: RetentionPolicy, now_secs: u64) -> Box<dyn Fixture> {
+        Box::new(RedisFixture::start(policy, now_secs).await)
+    }
+}
+
+#[async_trait]
+impl Fixture for RedisFixture {
+    fn store(&self) -> Arc<dyn MailboxStore> {
+        self.store.clone()
+    }
+
+    async fn set_now(&self, now_secs: u64) {
+        self.server().set_now(now_secs);
+    }
+
+    async fn jump_during_next_scan(&self, now_secs: u64) {
+        let server = Arc::clone(self.server());
+        let store: Weak<RedisStore> = Arc::downgrade(&self.store);
+        let hook: PhaseHook = Arc::new(move || {
+            server.set_now(now_secs);
+            if let Some(store) = store.upgrade() {
+                store.set_after_scan_read_hook(None);
+            }
+            Box::pin(async {})
+        });
+        self.store.set_after_scan_read_hook(Some(hook));
+    }
+
+    async fn corrupt(&self, mb: &MailboxId, corruption: Corruption) -> bool {
+        let keys = MailboxKeys::new(&self.prefix, mb);
+        match corruption {
+            Corruption::FormatVersion(version) => {
+                let exists: i64 = self.cmd(redis::cmd("EXISTS").arg(&keys.meta)).await;
+                if exists == 1 {
+                    let _: i64 = self
+                        .cmd(
+                            redis::cmd("HSET")
+                                .arg(&keys.meta)
+                                .arg("retention_format_version")
+                                .arg(version),
+                        )
+                        .await;
+                }
+                exists == 1
+            }
+            Corruption::LoseIdentityIndex => {
+                self.cmd::<i64>(redis::cmd("DEL").arg(&keys.seqbucket))
+                    .await
+                    == 1
+            }
+            Corruption::LoseIdentity(seq) => {
+                self.cmd::<i64>(
+                    redis::cmd("ZREM")
+                        .arg(&keys.seqbucket)
+                        .arg(format!("{seq:016}")),
+                )
+                .await
+                    == 1
+            }
+            Corruption::LoseMeta => self.cmd::<i64>(redis::cmd("DEL").arg(&keys.meta)).await == 1,
+            Corruption::BreakProof(day) => {
+                self.cmd::<i64>(
+                    redis::cmd("HDEL")
+                        .arg(&keys.meta)
+                        .arg(format!("bucket_max_seq:{day}")),
+                )
+                .await
+                    == 1
+            }
+        }
+    }
+
+    async fn fingerprint(&self, user: &UserId) -> String {
+        let dump = self.store.dump_user(user).await.expect("dump");
+        dump.iter()
+            .map(|(key, bytes, expire)| {
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{key} {expire} {hex}\n")
+            })
+            .collect()
+    }
+}
+
+/// A 3-master Redis Cluster shared by every fixture of a test, each fixture with its own key
+/// prefix. Its clock is fixed at the start time (jumping a cluster's clock would trip its failure
+/// detector), so only cases that do not move time run on it.
+pub struct ClusterHarness {
+    pub nodes: Vec<Arc<RedisServer>>,
+    pub start: u64,
+    next: AtomicU64,
+}
+
+impl ClusterHarness {
+    /// Starts three cluster-enabled servers on loopback, joins them, and waits for `cluster_state:ok`.
+    pub fn start(now_secs: u64) -> Self {
+        let nodes: Vec<Arc<RedisServer>> = (0..3)
+            .map(|_| {
+                let port = crate::support::redis_server::free_port();
+                Arc::new(RedisServer::start(
+                    Clock::Fake(now_secs),
+                    Listen::Tcp(port),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "15000",
+                    ],
+                ))
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port().expect("tcp")))
+            .collect();
+        let status = std::process::Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli is required (scripts/install-services installs redis-tools)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !nodes
+            .iter()
+            .all(|n| n.raw("CLUSTER INFO").contains("cluster_state:ok"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cluster never became ok"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Self {
+            nodes,
+            start: now_secs,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    pub fn seed_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    pub async fn fixture_with_prefix(&self, policy: RetentionPolicy) -> RedisFixture {
+        let prefix = format!("c{}", self.next.fetch_add(1, Ordering::SeqCst));
+        let urls = self.seed_urls();
+        let mut settings = RedisSettings::new(urls[0].clone(), prefix.clone());
+        settings.cluster = true;
+        settings.extra_nodes = urls[1..].to_vec();
+        let store = RedisStore::connect(settings, policy)
+            .await
+            .expect("connect to the test cluster");
+        RedisFixture {
+            server: None,
+            store: Arc::new(store),
+            prefix,
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for ClusterHarness {
+    async fn fixture(&self, policy: RetentionPolicy, now_secs: u64) -> Box<dyn Fixture> {
+        assert_eq!(now_secs, self.start, "the cluster's clock is fixed");
+        Box::new(self.fixture_with_prefix(policy).await)
+    }
+}

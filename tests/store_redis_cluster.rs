@@ -1,0 +1,130 @@
+//! The conformance cases that keep the clock still, and the patrol, on a real 3-master Redis
+//! Cluster on loopback (`redis-cli --cluster create`). Every key of a mailbox shares the user's
+//! hash tag, so every script runs on one node whichever master owns the user.
+
+mod conformance;
+mod support;
+
+use std::sync::Arc;
+
+use conformance::redis::ClusterHarness;
+use conformance::{cases, mailbox, Harness, NOW0, TODAY0};
+use mailbox_materializer::model::RetentionPolicy;
+use mailbox_materializer::store::redis::keys::MailboxKeys;
+use mailbox_materializer::store::MailboxStore;
+
+macro_rules! run_cases {
+    ($harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            eprintln!("cluster case: {}", stringify!($case));
+            cases::$case(&$harness).await;
+        )*
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_cases_on_a_three_master_cluster() {
+    let cluster = tokio::task::spawn_blocking(|| ClusterHarness::start(NOW0))
+        .await
+        .expect("cluster start");
+    let harness: Arc<dyn Harness> = Arc::new(cluster);
+    run_cases!(harness;
+        memory_epoch_check_and_reverse_range,
+        epoch_move_deletes_the_old_epoch,
+        stale_epoch_writes_nothing,
+        duplicate_ordinal_rejected,
+        same_day_replacement_of_the_whole_group,
+        identical_replay_is_unchanged,
+        cross_day_conflict,
+        cross_day_conflict_for_expired_input,
+        expired_replay_merges_the_gap,
+        future_window_rejects_and_leaves_no_key,
+        span_exceeded_rejects_and_changes_nothing,
+        v3_meta_rejected_with_nothing_modified,
+        index_lost_is_corrupt,
+        meta_lost_is_corrupt,
+        identity_missing_below_seqbucket_max_seq_is_corrupt,
+        scan_reads_buckets_older_than_max_day_minus_retention,
+        scan_pages_whole_groups_in_seq_order,
+        payload_round_trips_as_canonical_json,
+        trim_outcome_and_trim_never_lowers,
+        truncate_on_unknown_user_is_durable,
+        concurrent_appends_to_one_mailbox,
+    );
+}
+
+/// Cold mailboxes spread over every master: each carries one expired day (the state a mailbox
+/// written 40 days ago and never touched since is in), and the patrol must find and compact all
+/// of them, on every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patrol_walks_every_master() {
+    let cluster = tokio::task::spawn_blocking(|| ClusterHarness::start(NOW0))
+        .await
+        .expect("cluster start");
+    let policy = RetentionPolicy::default();
+    let f = cluster.fixture_with_prefix(policy).await;
+    let old_day = TODAY0 - 40;
+    assert!(
+        policy.expires_at(old_day) <= NOW0,
+        "the crafted day must be expired"
+    );
+    let users = 24;
+    for i in 0..users {
+        let mb = mailbox(&format!("cold-{i}"), 1);
+        let k = MailboxKeys::new(&f.prefix, &mb);
+        let expires = policy.expires_at(old_day);
+        let _: () = f.cmd(redis::cmd("SET").arg(&k.epoch).arg(1)).await;
+        let _: () = f
+            .cmd(
+                redis::cmd("HSET")
+                    .arg(&k.meta)
+                    .arg("retention_format_version")
+                    .arg(4)
+                    .arg("active_day_count")
+                    .arg(1)
+                    .arg("min_day")
+                    .arg(old_day)
+                    .arg("max_day")
+                    .arg(old_day)
+                    .arg("expired_gap_boundary")
+                    .arg(0)
+                    .arg("seqbucket_max_seq")
+                    .arg(5)
+                    .arg("user_trim_seq")
+                    .arg(0)
+                    .arg(format!("bucket_max_seq:{old_day}"))
+                    .arg(5)
+                    .arg(format!("bucket_expires_at:{old_day}"))
+                    .arg(expires),
+            )
+            .await;
+        let _: () = f
+            .cmd(redis::cmd("ZADD").arg(&k.days).arg(expires).arg(old_day))
+            .await;
+    }
+    let masters: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let reply = n.raw(&format!("KEYS {}:mbmeta:*", f.prefix));
+            reply.matches("mbmeta").count()
+        })
+        .collect();
+    assert!(
+        masters.iter().filter(|&&n| n > 0).count() >= 2,
+        "the users should spread over several masters: {masters:?}"
+    );
+
+    let report = f.store.patrol(10_000).await.unwrap();
+    assert_eq!(report.visited, users);
+    assert_eq!(report.expired_days, users);
+    for i in 0..users {
+        let inspected = f
+            .store
+            .inspect(&mailbox(&format!("cold-{i}"), 1))
+            .await
+            .unwrap();
+        assert!(inspected.active_days.is_empty());
+        assert_eq!(inspected.expired_gap_boundary, 5);
+    }
+}
