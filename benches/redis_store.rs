@@ -81,10 +81,17 @@ fn redis_benchmark_appends(server: &RedisServer, policy: &RetentionPolicy) -> f6
     let sha = Scripts::new().append.get_hash().to_owned();
     // Make sure the script is loaded (redis-benchmark only sends EVALSHA).
     let mut load = Command::new("redis-cli");
-    load.arg("-s").arg(server.socket()).arg("SCRIPT").arg("LOAD");
+    load.arg("-s")
+        .arg(server.socket())
+        .arg("SCRIPT")
+        .arg("LOAD");
     load.arg(full_append_source());
     let out = load.output().expect("redis-cli");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), sha, "script hash");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        sha,
+        "script hash"
+    );
 
     let today = now_secs() / DAY_SECS;
     let placeholder = MailboxId::new(UserId::parse("u__rand_int__").expect("id"), 1);
@@ -109,12 +116,27 @@ fn redis_benchmark_appends(server: &RedisServer, policy: &RetentionPolicy) -> f6
         policy.retention_days.to_string(),
     ];
     for e in events() {
-        args.push(event_member(1, e.event_ordinal, today * DAY_MS + 1, e.payload.as_str()));
+        args.push(event_member(
+            1,
+            e.event_ordinal,
+            today * DAY_MS + 1,
+            e.payload.as_str(),
+        ));
     }
     let out = Command::new("redis-benchmark")
         .arg("-s")
         .arg(server.socket())
-        .args(["-n", &APPENDS.to_string(), "-c", "16", "-P", "16", "-r", "1000000000", "--csv"])
+        .args([
+            "-n",
+            &APPENDS.to_string(),
+            "-c",
+            "16",
+            "-P",
+            "16",
+            "-r",
+            "1000000000",
+            "--csv",
+        ])
         .args(&args)
         .output()
         .expect("redis-benchmark (scripts/install-services installs redis-tools)");
