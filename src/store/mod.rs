@@ -7,6 +7,7 @@ pub mod clock;
 pub mod fault;
 pub mod memory;
 pub mod redis;
+pub mod scylla;
 
 use async_trait::async_trait;
 

@@ -11,6 +11,7 @@ pub mod cases;
 pub mod history;
 pub mod memory;
 pub mod redis;
+pub mod scylla;
 
 use std::sync::Arc;
 

@@ -1,0 +1,193 @@
+//! A CQL server as a conformance harness: ScyllaDB or Apache Cassandra at `SCYLLA_NODES`
+//! (`scripts/test` starts a Cassandra and sets it). Every fixture gets its own keyspace and its own
+//! [`ManualClock`]: the Scylla store takes time from its clock, not from the server.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use async_trait::async_trait;
+use mailbox_materializer::model::{MailboxId, RetentionPolicy, UserId, DAY_SECS};
+use mailbox_materializer::store::fault::Corruption;
+use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
+use mailbox_materializer::store::{MailboxStore, ManualClock, PhaseHook};
+
+use super::{Fixture, Harness, NOW0};
+
+/// The contact points of the CQL server the tests use; a loud failure when unset.
+pub fn nodes() -> Vec<String> {
+    let nodes = std::env::var("SCYLLA_NODES").unwrap_or_default();
+    assert!(
+        !nodes.trim().is_empty(),
+        "SCYLLA_NODES is not set: run the tests through scripts/test (which starts a Cassandra), \
+         or start one with `scripts/cassandra start` and export SCYLLA_NODES=127.0.0.1:19042"
+    );
+    nodes.split(',').map(|n| n.trim().to_owned()).collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ScyllaHarness;
+
+pub struct ScyllaFixture {
+    pub store: Arc<ScyllaStore>,
+    pub clock: ManualClock,
+}
+
+static NEXT_KEYSPACE: AtomicU64 = AtomicU64::new(0);
+
+impl ScyllaFixture {
+    /// A fresh keyspace with the schema, and a store on a manual clock.
+    pub async fn start(policy: RetentionPolicy, now_secs: u64) -> Self {
+        let keyspace = format!(
+            "mmt_{}_{}",
+            std::process::id(),
+            NEXT_KEYSPACE.fetch_add(1, Ordering::SeqCst)
+        );
+        Self::start_in(keyspace, policy, now_secs).await
+    }
+
+    pub async fn start_in(keyspace: String, policy: RetentionPolicy, now_secs: u64) -> Self {
+        let clock = ManualClock::new(now_secs);
+        let store = ScyllaStore::connect(
+            ScyllaSettings::new(nodes(), keyspace),
+            policy,
+            Arc::new(clock.clone()),
+        )
+        .await
+        .expect("connect to the CQL server at SCYLLA_NODES");
+        Self {
+            store: Arc::new(store),
+            clock,
+        }
+    }
+
+    pub async fn cql(&self, cql: String) {
+        self.store
+            .session()
+            .query_unpaged(cql, ())
+            .await
+            .expect("admin statement");
+    }
+
+    async fn has_rows(&self, cql: String) -> bool {
+        let result = self
+            .store
+            .session()
+            .query_unpaged(cql, ())
+            .await
+            .expect("admin query");
+        result
+            .into_rows_result()
+            .map(|r| r.rows_num() > 0)
+            .unwrap_or(false)
+    }
+}
+
+#[async_trait]
+impl Harness for ScyllaHarness {
+    async fn fixture(&self, policy: RetentionPolicy, now_secs: u64) -> Box<dyn Fixture> {
+        Box::new(ScyllaFixture::start(policy, now_secs).await)
+    }
+}
+
+#[async_trait]
+impl Fixture for ScyllaFixture {
+    fn store(&self) -> Arc<dyn MailboxStore> {
+        self.store.clone()
+    }
+
+    async fn set_now(&self, now_secs: u64) {
+        self.clock.set(now_secs);
+    }
+
+    async fn jump_during_next_scan(&self, now_secs: u64) {
+        let clock = self.clock.clone();
+        let store: Weak<ScyllaStore> = Arc::downgrade(&self.store);
+        let hook: PhaseHook = Arc::new(move || {
+            clock.set(now_secs);
+            if let Some(store) = store.upgrade() {
+                store.set_after_scan_read_hook(None);
+            }
+            Box::pin(async {})
+        });
+        self.store.set_after_scan_read_hook(Some(hook));
+    }
+
+    async fn corrupt(&self, mb: &MailboxId, corruption: Corruption) -> bool {
+        let ks = self.store.keyspace();
+        let pk = format!(
+            "user_id = '{}' AND epoch = {}",
+            mb.user_id.as_str(),
+            mb.epoch
+        );
+        let meta_exists = self
+            .has_rows(format!(
+                "SELECT format_version FROM {ks}.mailbox WHERE {pk} AND format_version > 0 LIMIT 1 ALLOW FILTERING"
+            ))
+            .await;
+        match corruption {
+            Corruption::FormatVersion(v) => {
+                if meta_exists {
+                    self.cql(format!(
+                        "UPDATE {ks}.mailbox SET format_version = {v} WHERE {pk}"
+                    ))
+                    .await;
+                }
+                meta_exists
+            }
+            Corruption::LoseIdentityIndex => {
+                let had = self
+                    .has_rows(format!(
+                        "SELECT seq FROM {ks}.mailbox WHERE {pk} AND seq > -1 LIMIT 1"
+                    ))
+                    .await;
+                self.cql(format!(
+                    "DELETE FROM {ks}.mailbox WHERE {pk} AND seq >= -9223372036854775808"
+                ))
+                .await;
+                had
+            }
+            Corruption::LoseIdentity(seq) => {
+                let had = self
+                    .has_rows(format!(
+                        "SELECT seq FROM {ks}.mailbox WHERE {pk} AND seq = {seq}"
+                    ))
+                    .await;
+                self.cql(format!(
+                    "DELETE FROM {ks}.mailbox WHERE {pk} AND seq = {seq}"
+                ))
+                .await;
+                had
+            }
+            Corruption::LoseMeta => {
+                self.cql(format!(
+                    "DELETE format_version, version, expired_gap_boundary, seqbucket_max_seq, \
+                     user_trim_seq, days, proof_max_seq, proof_expires_at FROM {ks}.mailbox WHERE {pk}"
+                ))
+                .await;
+                meta_exists
+            }
+            Corruption::BreakProof(day) => {
+                let inspected = self.store.inspect(mb).await.expect("inspect");
+                let had = inspected
+                    .active_days
+                    .get(&day)
+                    .is_some_and(|d| d.max_seq > 0);
+                self.cql(format!(
+                    "DELETE proof_max_seq[{day}] FROM {ks}.mailbox WHERE {pk}"
+                ))
+                .await;
+                had
+            }
+        }
+    }
+
+    async fn fingerprint(&self, user: &UserId) -> String {
+        let today = NOW0 / DAY_SECS;
+        let days: Vec<u64> = (today - 70..=today + 40).collect();
+        let epochs: Vec<u32> = (0..=8).collect();
+        self.store
+            .dump_user(user, &epochs, &days)
+            .await
+            .expect("dump")
+    }
+}
