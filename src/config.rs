@@ -166,13 +166,25 @@ impl fmt::Debug for RedisConfig {
 }
 
 /// `[store.scylla]`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScyllaConfig {
     /// Contact points, `host:port`.
     pub nodes: Vec<String>,
     /// Keyspace holding the mailbox tables.
     pub keyspace: String,
+    /// Replication map used when the keyspace is created (an existing keyspace is kept).
+    pub replication: String,
+    /// Consistency of reads and plain writes: `LOCAL_QUORUM` (default), `QUORUM`, `ONE`, ...
+    pub consistency: String,
+    /// Consistency of the lightweight transactions: `SERIAL` (default) or `LOCAL_SERIAL`.
+    pub serial_consistency: String,
+    /// Username, when the cluster requires authentication (or `MATERIALIZER_SCYLLA_USERNAME`).
+    pub username: Option<String>,
+    /// Password (prefer `MATERIALIZER_SCYLLA_PASSWORD`; never printed).
+    pub password: Option<String>,
+    /// Time allowed to connect, in milliseconds.
+    pub connect_timeout_ms: u64,
 }
 
 impl Default for ScyllaConfig {
@@ -180,9 +192,43 @@ impl Default for ScyllaConfig {
         Self {
             nodes: vec!["127.0.0.1:9042".to_owned()],
             keyspace: "mailbox".to_owned(),
+            replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned(),
+            consistency: "LOCAL_QUORUM".to_owned(),
+            serial_consistency: "SERIAL".to_owned(),
+            username: None,
+            password: None,
+            connect_timeout_ms: 10_000,
         }
     }
 }
+
+impl fmt::Debug for ScyllaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScyllaConfig")
+            .field("nodes", &self.nodes)
+            .field("keyspace", &self.keyspace)
+            .field("replication", &self.replication)
+            .field("consistency", &self.consistency)
+            .field("serial_consistency", &self.serial_consistency)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .finish()
+    }
+}
+
+/// The CQL consistency names `[store.scylla] consistency` accepts.
+pub const CONSISTENCY_NAMES: &[&str] = &[
+    "ANY",
+    "ONE",
+    "TWO",
+    "THREE",
+    "QUORUM",
+    "ALL",
+    "LOCAL_QUORUM",
+    "EACH_QUORUM",
+    "LOCAL_ONE",
+];
 
 /// `[retention]`.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
@@ -278,6 +324,8 @@ pub const ENV_VARS: &[&str] = &[
     "MATERIALIZER_REDIS_URL",
     "MATERIALIZER_SCYLLA_NODES",
     "MATERIALIZER_SCYLLA_KEYSPACE",
+    "MATERIALIZER_SCYLLA_USERNAME",
+    "MATERIALIZER_SCYLLA_PASSWORD",
     "MATERIALIZER_KAFKA_BROKERS",
 ];
 
@@ -333,6 +381,12 @@ impl Config {
         }
         if let Some(v) = get("MATERIALIZER_SCYLLA_KEYSPACE") {
             self.store.scylla.keyspace = v;
+        }
+        if let Some(v) = get("MATERIALIZER_SCYLLA_USERNAME") {
+            self.store.scylla.username = Some(v);
+        }
+        if let Some(v) = get("MATERIALIZER_SCYLLA_PASSWORD") {
+            self.store.scylla.password = Some(v);
         }
         if let Some(v) = get("MATERIALIZER_KAFKA_BROKERS") {
             self.kafka.brokers = v;
@@ -441,6 +495,44 @@ impl Config {
             ));
         }
 
+        if !CONSISTENCY_NAMES.contains(&scylla.consistency.as_str()) {
+            return Err(invalid(
+                "store.scylla.consistency",
+                format!(
+                    "{:?} is not one of {}",
+                    scylla.consistency,
+                    CONSISTENCY_NAMES.join(", ")
+                ),
+            ));
+        }
+        if !["SERIAL", "LOCAL_SERIAL"].contains(&scylla.serial_consistency.as_str()) {
+            return Err(invalid(
+                "store.scylla.serial_consistency",
+                format!(
+                    "{:?} is not SERIAL or LOCAL_SERIAL",
+                    scylla.serial_consistency
+                ),
+            ));
+        }
+        if !scylla.replication.trim_start().starts_with('{') {
+            return Err(invalid(
+                "store.scylla.replication",
+                "must be a CQL replication map such as {'class': 'NetworkTopologyStrategy', 'dc1': 3}",
+            ));
+        }
+        if scylla.username.is_some() != scylla.password.is_some() {
+            return Err(invalid(
+                "store.scylla.username",
+                "username and password go together (MATERIALIZER_SCYLLA_USERNAME / _PASSWORD)",
+            ));
+        }
+        if scylla.connect_timeout_ms == 0 || scylla.connect_timeout_ms > 600_000 {
+            return Err(invalid(
+                "store.scylla.connect_timeout_ms",
+                format!("{} is outside 1..=600000", scylla.connect_timeout_ms),
+            ));
+        }
+
         let kafka = &self.kafka;
         if kafka.brokers.trim().is_empty() {
             return Err(invalid(
@@ -480,6 +572,9 @@ impl Config {
         copy.store.redis.url = redact_url(&copy.store.redis.url);
         for node in copy.store.redis.cluster_nodes.iter_mut() {
             *node = redact_url(node);
+        }
+        if copy.store.scylla.password.is_some() {
+            copy.store.scylla.password = Some("***".to_owned());
         }
         for (key, value) in copy.kafka.properties.iter_mut() {
             if is_secret_key(key) {

@@ -20,7 +20,9 @@ use crate::ingest::{apply_record, decode_record};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::scylla::{ScyllaSettings, ScyllaStore};
 use crate::store::{Clock, MailboxStore, ManualClock, SystemClock};
+use scylla::statement::{Consistency, SerialConsistency};
 
 use output::{ApplyLine, ErrorEnvelope, TruncateLine};
 
@@ -294,11 +296,46 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
                 redis: Some(store),
             })
         }
-        other => Err(format!(
-            "the {} backend is not available in this build; use --store memory or redis",
-            other.as_str()
-        )),
+        Backend::Scylla => {
+            let store = ScyllaStore::connect(
+                scylla_settings(&config.store.scylla),
+                policy,
+                Arc::new(SystemClock),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(OpenedStore {
+                store: Arc::new(store),
+                memory_snapshot: None,
+                redis: None,
+            })
+        }
     }
+}
+
+/// The Scylla store settings of a configuration (validated names).
+fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
+    let mut settings = ScyllaSettings::new(scylla.nodes.clone(), scylla.keyspace.clone());
+    settings.replication = scylla.replication.clone();
+    settings.username = scylla.username.clone();
+    settings.password = scylla.password.clone();
+    settings.connect_timeout = Duration::from_millis(scylla.connect_timeout_ms);
+    settings.consistency = match scylla.consistency.as_str() {
+        "ANY" => Consistency::Any,
+        "ONE" => Consistency::One,
+        "TWO" => Consistency::Two,
+        "THREE" => Consistency::Three,
+        "QUORUM" => Consistency::Quorum,
+        "ALL" => Consistency::All,
+        "EACH_QUORUM" => Consistency::EachQuorum,
+        "LOCAL_ONE" => Consistency::LocalOne,
+        _ => Consistency::LocalQuorum,
+    };
+    settings.serial_consistency = match scylla.serial_consistency.as_str() {
+        "LOCAL_SERIAL" => SerialConsistency::LocalSerial,
+        _ => SerialConsistency::Serial,
+    };
+    settings
 }
 
 fn print_json(value: &impl serde::Serialize) {

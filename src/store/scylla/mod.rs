@@ -681,13 +681,16 @@ impl ScyllaStore {
     async fn write_events(
         &self,
         mb: &MailboxId,
-        day: i64,
-        seq: i64,
-        gen: i64,
-        created_at: i64,
+        rows: &GroupRows,
         events: &[&Event],
-        ttl: i32,
     ) -> Result<(), StoreError> {
+        let GroupRows {
+            day,
+            seq,
+            gen,
+            created_at,
+            ttl,
+        } = *rows;
         let user = mb.user_id.as_str();
         let epoch = i64::from(mb.epoch);
         // One partition; small groups go in one unlogged batch, large ones row by row so no
@@ -810,6 +813,13 @@ impl ScyllaStore {
         events.sort_by_key(|e| e.event_ordinal);
         let gen = generation(group.created_at, &events);
         let ttl = (expires_at - now).clamp(1, i64::from(i32::MAX)) as i32;
+        let rows = GroupRows {
+            day,
+            seq,
+            gen,
+            created_at: group.created_at as i64,
+            ttl,
+        };
 
         // 8. Identity lookup.
         if let Some((existing_expires_at, existing_gen)) = identity {
@@ -833,8 +843,7 @@ impl ScyllaStore {
             if same {
                 finish!(Ok(AppendOutcome::Unchanged));
             }
-            self.write_events(mb, day, seq, gen, group.created_at as i64, &events, ttl)
-                .await?;
+            self.write_events(mb, &rows, &events).await?;
             let put = IdentityChange::Put {
                 seq,
                 expires_at,
@@ -898,8 +907,7 @@ impl ScyllaStore {
         if !self.establish(mb, establish).await? {
             return Ok(Attempt::Retry);
         }
-        self.write_events(mb, day, seq, gen, group.created_at as i64, &events, ttl)
-            .await?;
+        self.write_events(mb, &rows, &events).await?;
         meta.format_version = Some(FORMAT_VERSION);
         meta.days.insert(day, expires_at);
         let proof = meta.proof_max_seq.entry(day).or_insert(seq);
@@ -1210,6 +1218,16 @@ impl ScyllaStore {
         }
         Ok(out)
     }
+}
+
+/// Where one generation of a group's event rows goes, and how long it lives.
+#[derive(Debug, Clone, Copy)]
+struct GroupRows {
+    day: i64,
+    seq: i64,
+    gen: i64,
+    created_at: i64,
+    ttl: i32,
 }
 
 /// The identity part of a commit.

@@ -1,0 +1,181 @@
+//! The store commands of SPEC 8.1 against a real CQL server (`--store scylla`, `SCYLLA_NODES`).
+
+mod conformance;
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+fn run(nodes: &str, keyspace: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args([
+            "--store",
+            "scylla",
+            "--scylla-nodes",
+            nodes,
+            "--scylla-keyspace",
+            keyspace,
+        ])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+fn lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+#[test]
+fn apply_scan_inspect_truncate_on_scylla() {
+    let nodes = conformance::scylla::nodes().join(",");
+    let keyspace = format!("mm_cli_{}", std::process::id());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let record = |seq: u64, at: u64| {
+        json!({"dispatch_id": format!("d-{seq}"), "group_id": "g", "committed_at": at,
+            "deliveries": [{"user_id": "u-17", "epoch": 3, "mailbox_seq": seq,
+                "events": [{"event_ordinal": 0, "payload": {"n": seq}}]}]})
+        .to_string()
+    };
+    let input = [
+        record(1, now),
+        record(1, now),
+        record(1, now - 86_400_000),
+        record(2, now),
+        r#"{"type": "truncate_before", "user_id": "u-17", "epoch": 3, "before_seq": 2}"#.to_owned(),
+    ]
+    .join("\n");
+    let out = run(&nodes, &keyspace, &["apply"], Some(&input));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcomes: Vec<_> = lines(&out)
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["inserted", "unchanged", "conflict", "inserted", "truncated"]
+    );
+
+    let out = run(
+        &nodes,
+        &keyspace,
+        &["scan", "--user", "u-17", "--epoch", "3", "--after", "1"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let page = &lines(&out)[0];
+    assert_eq!(page["groups"][0]["mailbox_seq"], 2);
+    assert_eq!(page["groups"][0]["events"][0]["payload"], json!({"n": 2}));
+    assert_eq!(page["up_to"], 2);
+
+    let out = run(
+        &nodes,
+        &keyspace,
+        &["inspect", "--user", "u-17", "--epoch", "3"],
+        None,
+    );
+    let i = &lines(&out)[0];
+    assert_eq!(
+        (i["format_version"].clone(), i["user_trim_seq"].clone()),
+        (json!(4), json!(2))
+    );
+    let out = run(
+        &nodes,
+        &keyspace,
+        &[
+            "truncate", "--user", "u-17", "--epoch", "3", "--before", "3",
+        ],
+        None,
+    );
+    assert_eq!(lines(&out)[0], json!({"user_trim_seq": 3}));
+    let out = run(
+        &nodes,
+        &keyspace,
+        &["scan", "--user", "u-17", "--epoch", "4"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        lines(&out)[0],
+        json!({"error": {"kind": "epoch_mismatch", "current": 3}})
+    );
+}
+
+#[test]
+fn a_mismatched_schema_is_refused() {
+    let nodes = conformance::scylla::nodes().join(",");
+    let keyspace = format!("mm_bad_{}", std::process::id());
+    let out = run(
+        &nodes,
+        &keyspace,
+        &["inspect", "--user", "u", "--epoch", "1"],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Change a column's type behind the store's back: the next start must refuse the keyspace.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let session = scylla::client::session_builder::SessionBuilder::new()
+            .known_nodes(conformance::scylla::nodes())
+            .build()
+            .await
+            .unwrap();
+        session
+            .query_unpaged(
+                format!("ALTER TABLE {keyspace}.mailbox_events DROP payload"),
+                (),
+            )
+            .await
+            .unwrap();
+        session
+            .query_unpaged(
+                format!("ALTER TABLE {keyspace}.mailbox_events ADD payload blob"),
+                (),
+            )
+            .await
+            .unwrap();
+    });
+    let out = run(
+        &nodes,
+        &keyspace,
+        &["inspect", "--user", "u", "--epoch", "1"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("schema mismatch") && stderr.contains("payload"),
+        "{stderr}"
+    );
+}
