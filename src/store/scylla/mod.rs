@@ -640,6 +640,18 @@ impl ScyllaStore {
         applied(&result)
     }
 
+    /// True when no commit happened since the meta was read at `expected`: the separate reads an
+    /// operation made (meta, identity rows, group rows) then all saw one committed state, so a
+    /// verdict that writes nothing (unchanged, conflict, corrupt) may be returned. Every commit
+    /// advances the version, so a changed version means "decide again".
+    async fn unchanged_since(
+        &self,
+        mb: &MailboxId,
+        expected: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        Ok(self.read_meta(mb).await?.version == expected)
+    }
+
     /// Deletes identity rows whose day has expired (promote's "drop expired identity members");
     /// runs after a promote commit, and only removes rows no reader uses any more.
     async fn drop_expired_identities(&self, mb: &MailboxId, now: i64) -> Result<(), StoreError> {
@@ -794,7 +806,11 @@ impl ScyllaStore {
         // Outcomes that write nothing but promote's changes.
         macro_rules! finish {
             ($result:expr) => {{
-                if !self
+                if promoted.is_empty() {
+                    if !self.unchanged_since(mb, expected).await? {
+                        return Ok(Attempt::Retry);
+                    }
+                } else if !self
                     .commit_promote_only(mb, expected, &meta, &promoted, now)
                     .await?
                 {
@@ -1107,20 +1123,24 @@ impl ScyllaStore {
         let has_more = selected.len() > limit;
         selected.truncate(limit);
 
-        let mut by_day: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
-        for &(seq, day, gen) in &selected {
-            by_day.entry(day).or_default().push((seq, gen));
-        }
+        // One read for every day of the page: the days' partitions, the page's seq range; rows of
+        // generations no identity names are skipped.
         let mut groups: BTreeMap<i64, (i64, Vec<Event>)> = BTreeMap::new();
-        for (day, wanted) in by_day {
-            let low = wanted.iter().map(|w| w.0).min().unwrap_or(0);
-            let high = wanted.iter().map(|w| w.0).max().unwrap_or(0);
-            let wanted: BTreeSet<(i64, i64)> = wanted.into_iter().collect();
+        if !selected.is_empty() {
+            let days: Vec<i64> = selected
+                .iter()
+                .map(|s| s.1)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let low = selected.first().map_or(0, |s| s.0);
+            let high = selected.last().map_or(0, |s| s.0);
+            let wanted: BTreeSet<(i64, i64)> = selected.iter().map(|s| (s.0, s.2)).collect();
             let result = self
                 .session
                 .execute_unpaged(
                     &self.statements.read_events_range,
-                    (mb.user_id.as_str(), i64::from(mb.epoch), day, low, high),
+                    (mb.user_id.as_str(), i64::from(mb.epoch), days, low, high),
                 )
                 .await
                 .map_err(unavailable)?;
@@ -1136,7 +1156,7 @@ impl ScyllaStore {
                 let payload = Payload::from_canonical(payload.as_deref().unwrap_or("null"))
                     .map_err(|e| {
                         StoreError::corrupt(CorruptKind::BadProof {
-                            detail: format!("day {day}, seq {seq}: payload is not JSON: {e}"),
+                            detail: format!("seq {seq}: payload is not JSON: {e}"),
                         })
                     })?;
                 groups
@@ -1355,7 +1375,7 @@ async fn prepare_all(
         read_events_range: prepare(
             format!(
                 "SELECT seq, gen, ordinal, created_at, payload FROM {ks}.mailbox_events \
-                 WHERE user_id = ? AND epoch = ? AND day = ? AND seq >= ? AND seq <= ?"
+                 WHERE user_id = ? AND epoch = ? AND day IN ? AND seq >= ? AND seq <= ?"
             ),
             false,
         )
