@@ -247,3 +247,30 @@ async fn two_instances_racing_on_one_mailbox_never_both_win_a_seq() {
     let got: Vec<u64> = page.groups.iter().map(|g| g.mailbox_seq).collect();
     assert_eq!(got, (1..=seqs).collect::<Vec<_>>(), "each seq exactly once");
 }
+
+/// A cold mailbox written by two instances at once: one reads "no meta", the other commits, the
+/// first then sees an identity. That must be re-decided, never reported as a lost meta or index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_first_writes_are_never_mistaken_for_corruption() {
+    let a = ScyllaFixture::start(policy(), NOW0).await;
+    let b = ScyllaFixture::start_in(a.store.keyspace().to_owned(), policy(), NOW0).await;
+    for i in 0..30 {
+        let mb = mailbox(&format!("cold-race-{i}"), 1);
+        let (sa, sb) = (a.store.clone(), b.store.clone());
+        let (ga, gb) = (group(&mb, 1, TODAY0, 1, "a"), group(&mb, 2, TODAY0, 1, "b"));
+        let (ra, rb) = tokio::join!(
+            tokio::spawn(async move { sa.append(&ga).await }),
+            tokio::spawn(async move { sb.append(&gb).await })
+        );
+        for r in [ra.unwrap(), rb.unwrap()] {
+            match r {
+                Ok(AppendOutcome::Inserted) => {}
+                // Seq 1 committed after seq 2: out of source order, refused by design.
+                Err(StoreError::Corrupt {
+                    kind: mailbox_materializer::model::CorruptKind::IdentityMissing { .. },
+                }) => {}
+                other => panic!("mailbox {i}: {other:?}"),
+            }
+        }
+    }
+}

@@ -790,15 +790,18 @@ impl ScyllaStore {
             let needs_index = (meta.exists() && meta.proves_live_groups(now)) || !meta.exists();
             if needs_index {
                 let index_exists = self.any_live_identity(mb, now).await?;
-                if meta.exists() && !index_exists {
-                    return Ok(Attempt::Done(Err(StoreError::corrupt(
-                        CorruptKind::IndexLost,
-                    ))));
-                }
-                if !meta.exists() && index_exists {
-                    return Ok(Attempt::Done(Err(StoreError::corrupt(
-                        CorruptKind::MetaLost,
-                    ))));
+                let verdict = if meta.exists() && !index_exists {
+                    Some(CorruptKind::IndexLost)
+                } else if !meta.exists() && index_exists {
+                    Some(CorruptKind::MetaLost)
+                } else {
+                    None
+                };
+                if let Some(kind) = verdict {
+                    if !self.unchanged_since(mb, expected).await? {
+                        return Ok(Attempt::Retry);
+                    }
+                    return Ok(Attempt::Done(Err(StoreError::corrupt(kind))));
                 }
             }
         }
@@ -970,15 +973,18 @@ impl ScyllaStore {
         };
         let identities = self.all_identities(mb).await?;
         let index_exists = identities.iter().any(|(_, e, _)| *e > now);
-        if meta.exists() && !index_exists && meta.proves_live_groups(now) {
-            return Ok(Attempt::Done(Err(StoreError::corrupt(
-                CorruptKind::IndexLost,
-            ))));
-        }
-        if !meta.exists() && index_exists {
-            return Ok(Attempt::Done(Err(StoreError::corrupt(
-                CorruptKind::MetaLost,
-            ))));
+        let verdict = if meta.exists() && !index_exists && meta.proves_live_groups(now) {
+            Some(CorruptKind::IndexLost)
+        } else if !meta.exists() && index_exists {
+            Some(CorruptKind::MetaLost)
+        } else {
+            None
+        };
+        if let Some(kind) = verdict {
+            if !self.unchanged_since(mb, expected).await? {
+                return Ok(Attempt::Retry);
+            }
+            return Ok(Attempt::Done(Err(StoreError::corrupt(kind))));
         }
         let trim = meta.user_trim_seq.max(before);
         let removed_groups = identities
