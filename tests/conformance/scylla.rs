@@ -30,6 +30,8 @@ pub struct ScyllaHarness;
 pub struct ScyllaFixture {
     pub store: Arc<ScyllaStore>,
     pub clock: ManualClock,
+    /// Whether this fixture created its keyspace (and drops it when done).
+    owns_keyspace: bool,
 }
 
 static NEXT_KEYSPACE: AtomicU64 = AtomicU64::new(0);
@@ -42,7 +44,9 @@ impl ScyllaFixture {
             std::process::id(),
             NEXT_KEYSPACE.fetch_add(1, Ordering::SeqCst)
         );
-        Self::start_in(keyspace, policy, now_secs).await
+        let mut fixture = Self::start_in(keyspace, policy, now_secs).await;
+        fixture.owns_keyspace = true;
+        fixture
     }
 
     pub async fn start_in(keyspace: String, policy: RetentionPolicy, now_secs: u64) -> Self {
@@ -57,6 +61,7 @@ impl ScyllaFixture {
         Self {
             store: Arc::new(store),
             clock,
+            owns_keyspace: false,
         }
     }
 
@@ -79,6 +84,38 @@ impl ScyllaFixture {
             .into_rows_result()
             .map(|r| r.rows_num() > 0)
             .unwrap_or(false)
+    }
+}
+
+impl Drop for ScyllaFixture {
+    /// Drops the fixture's keyspace so a long test run does not pile up tables in the server.
+    /// Runs on its own thread and session: a `Drop` cannot await, and the fixture may be dropped
+    /// inside a blocking section of the test runtime.
+    fn drop(&mut self) {
+        if !self.owns_keyspace {
+            return;
+        }
+        let keyspace = self.store.keyspace().to_owned();
+        let handle = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(session) = scylla::client::session_builder::SessionBuilder::new()
+                    .known_nodes(nodes())
+                    .build()
+                    .await
+                {
+                    let _ = session
+                        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {keyspace}"), ())
+                        .await;
+                }
+            });
+        });
+        let _ = handle.join();
     }
 }
 
