@@ -57,18 +57,8 @@ local function establish_epoch()
 end
 
 -- 4. Format.
-local err = check_format(meta_key)
-if err then return err end
-
--- 5. Promote, identity hygiene.
-if rcall('EXISTS', meta_key) == 1 then
-  local _, perr = promote(meta_key, days_key, seqbucket_key, now)
-  if perr then return perr end
-end
-identity_hygiene(seqbucket_key, now)
-
--- 6. Integrity.
-err = check_integrity(meta_key, seqbucket_key, now)
+-- 4-6. Format, promote, identity hygiene, integrity.
+local err = prepare_write(meta_key, days_key, seqbucket_key, now)
 if err then return err end
 
 -- 7. Trim.

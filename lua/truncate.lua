@@ -22,14 +22,7 @@ if current and current ~= epoch then
   return {ERR_EPOCH_MISMATCH, current}
 end
 
-local err = check_format(meta_key)
-if err then return err end
-if rcall('EXISTS', meta_key) == 1 then
-  local _, perr = promote(meta_key, days_key, seqbucket_key, now)
-  if perr then return perr end
-end
-identity_hygiene(seqbucket_key, now)
-err = check_integrity(meta_key, seqbucket_key, now)
+local err = prepare_write(meta_key, days_key, seqbucket_key, now)
 if err then return err end
 
 if not current then rcall('SET', epoch_key, epoch) end

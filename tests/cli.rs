@@ -2,11 +2,13 @@
 //! exit statuses. The memory store is shared between invocations through a snapshot file and
 //! pinned to a fixed clock so the days are reproducible.
 
-use std::io::Write;
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::{json, Value};
+use support::cli::{json_lines, run_materializer};
 
 const NOW: u64 = 1_805_112_000;
 const DAY_MS: u64 = 86_400_000;
@@ -34,35 +36,15 @@ impl Env {
     }
 
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_materializer"))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary runs");
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
-        }
-        drop(child.stdin.take());
-        child.wait_with_output().unwrap()
+        let config = self.config.to_string_lossy().into_owned();
+        let mut all = vec!["--config", config.as_str()];
+        all.extend_from_slice(args);
+        run_materializer(&all, stdin)
     }
 
     fn json_lines(&self, args: &[&str], stdin: Option<&str>) -> (Vec<Value>, i32) {
         let out = self.run(args, stdin);
-        let lines = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-            .collect();
-        (lines, out.status.code().unwrap_or(-1))
+        (json_lines(&out), out.status.code().unwrap_or(-1))
     }
 }
 

@@ -3,45 +3,27 @@
 mod conformance;
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
+use support::cli::{json_lines, run_materializer};
 
 fn run(nodes: &str, keyspace: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_materializer"))
-        .args([
-            "--store",
-            "scylla",
-            "--scylla-nodes",
-            nodes,
-            "--scylla-keyspace",
-            keyspace,
-        ])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary runs");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    child.wait_with_output().unwrap()
+    let mut all = vec![
+        "--store",
+        "scylla",
+        "--scylla-nodes",
+        nodes,
+        "--scylla-keyspace",
+        keyspace,
+    ];
+    all.extend_from_slice(args);
+    run_materializer(&all, stdin)
 }
 
 fn lines(out: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect()
+    json_lines(out)
 }
 
 #[test]

@@ -54,3 +54,18 @@ local function promote(meta_key, days_key, seqbucket_key, now)
   identity_hygiene(seqbucket_key, now)
   return #expired_days, nil
 end
+
+--[[
+  The checks every write starts with (SPEC 4.2 steps 4 to 6): format, promote when the meta
+  exists, identity hygiene, integrity. Returns nil, or the error reply to return as it is.
+]]
+local function prepare_write(meta_key, days_key, seqbucket_key, now)
+  local err = check_format(meta_key)
+  if err then return err end
+  if rcall('EXISTS', meta_key) == 1 then
+    local _, perr = promote(meta_key, days_key, seqbucket_key, now)
+    if perr then return perr end
+  end
+  identity_hygiene(seqbucket_key, now)
+  return check_integrity(meta_key, seqbucket_key, now)
+end

@@ -1,4 +1,5 @@
 //! Real servers for integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod redis_server;

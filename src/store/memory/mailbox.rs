@@ -204,15 +204,8 @@ impl UserState {
             }
         }
         let mailbox = &mut self.mailbox;
-        mailbox.expire_physically(now);
-
         // 4-6. Format, promote, identity hygiene, integrity.
-        mailbox.check_format()?;
-        if mailbox.meta.is_some() {
-            mailbox.promote(now)?;
-        }
-        mailbox.drop_expired_identities(now);
-        mailbox.check_integrity(now)?;
+        mailbox.prepare_write(now)?;
 
         // 7. Trim.
         let trim = mailbox.meta.as_ref().map_or(0, |m| m.user_trim_seq);
@@ -322,13 +315,7 @@ impl UserState {
             Some(_) => {}
         }
         let mailbox = &mut self.mailbox;
-        mailbox.expire_physically(now);
-        mailbox.check_format()?;
-        if mailbox.meta.is_some() {
-            mailbox.promote(now)?;
-        }
-        mailbox.drop_expired_identities(now);
-        mailbox.check_integrity(now)?;
+        mailbox.prepare_write(now)?;
 
         let meta = mailbox.meta.get_or_insert_with(Meta::new);
         meta.user_trim_seq = meta.user_trim_seq.max(before_seq);
@@ -627,6 +614,18 @@ impl Mailbox {
             .chain(identities)
             .min()
             .unwrap_or(u64::MAX);
+    }
+
+    /// The checks every write starts with (SPEC 4.2 steps 4 to 6): physical expiry, format,
+    /// promote, identity hygiene, integrity.
+    fn prepare_write(&mut self, now: u64) -> Result<(), StoreError> {
+        self.expire_physically(now);
+        self.check_format()?;
+        if self.meta.is_some() {
+            self.promote(now)?;
+        }
+        self.drop_expired_identities(now);
+        self.check_integrity(now)
     }
 
     /// SPEC 4.2.4: meta of another format is never read or written.

@@ -325,15 +325,7 @@ impl RedisStore {
         for mut node in self.scan_targets().await? {
             let mut cursor: u64 = 0;
             loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut node)
-                    .await
-                    .map_err(unavailable)?;
+                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
                 found.extend(batch);
                 if next == 0 {
                     break;
@@ -476,15 +468,7 @@ impl RedisStore {
         for mut node in self.scan_targets().await? {
             let mut cursor: u64 = 0;
             loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(500)
-                    .query_async(&mut node)
-                    .await
-                    .map_err(unavailable)?;
+                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
                 for key in batch {
                     let Some(mailbox) = keys::parse_meta_key(&self.settings.key_prefix, &key)
                     else {
@@ -541,6 +525,25 @@ impl RedisStore {
         }
         Ok(targets)
     }
+}
+
+/// One step of `SCAN cursor MATCH pattern` on one node: the next cursor (0 when done) and a
+/// batch of keys. Walking batch by batch keeps the patrol's memory flat however many mailboxes
+/// there are.
+async fn scan_batch(
+    node: &mut Connection,
+    cursor: u64,
+    pattern: &str,
+) -> Result<(u64, Vec<String>), StoreError> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(500)
+        .query_async(node)
+        .await
+        .map_err(unavailable)
 }
 
 /// The URL of one cluster node: the configured URL with its host and port replaced, so scheme

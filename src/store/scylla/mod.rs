@@ -1060,14 +1060,51 @@ impl ScyllaStore {
     }
 
     async fn scan_meta_settled(&self, mb: &MailboxId) -> Result<Option<Meta>, StoreError> {
+        self.settle(|now| self.scan_meta(mb, now)).await
+    }
+
+    /// Runs one attempt of an operation after another, each on fresh state and a fresh "now",
+    /// until one is not overtaken by a concurrent commit ([`MAX_ATTEMPTS`] at most).
+    async fn settle<T, F, Fut>(&self, mut attempt: F) -> Result<T, StoreError>
+    where
+        F: FnMut(i64) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
+    {
         for _ in 0..MAX_ATTEMPTS {
-            if let Attempt::Done(result) = self.scan_meta(mb, self.now()).await? {
+            if let Attempt::Done(result) = attempt(self.now()).await? {
                 return result;
             }
         }
         Err(unavailable(
             "too much contention on the mailbox's commit point",
         ))
+    }
+
+    async fn try_promote(
+        &self,
+        mailbox: &MailboxId,
+        now: i64,
+    ) -> Result<Attempt<PromoteOutcome>, StoreError> {
+        if self.read_epoch(&mailbox.user_id).await? != Some(i64::from(mailbox.epoch)) {
+            return Ok(Attempt::Done(Ok(PromoteOutcome::default())));
+        }
+        let mut meta = self.read_meta(mailbox).await?;
+        meta.check_format()?;
+        if !meta.exists() {
+            return Ok(Attempt::Done(Ok(PromoteOutcome::default())));
+        }
+        let expected = meta.version;
+        let promoted = meta.promote(now)?;
+        if !self
+            .commit_promote_only(mailbox, expected, &meta, &promoted, now)
+            .await?
+        {
+            return Ok(Attempt::Retry);
+        }
+        Ok(Attempt::Done(Ok(PromoteOutcome {
+            expired_days: promoted.len() as u32,
+            expired_gap_boundary: meta.expired_gap_boundary as u64,
+        })))
     }
 
     /// SPEC 4.4 step 6 over the identity index: live identities in `(after, until]` whose day is
@@ -1466,14 +1503,7 @@ impl MailboxStore for ScyllaStore {
                 ),
             ));
         }
-        for _ in 0..MAX_ATTEMPTS {
-            if let Attempt::Done(result) = self.try_append(group, self.now()).await? {
-                return result;
-            }
-        }
-        Err(unavailable(
-            "too much contention on the mailbox's commit point",
-        ))
+        self.settle(|now| self.try_append(group, now)).await
     }
 
     async fn truncate_before(
@@ -1482,17 +1512,8 @@ impl MailboxStore for ScyllaStore {
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
         validate_before_seq(before_seq)?;
-        for _ in 0..MAX_ATTEMPTS {
-            if let Attempt::Done(result) = self
-                .try_truncate(mailbox, before_seq as i64, self.now())
-                .await?
-            {
-                return result;
-            }
-        }
-        Err(unavailable(
-            "too much contention on the mailbox's commit point",
-        ))
+        self.settle(|now| self.try_truncate(mailbox, before_seq as i64, now))
+            .await
     }
 
     async fn range_scan(
@@ -1540,31 +1561,7 @@ impl MailboxStore for ScyllaStore {
     }
 
     async fn promote(&self, mailbox: &MailboxId) -> Result<PromoteOutcome, StoreError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let now = self.now();
-            if self.read_epoch(&mailbox.user_id).await? != Some(i64::from(mailbox.epoch)) {
-                return Ok(PromoteOutcome::default());
-            }
-            let mut meta = self.read_meta(mailbox).await?;
-            meta.check_format()?;
-            if !meta.exists() {
-                return Ok(PromoteOutcome::default());
-            }
-            let expected = meta.version;
-            let promoted = meta.promote(now)?;
-            if self
-                .commit_promote_only(mailbox, expected, &meta, &promoted, now)
-                .await?
-            {
-                return Ok(PromoteOutcome {
-                    expired_days: promoted.len() as u32,
-                    expired_gap_boundary: meta.expired_gap_boundary as u64,
-                });
-            }
-        }
-        Err(unavailable(
-            "too much contention on the mailbox's commit point",
-        ))
+        self.settle(|now| self.try_promote(mailbox, now)).await
     }
 
     async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError> {
