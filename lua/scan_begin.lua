@@ -4,6 +4,7 @@
 
   KEYS[1]  P:epoch:{user}   KEYS[2]  P:mbmeta:{user}:<epoch>
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   KEYS[4]  P:mbdays:{user}:<epoch>
+  KEYS[5]  P:mbday:{user}:<epoch>:  (unused; every script takes the same five keys)
   ARGV[1]  epoch   ARGV[2]  after_seq   ARGV[3]  after_seq + 1 (plain decimals)
 
   Returns {1} when there is nothing to read (user never written, or no meta),

@@ -37,6 +37,17 @@ impl MailboxKeys {
         }
     }
 
+    /// Passes the five keys to a script, as `KEYS[1..5]` in this order. Every script takes the
+    /// same five (some use fewer), so the order is written down once.
+    pub fn bind(&self, invocation: &mut redis::ScriptInvocation<'_>) {
+        invocation
+            .key(&self.epoch)
+            .key(&self.meta)
+            .key(&self.seqbucket)
+            .key(&self.days)
+            .key(&self.day_prefix);
+    }
+
     /// `P:mbday:{user}:<epoch>:<day>`
     pub fn day(&self, day: u64) -> String {
         format!("{}{day}", self.day_prefix)

@@ -583,12 +583,8 @@ impl MailboxStore for RedisStore {
         let mut events: Vec<&Event> = group.events.iter().collect();
         events.sort_by_key(|e| e.event_ordinal);
         let mut invocation = self.scripts.append.prepare_invoke();
+        keys.bind(&mut invocation);
         invocation
-            .key(&keys.epoch)
-            .key(&keys.meta)
-            .key(&keys.seqbucket)
-            .key(&keys.days)
-            .key(&keys.day_prefix)
             .arg(&self.settings.key_prefix)
             .arg(keys::tag(&group.mailbox.user_id))
             .arg(group.mailbox.epoch)
@@ -637,14 +633,8 @@ impl MailboxStore for RedisStore {
         validate_before_seq(before_seq)?;
         let keys = self.keys(mailbox);
         let mut invocation = self.scripts.truncate.prepare_invoke();
-        invocation
-            .key(&keys.epoch)
-            .key(&keys.meta)
-            .key(&keys.seqbucket)
-            .key(&keys.days)
-            .key(&keys.day_prefix)
-            .arg(mailbox.epoch)
-            .arg(before_seq);
+        keys.bind(&mut invocation);
+        invocation.arg(mailbox.epoch).arg(before_seq);
         let reply = self.invoke(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(TruncateOutcome {
@@ -666,11 +656,8 @@ impl MailboxStore for RedisStore {
         }
         let keys = self.keys(mailbox);
         let cursor_args = |invocation: &mut redis::ScriptInvocation<'_>| {
+            keys.bind(invocation);
             invocation
-                .key(&keys.epoch)
-                .key(&keys.meta)
-                .key(&keys.seqbucket)
-                .key(&keys.days)
                 .arg(mailbox.epoch)
                 .arg(request.after_seq.to_string())
                 .arg(request.after_seq.saturating_add(1).to_string());
@@ -735,12 +722,8 @@ impl MailboxStore for RedisStore {
     async fn promote(&self, mailbox: &MailboxId) -> Result<PromoteOutcome, StoreError> {
         let keys = self.keys(mailbox);
         let mut invocation = self.scripts.promote.prepare_invoke();
-        invocation
-            .key(&keys.epoch)
-            .key(&keys.meta)
-            .key(&keys.seqbucket)
-            .key(&keys.days)
-            .arg(mailbox.epoch);
+        keys.bind(&mut invocation);
+        invocation.arg(mailbox.epoch);
         let reply = self.invoke(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(PromoteOutcome {
@@ -754,10 +737,7 @@ impl MailboxStore for RedisStore {
     async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError> {
         let keys = self.keys(mailbox);
         let mut invocation = self.scripts.inspect.prepare_invoke();
-        invocation
-            .key(&keys.epoch)
-            .key(&keys.meta)
-            .key(&keys.seqbucket);
+        keys.bind(&mut invocation);
         let reply = self.invoke(invocation).await?;
         let current_epoch = reply.first().map(text).and_then(|s| s.parse().ok());
         let identity_count = num(reply.get(1));
