@@ -222,3 +222,54 @@ async fn randomized_histories_match_the_memory_reference() {
     conformance::history::compare_backends(Arc::new(MemoryHarness), Arc::new(RedisHarness), 40)
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_and_password_from_the_url() {
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start(
+            Clock::Real,
+            Listen::Tcp(support::redis_server::free_port()),
+            &[
+                "--user",
+                "default",
+                "off",
+                "--user",
+                "materializer",
+                "on",
+                ">s3cret",
+                "~mm:*",
+                "+@all",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let port = server.port().unwrap();
+    let denied = RedisStore::connect(
+        RedisSettings::new(format!("redis://127.0.0.1:{port}"), "mm"),
+        policy(),
+    )
+    .await;
+    assert!(denied.is_err(), "the disabled default user must not get in");
+    let store = RedisStore::connect(
+        RedisSettings::new(
+            format!("redis://materializer:s3cret@127.0.0.1:{port}"),
+            "mm",
+        ),
+        policy(),
+    )
+    .await
+    .expect("the ACL user connects");
+    let mb = mailbox("u-acl", 1);
+    let today = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / DAY_SECS;
+    assert_eq!(
+        store.append(&group(&mb, 1, today, 1, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+}

@@ -182,7 +182,7 @@ impl RedisServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start redis-server");
-        let server = Self {
+        let mut server = Self {
             dir,
             child,
             listen,
@@ -261,16 +261,21 @@ impl RedisServer {
                     s.read(&mut buf)?
                 }
             };
-            Ok(buf[..n].starts_with(b"+PONG"))
+            // A server that requires authentication answers too: it is up.
+            Ok(buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
         };
         attempt().unwrap_or(false)
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if self.try_ping() {
                 return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                panic!("redis-server exited ({status}) during start-up; its log:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
