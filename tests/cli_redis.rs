@@ -122,3 +122,143 @@ fn unreachable_redis_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("redis"));
 }
+
+/// `rediss://` end to end: a redis-server serving TLS with a certificate from a test CA; the
+/// client verifies it against that CA (`SSL_CERT_FILE`, honoured by the platform TLS library) and
+/// refuses it without.
+#[test]
+fn rediss_verifies_the_server_certificate() {
+    let dir = std::env::temp_dir().join(format!("mm-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl is required (scripts/install-services installs it)");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=materializer-test-ca",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+
+    let port = support::redis_server::free_port().to_string();
+    let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
+    let _server = RedisServer::start(
+        Clock::Real,
+        Listen::Unix,
+        &[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ],
+    );
+    let url = format!("rediss://127.0.0.1:{port}");
+    let now = now_ms();
+
+    let mut args = vec![
+        "--store",
+        "redis",
+        "--redis-url",
+        url.as_str(),
+        "apply",
+        "-",
+    ];
+    let trusted = std::process::Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(&args)
+        .env("SSL_CERT_FILE", &ca)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut trusted = trusted;
+    {
+        use std::io::Write;
+        trusted
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(dispatch(1, now).as_bytes())
+            .unwrap();
+    }
+    let out = trusted.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines(&out)[0]["outcome"], "inserted");
+
+    args.truncate(4);
+    args.extend(["inspect", "--user", "u-17", "--epoch", "3"]);
+    let untrusted = std::process::Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(&args)
+        .env_remove("SSL_CERT_FILE")
+        .output()
+        .unwrap();
+    assert_eq!(
+        untrusted.status.code(),
+        Some(2),
+        "an unknown CA must be refused"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
