@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build of the materializer: a Rust builder, then a slim non-root runtime image.
 
-FROM rust:1.85-slim-bookworm AS build
+FROM rust:1.88-slim-bookworm AS build
 WORKDIR /src
 RUN apt-get update \
  && apt-get install -y --no-install-recommends pkg-config libssl-dev cmake make g++ \
