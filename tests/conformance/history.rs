@@ -444,8 +444,15 @@ pub fn observe<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> String {
     }
 }
 
-/// Runs `cases` random histories on fresh fixtures of `harness`, checking the invariants.
-pub async fn check_random_histories(harness: Arc<dyn Harness>, cases: u32) {
+/// Runs `body` on `cases` generated histories, shrinking a failure to a minimal history.
+///
+/// Proptest's runner is synchronous; it runs on a blocking thread and drives each async body on
+/// the test's runtime, where the stores' connections live.
+async fn run_histories<F, Fut>(cases: u32, body: F)
+where
+    F: Fn(RetentionPolicy, Vec<Op>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), TestCaseError>>,
+{
     let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut runner = TestRunner::new(ProptestConfig {
@@ -455,15 +462,24 @@ pub async fn check_random_histories(harness: Arc<dyn Harness>, cases: u32) {
         });
         runner
             .run(&history_strategy(), |(policy, ops)| {
-                handle.block_on(async {
-                    let fixture = harness.fixture(policy, NOW0).await;
-                    run_history(&*fixture, &policy, &ops).await.map(|_| ())
-                })
+                handle.block_on(body(policy, ops))
             })
             .unwrap_or_else(|e| panic!("{e}"));
     })
     .await
     .expect("history runner panicked");
+}
+
+/// Runs `cases` random histories on fresh fixtures of `harness`, checking the invariants.
+pub async fn check_random_histories(harness: Arc<dyn Harness>, cases: u32) {
+    run_histories(cases, move |policy, ops| {
+        let harness = harness.clone();
+        async move {
+            let fixture = harness.fixture(policy, NOW0).await;
+            run_history(&*fixture, &policy, &ops).await.map(|_| ())
+        }
+    })
+    .await;
 }
 
 /// Runs `cases` random histories on a fixture of each harness and requires identical
@@ -473,29 +489,19 @@ pub async fn compare_backends(
     candidate: Arc<dyn Harness>,
     cases: u32,
 ) {
-    let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut runner = TestRunner::new(ProptestConfig {
-            cases,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        });
-        runner
-            .run(&history_strategy(), |(policy, ops)| {
-                handle.block_on(async {
-                    let a = reference.fixture(policy, NOW0).await;
-                    let b = candidate.fixture(policy, NOW0).await;
-                    let expected = run_history(&*a, &policy, &ops).await?;
-                    let actual = run_history(&*b, &policy, &ops).await?;
-                    for (i, (x, y)) in expected.iter().zip(&actual).enumerate() {
-                        prop_assert_eq!(x, y, "op {} ({:?}) differs", i, ops.get(i));
-                    }
-                    prop_assert_eq!(expected.len(), actual.len());
-                    Ok(())
-                })
-            })
-            .unwrap_or_else(|e| panic!("{e}"));
+    run_histories(cases, move |policy, ops| {
+        let (reference, candidate) = (reference.clone(), candidate.clone());
+        async move {
+            let a = reference.fixture(policy, NOW0).await;
+            let b = candidate.fixture(policy, NOW0).await;
+            let expected = run_history(&*a, &policy, &ops).await?;
+            let actual = run_history(&*b, &policy, &ops).await?;
+            for (i, (x, y)) in expected.iter().zip(&actual).enumerate() {
+                prop_assert_eq!(x, y, "op {} ({:?}) differs", i, ops.get(i));
+            }
+            prop_assert_eq!(expected.len(), actual.len());
+            Ok(())
+        }
     })
-    .await
-    .expect("comparison runner panicked");
+    .await;
 }

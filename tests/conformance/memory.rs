@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use mailbox_materializer::model::{MailboxId, RetentionPolicy, UserId};
 use mailbox_materializer::store::fault::Corruption;
 use mailbox_materializer::store::memory::MemoryStore;
-use mailbox_materializer::store::{MailboxStore, ManualClock, PhaseHook};
+use mailbox_materializer::store::{MailboxStore, ManualClock};
 
 /// Makes memory stores on a [`ManualClock`].
 #[derive(Debug, Clone, Copy)]
@@ -40,15 +40,15 @@ impl Fixture for MemoryFixture {
     async fn jump_during_next_scan(&self, now_secs: u64) {
         let clock = self.clock.clone();
         let store = Arc::downgrade(&self.store);
-        let hook: PhaseHook = Arc::new(move || {
-            clock.set(now_secs);
-            // One-shot: the hook clears itself.
-            if let Some(store) = store.upgrade() {
-                store.set_after_scan_read_hook(None);
-            }
-            Box::pin(async {})
-        });
-        self.store.set_after_scan_read_hook(Some(hook));
+        self.store
+            .set_after_scan_read_hook(Some(super::one_shot_hook(
+                move || clock.set(now_secs),
+                move || {
+                    if let Some(store) = store.upgrade() {
+                        store.set_after_scan_read_hook(None);
+                    }
+                },
+            )));
     }
 
     async fn corrupt(&self, mailbox: &MailboxId, corruption: Corruption) -> bool {

@@ -128,6 +128,19 @@ pub fn group(mb: &MailboxId, seq: u64, day: u64, n: u32, tag: &str) -> EventGrou
     }
 }
 
+/// A scan hook that runs `jump` (moving the fixture's clock) the first time it is called and
+/// then uninstalls itself through `clear`, so only the next scan is affected.
+pub fn one_shot_hook(
+    jump: impl Fn() + Send + Sync + 'static,
+    clear: impl Fn() + Send + Sync + 'static,
+) -> mailbox_materializer::store::PhaseHook {
+    Arc::new(move || {
+        jump();
+        clear();
+        Box::pin(async {})
+    })
+}
+
 /// The default policy.
 pub fn policy() -> RetentionPolicy {
     RetentionPolicy::default()

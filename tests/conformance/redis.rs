@@ -2,14 +2,14 @@
 //! or a shared Redis Cluster on a fixed clock with a fresh key prefix per fixture.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use mailbox_materializer::model::{MailboxId, RetentionPolicy, UserId};
 use mailbox_materializer::store::fault::Corruption;
 use mailbox_materializer::store::redis::keys::MailboxKeys;
 use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
-use mailbox_materializer::store::{MailboxStore, PhaseHook};
+use mailbox_materializer::store::MailboxStore;
 
 use super::{Fixture, Harness};
 use crate::support::redis_server::{Clock, Listen, RedisServer};
@@ -78,15 +78,16 @@ impl Fixture for RedisFixture {
 
     async fn jump_during_next_scan(&self, now_secs: u64) {
         let server = Arc::clone(self.server());
-        let store: Weak<RedisStore> = Arc::downgrade(&self.store);
-        let hook: PhaseHook = Arc::new(move || {
-            server.set_now(now_secs);
-            if let Some(store) = store.upgrade() {
-                store.set_after_scan_read_hook(None);
-            }
-            Box::pin(async {})
-        });
-        self.store.set_after_scan_read_hook(Some(hook));
+        let store = Arc::downgrade(&self.store);
+        self.store
+            .set_after_scan_read_hook(Some(super::one_shot_hook(
+                move || server.set_now(now_secs),
+                move || {
+                    if let Some(store) = store.upgrade() {
+                        store.set_after_scan_read_hook(None);
+                    }
+                },
+            )));
     }
 
     async fn corrupt(&self, mb: &MailboxId, corruption: Corruption) -> bool {

@@ -3,13 +3,13 @@
 //! [`ManualClock`]: the Scylla store takes time from its clock, not from the server.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use mailbox_materializer::model::{MailboxId, RetentionPolicy, UserId, DAY_SECS};
 use mailbox_materializer::store::fault::Corruption;
 use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
-use mailbox_materializer::store::{MailboxStore, ManualClock, PhaseHook};
+use mailbox_materializer::store::{MailboxStore, ManualClock};
 
 use super::{Fixture, Harness, NOW0};
 
@@ -138,15 +138,16 @@ impl Fixture for ScyllaFixture {
 
     async fn jump_during_next_scan(&self, now_secs: u64) {
         let clock = self.clock.clone();
-        let store: Weak<ScyllaStore> = Arc::downgrade(&self.store);
-        let hook: PhaseHook = Arc::new(move || {
-            clock.set(now_secs);
-            if let Some(store) = store.upgrade() {
-                store.set_after_scan_read_hook(None);
-            }
-            Box::pin(async {})
-        });
-        self.store.set_after_scan_read_hook(Some(hook));
+        let store = Arc::downgrade(&self.store);
+        self.store
+            .set_after_scan_read_hook(Some(super::one_shot_hook(
+                move || clock.set(now_secs),
+                move || {
+                    if let Some(store) = store.upgrade() {
+                        store.set_after_scan_read_hook(None);
+                    }
+                },
+            )));
     }
 
     async fn corrupt(&self, mb: &MailboxId, corruption: Corruption) -> bool {
