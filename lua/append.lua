@@ -6,19 +6,21 @@
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   identity index: member seq16, score expires_at(day)
   KEYS[4]  P:mbdays:{user}:<epoch>        day set: member day, score expires_at(day)
   KEYS[5]  P:mbday:{user}:<epoch>:        prefix of the day bucket keys (a day is appended)
+  KEYS[6]  P:repair:{user}                repair fence: the id of the writer rebuilding the user
 
   ARGV[1]  key prefix P                   ARGV[2]  hash tag {user}
   ARGV[3]  epoch                          ARGV[4]  mailbox_seq, plain decimal
   ARGV[5]  day                            ARGV[6]  expires_at(day)
   ARGV[7]  future_window_days             ARGV[8]  max_active_span_days
-  ARGV[9]  retention_days
-  ARGV[10..] the group's bucket members, sorted by ordinal:
+  ARGV[9]  retention_days               ARGV[10] this writer's id (checked against the fence)
+  ARGV[11..] the group's bucket members, sorted by ordinal:
              seq16 '|' ordinal10 '|' created_at '|' canonical payload
 
   Returns {code, ...}:
     1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed, 6 stale_epoch
     ERR_FUTURE, ERR_SPAN low high, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
-    ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail
+    ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
+    ERR_UNDER_REPAIR holder
 
   Nothing is written before the outcome is known: a rejected input for a cold user leaves no key,
   and every error leaves the mailbox byte-identical.
@@ -33,8 +35,11 @@ local day = tonumber(ARGV[5])
 local expires_at = tonumber(ARGV[6])
 local future_window, span_days, retention_days = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local members = {}
-for i = 10, #ARGV do members[#members + 1] = ARGV[i] end
+for i = 11, #ARGV do members[#members + 1] = ARGV[i] end
 local day_key = day_prefix .. ARGV[5]
+
+local fenced = check_fence(KEYS[6], ARGV[10])
+if fenced then return fenced end
 
 local now = now_seconds()
 

@@ -3,7 +3,8 @@
 
   KEYS[1]  P:epoch:{user}   KEYS[2]  P:mbmeta:{user}:<epoch>
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   KEYS[4]  P:mbdays:{user}:<epoch>
-  KEYS[5]  P:mbday:{user}:<epoch>:  (unused; every script takes the same five keys)
+  KEYS[5]  P:mbday:{user}:<epoch>:  (unused)
+  KEYS[6]  P:repair:{user}           (unused; every script takes the same six keys)
   ARGV[1]  epoch
 
   Returns {0, expired_days, expired_gap_boundary} (zeros for a mailbox that is not the user's

@@ -4,7 +4,8 @@
 
   KEYS[1]  P:epoch:{user}   KEYS[2]  P:mbmeta:{user}:<epoch>
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   KEYS[4]  P:mbdays:{user}:<epoch>
-  KEYS[5]  P:mbday:{user}:<epoch>:  (unused; every script takes the same five keys)
+  KEYS[5]  P:mbday:{user}:<epoch>:  (unused)
+  KEYS[6]  P:repair:{user}           (unused; every script takes the same six keys)
   ARGV[1]  epoch   ARGV[2]  after_seq   ARGV[3]  after_seq + 1 (plain decimals)
 
   Returns {1} when there is nothing to read (user never written, or no meta),

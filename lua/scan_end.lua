@@ -2,7 +2,7 @@
   The post-read step of RangeScan (SPEC 4.4 step 7): promote again and refuse a page whose
   coverage expiry (or an expired replay, or a trim) crossed while the buckets were being read.
 
-  KEYS[1..5] and ARGV[1..3] as in scan_begin.lua.
+  KEYS[1..6] and ARGV[1..3] as in scan_begin.lua.
 
   Returns {0}, or ERR_EPOCH_MISMATCH current, ERR_UNSUPPORTED_FORMAT found, ERR_BAD_PROOF
   detail, ERR_CURSOR_TRIMMED user_trim_seq, ERR_CURSOR_GAP boundary.

@@ -2,11 +2,12 @@
   TruncateBefore (SPEC 4.3): raise user_trim_seq (never lower it) and delete every group and
   identity below it.
 
-  KEYS[1..5] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix)
-  ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal
+  KEYS[1..6] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence)
+  ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal     ARGV[3]  this writer's id
 
   Returns {0, user_trim_seq, removed_groups}, or ERR_EPOCH_MISMATCH current,
-  ERR_UNSUPPORTED_FORMAT found, ERR_INDEX_LOST, ERR_META_LOST, ERR_BAD_PROOF detail.
+  ERR_UNSUPPORTED_FORMAT found, ERR_INDEX_LOST, ERR_META_LOST, ERR_BAD_PROOF detail,
+  ERR_UNDER_REPAIR holder.
 
   A user never written is established at this epoch with the trim, so the trim is durable.
   Work is proportional to the active days and the live identities, both bounded.
@@ -15,6 +16,9 @@ local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local epoch = ARGV[1]
 local before = ARGV[2]
+
+local fenced = check_fence(KEYS[6], ARGV[3])
+if fenced then return fenced end
 
 local now = now_seconds()
 local current = rcall('GET', epoch_key)

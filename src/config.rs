@@ -51,6 +51,27 @@ pub struct Config {
     pub kafka: KafkaConfig,
     /// Metrics and health endpoints.
     pub http: HttpConfig,
+    /// Log format and filter.
+    pub log: LogConfig,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` (human) or `json` (one object a line, for log shippers).
+    pub format: String,
+    /// A `tracing` filter such as `info` or `info,mailbox_materializer=debug`; `RUST_LOG` wins.
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: "text".to_owned(),
+            filter: "info".to_owned(),
+        }
+    }
 }
 
 /// The storage backends.
@@ -275,9 +296,35 @@ pub struct KafkaConfig {
     pub group_id: String,
     /// Where malformed, rejected and conflicting records go.
     pub dlq_topic: String,
-    /// Passed to librdkafka as they are (TLS, SASL, ...).
+    /// Most records of one partition admitted but not final (the in-flight window). When full,
+    /// the partition is paused; memory per partition is bounded by this times the record size.
+    pub max_in_flight_records: usize,
+    /// Largest record accepted, in bytes; a larger one is malformed (oversized).
+    pub max_record_bytes: usize,
+    /// How often the contiguous watermark of each partition is committed.
+    pub commit_interval_ms: u64,
+    /// First retry delay of a transient error or a corrupt mailbox; doubles up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+    /// SIGTERM/SIGINT: how long in-flight work may drain before the final commit and exit.
+    pub shutdown_deadline_ms: u64,
+    /// librdkafka statistics interval: how fresh `consumer_lag` and broker readiness are.
+    pub statistics_interval_ms: u64,
+    /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
+    /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
 }
+
+/// librdkafka properties the daemon sets itself: its offset and delivery guarantees depend on
+/// them, so a configuration may not override them.
+pub const OWNED_KAFKA_PROPERTIES: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "statistics.interval.ms",
+];
 
 impl Default for KafkaConfig {
     fn default() -> Self {
@@ -286,6 +333,13 @@ impl Default for KafkaConfig {
             topic: "dispatch".to_owned(),
             group_id: "mailbox-materializer".to_owned(),
             dlq_topic: "dispatch.dlq".to_owned(),
+            max_in_flight_records: 1000,
+            max_record_bytes: crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES,
+            commit_interval_ms: 1000,
+            retry_initial_ms: 100,
+            retry_max_ms: 30_000,
+            shutdown_deadline_ms: 25_000,
+            statistics_interval_ms: 2000,
             properties: BTreeMap::new(),
         }
     }
@@ -327,7 +381,16 @@ pub const ENV_VARS: &[&str] = &[
     "MATERIALIZER_SCYLLA_USERNAME",
     "MATERIALIZER_SCYLLA_PASSWORD",
     "MATERIALIZER_KAFKA_BROKERS",
+    "MATERIALIZER_KAFKA_TOPIC",
+    "MATERIALIZER_KAFKA_GROUP_ID",
+    "MATERIALIZER_KAFKA_DLQ_TOPIC",
+    "MATERIALIZER_HTTP_LISTEN",
+    "MATERIALIZER_LOG_FORMAT",
 ];
+
+/// Prefix of the environment variables that set `[kafka.properties]`:
+/// `MATERIALIZER_KAFKA_PROPERTY_SASL_PASSWORD=...` sets `sasl.password` (lowercased, `_` -> `.`).
+pub const KAFKA_PROPERTY_ENV_PREFIX: &str = "MATERIALIZER_KAFKA_PROPERTY_";
 
 impl Config {
     /// Reads a TOML file.
@@ -360,6 +423,7 @@ impl Config {
             None => Self::default(),
         };
         config.apply_env(|name| std::env::var(name).ok())?;
+        config.apply_env_properties(std::env::vars());
         config.apply_overrides(overrides);
         config.validate()?;
         Ok(config)
@@ -391,7 +455,35 @@ impl Config {
         if let Some(v) = get("MATERIALIZER_KAFKA_BROKERS") {
             self.kafka.brokers = v;
         }
+        if let Some(v) = get("MATERIALIZER_KAFKA_TOPIC") {
+            self.kafka.topic = v;
+        }
+        if let Some(v) = get("MATERIALIZER_KAFKA_GROUP_ID") {
+            self.kafka.group_id = v;
+        }
+        if let Some(v) = get("MATERIALIZER_KAFKA_DLQ_TOPIC") {
+            self.kafka.dlq_topic = v;
+        }
+        if let Some(v) = get("MATERIALIZER_HTTP_LISTEN") {
+            self.http.listen = v;
+        }
+        if let Some(v) = get("MATERIALIZER_LOG_FORMAT") {
+            self.log.format = v;
+        }
         Ok(())
+    }
+
+    /// Applies `MATERIALIZER_KAFKA_PROPERTY_<NAME>` variables to `[kafka.properties]`, so TLS
+    /// and SASL secrets never need to be in a file.
+    pub fn apply_env_properties(&mut self, vars: impl IntoIterator<Item = (String, String)>) {
+        for (name, value) in vars {
+            if let Some(rest) = name.strip_prefix(KAFKA_PROPERTY_ENV_PREFIX) {
+                if !rest.is_empty() {
+                    let key = rest.to_ascii_lowercase().replace('_', ".");
+                    self.kafka.properties.insert(key, value);
+                }
+            }
+        }
     }
 
     pub fn apply_overrides(&mut self, overrides: &Overrides) {
@@ -557,6 +649,64 @@ impl Config {
         }
         if kafka.group_id.trim().is_empty() {
             return Err(invalid("kafka.group_id", "must not be empty"));
+        }
+        for (key, value, low, high) in [
+            (
+                "kafka.max_in_flight_records",
+                kafka.max_in_flight_records as u64,
+                1,
+                100_000,
+            ),
+            (
+                "kafka.max_record_bytes",
+                kafka.max_record_bytes as u64,
+                64,
+                64 << 20,
+            ),
+            (
+                "kafka.commit_interval_ms",
+                kafka.commit_interval_ms,
+                10,
+                600_000,
+            ),
+            ("kafka.retry_initial_ms", kafka.retry_initial_ms, 1, 600_000),
+            ("kafka.retry_max_ms", kafka.retry_max_ms, 1, 3_600_000),
+            (
+                "kafka.shutdown_deadline_ms",
+                kafka.shutdown_deadline_ms,
+                0,
+                3_600_000,
+            ),
+            (
+                "kafka.statistics_interval_ms",
+                kafka.statistics_interval_ms,
+                100,
+                600_000,
+            ),
+        ] {
+            if !(low..=high).contains(&value) {
+                return Err(invalid(key, format!("{value} is outside {low}..={high}")));
+            }
+        }
+        if kafka.retry_max_ms < kafka.retry_initial_ms {
+            return Err(invalid(
+                "kafka.retry_max_ms",
+                "must be at least kafka.retry_initial_ms",
+            ));
+        }
+        for key in kafka.properties.keys() {
+            if OWNED_KAFKA_PROPERTIES.contains(&key.as_str()) {
+                return Err(invalid(
+                    &format!("kafka.properties.\"{key}\""),
+                    "is set by the daemon itself (use kafka.brokers / kafka.group_id, or leave it out)",
+                ));
+            }
+        }
+        if !["text", "json"].contains(&self.log.format.as_str()) {
+            return Err(invalid(
+                "log.format",
+                format!("{:?} is not text or json", self.log.format),
+            ));
         }
 
         self.http

@@ -8,6 +8,22 @@ use serde_json::json;
 
 use crate::model::DAY_MS;
 
+/// Partitions (shards) of the demo's dispatch topic: user `demo-user-N` lives in shard `N % 3`.
+pub const DEMO_SHARDS: u64 = 3;
+
+/// The shard of a demo record: its first delivery's user, `N % DEMO_SHARDS`; 0 when the record
+/// names no demo user (malformed input).
+pub fn demo_shard(record: &[u8]) -> i32 {
+    let text = String::from_utf8_lossy(record);
+    text.split("\"demo-user-")
+        .nth(1)
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        })
+        .map_or(0, |n| (n % DEMO_SHARDS) as i32)
+}
+
 /// The records of one workload, as the raw bytes a producer would write, in log order.
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -79,8 +95,9 @@ pub fn synthetic_workload(users: u64, rounds: u64, now_ms: u64, seed: u64) -> Wo
                 &format!("hello {round}"),
                 1 + rng.below(3) as u32,
             )];
-            if rng.below(5) == 0 && user + 1 < users {
-                let other = user + 1;
+            if rng.below(5) == 0 && user + DEMO_SHARDS < users {
+                // Fan-out stays inside the shard: a record lives in one partition.
+                let other = user + DEMO_SHARDS;
                 next_seq[other as usize] += 1;
                 deliveries.push(delivery(other, 1, next_seq[other as usize], "fan-out", 1));
             }

@@ -21,6 +21,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod demo;
 pub mod ingest;
 pub mod model;

@@ -20,6 +20,17 @@ local ERR_BAD_PROOF = -14
 local ERR_EPOCH_MISMATCH = -20
 local ERR_CURSOR_TRIMMED = -30
 local ERR_CURSOR_GAP = -31
+local ERR_UNDER_REPAIR = -40
+
+-- The repair fence of `replay --reset-mailboxes`: a write through any other writer than the
+-- fence holder is refused before anything is read or written. Returns nil when the write may go.
+local function check_fence(repair_key, writer)
+  local holder = rcall('GET', repair_key)
+  if holder and holder ~= writer then
+    return {ERR_UNDER_REPAIR, holder}
+  end
+  return nil
+end
 
 local FORMAT_VERSION = '4'
 

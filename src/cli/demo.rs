@@ -1,18 +1,30 @@
-//! `materializer demo`: the embedded default. No service is needed: a synthetic dispatch log is
-//! decoded and applied, record by record and in log order, through the same code as `apply`, into
-//! a memory store; the outcomes are tallied and printed as a table.
+//! `materializer demo`: the embedded default, needing no service at all.
+//!
+//! It starts librdkafka's in-process mock cluster (a Kafka-protocol broker inside this process),
+//! produces a synthetic dispatch log to it (fresh groups, identical and different replays,
+//! cross-day conflicts, already-expired input, a stale epoch, a truncate, malformed records),
+//! runs the real daemon — consumer group, per-mailbox ordering, dead-letter producer, offset
+//! commits, metrics — into a memory store, and prints a table of outcomes. `--serve` keeps it
+//! running with `/metrics` served until Ctrl-C.
+//!
+//! Mock-cluster traps handled here: it keeps at most 5 MiB / 100,000 messages per partition and
+//! drops older data silently (the workload is small and lz4-compressed), and it delays the first
+//! group assignment by 3 s unless told otherwise (set to 0 below).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::demo::synthetic_workload;
-use crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES;
-use crate::ingest::{apply_record, decode_record};
+use crate::daemon::http::Health;
+use crate::daemon::{self, metrics, DaemonOptions, Progress};
+use crate::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId};
 use crate::store::memory::MemoryStore;
 use crate::store::{Clock, MailboxStore, SystemClock};
@@ -28,6 +40,9 @@ pub struct DemoArgs {
     /// Seed of the workload generator.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Keep running after the workload, serving /metrics, until Ctrl-C.
+    #[arg(long)]
+    pub serve: bool,
 }
 
 /// What happens to a delivery with this outcome in the daemon.
@@ -40,46 +55,195 @@ fn route(outcome: &str) -> &'static str {
     }
 }
 
+/// Starts the mock cluster with the two topics; returns the producer owning it and its
+/// bootstrap servers.
+fn start_mock_cluster(config: &Config) -> Result<(FutureProducer, String), String> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("test.mock.num.brokers", "1")
+        .set("compression.type", "lz4")
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| format!("cannot start the mock cluster: {e}"))?;
+    let brokers = {
+        let mock = producer
+            .client()
+            .mock_cluster()
+            .ok_or("librdkafka did not create a mock cluster")?;
+        // SAFETY: the mock cluster handle belongs to `producer`'s client, which is alive for this
+        // call; the function only stores an integer setting in the cluster.
+        unsafe {
+            let handle =
+                rdkafka::bindings::rd_kafka_handle_mock_cluster(producer.client().native_ptr());
+            if !handle.is_null() {
+                rdkafka::bindings::rd_kafka_mock_group_initial_rebalance_delay_ms(handle, 0);
+            }
+        }
+        mock.create_topic(&config.kafka.topic, DEMO_SHARDS as i32, 1)
+            .map_err(|e| format!("mock topic: {e}"))?;
+        mock.create_topic(&config.kafka.dlq_topic, 1, 1)
+            .map_err(|e| format!("mock topic: {e}"))?;
+        mock.bootstrap_servers()
+    };
+    Ok((producer, brokers))
+}
+
 pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
+    // Quiet by default: the table is the output. librdkafka's own logs are off because the mock
+    // cluster's shutdown order makes it report a lost connection at exit.
+    crate::daemon::logging::init(&crate::config::LogConfig {
+        format: config.log.format.clone(),
+        filter: "warn,librdkafka=off,mailbox_materializer::daemon::kafka=off".to_owned(),
+    });
+    if let Err(e) = metrics::install() {
+        eprintln!("error: metrics: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut config = config.clone();
+    let (producer, brokers) = match start_mock_cluster(&config) {
+        Ok(started) => started,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    config.kafka.brokers = brokers.clone();
+    config.kafka.group_id = "materializer-demo".to_owned();
+    config.kafka.commit_interval_ms = 200;
+    config.kafka.properties.clear();
+
     let clock = Arc::new(SystemClock);
     let now_ms = clock.now_secs() * 1000;
-    let store = MemoryStore::new(config.retention.policy(), clock);
-    let workload = synthetic_workload(args.users.max(2), args.rounds.max(1), now_ms, args.seed);
+    let users = args.users.max(DEMO_SHARDS + 1);
+    let workload = synthetic_workload(users, args.rounds.max(1), now_ms, args.seed);
 
     let started = Instant::now();
-    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut deliveries = 0u64;
+    // Enqueue everything, then wait for every acknowledgement (one round trip per batch, not
+    // per record).
+    let mut acks = Vec::with_capacity(workload.records.len());
     for record in &workload.records {
-        match decode_record(record, DEFAULT_MAX_RECORD_BYTES) {
-            Err(_) => *counts.entry("malformed").or_default() += 1,
-            Ok(record) => {
-                for delivery in apply_record(&store, &record).await {
-                    deliveries += 1;
-                    let word = match &delivery.result {
-                        Ok(outcome) => outcome.as_str(),
-                        Err(e) => e.outcome(),
-                    };
-                    *counts.entry(word).or_default() += 1;
-                }
+        let partition = demo_shard(record);
+        let key = format!("shard-{partition}");
+        let queued = producer.send_result(
+            FutureRecord::to(&config.kafka.topic)
+                .partition(partition)
+                .key(&key)
+                .payload(&record[..]),
+        );
+        match queued {
+            Ok(ack) => acks.push(ack),
+            Err((e, _)) => {
+                eprintln!("error: producing the demo workload: {e}");
+                return ExitCode::FAILURE;
             }
         }
     }
-    let elapsed = started.elapsed();
+    let _ = producer.flush(Duration::from_secs(10));
+    for ack in acks {
+        if !matches!(ack.await, Ok(Ok(_))) {
+            eprintln!("error: the mock cluster did not acknowledge the demo workload");
+            return ExitCode::FAILURE;
+        }
+    }
 
+    let health = Arc::new(Health::default());
+    let listen = match crate::daemon::http::serve(&config.http.listen, health.clone()).await {
+        Ok(addr) => addr,
+        // The default port may be taken (a daemon on this host): any free port will do.
+        Err(_) => match crate::daemon::http::serve("127.0.0.1:0", health.clone()).await {
+            Ok(addr) => addr,
+            Err(e) => {
+                eprintln!("error: cannot serve http: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+
+    let store = Arc::new(MemoryStore::new(config.retention.policy(), clock));
+    let progress = Arc::new(Progress::default());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let daemon = {
+        let config = config.clone();
+        let store: Arc<dyn MailboxStore> = store.clone();
+        let options = DaemonOptions {
+            shutdown: shutdown_rx,
+            progress: progress.clone(),
+            health,
+            commit_offsets: true,
+        };
+        tokio::spawn(async move { daemon::run(&config, store, options).await })
+    };
+
+    let total = workload.records.len() as u64;
+    let give_up = Instant::now() + Duration::from_secs(120);
+    while progress.snapshot().final_records < total && Instant::now() < give_up {
+        if daemon.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed();
+    let counts = progress.snapshot();
+
+    if args.serve {
+        print_table(&counts, total, users, elapsed, &brokers, listen, &*store).await;
+        println!();
+        println!("serving http://{listen}/metrics until Ctrl-C");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    let _ = shutdown_tx.send(true);
+    let report = match daemon.await {
+        Ok(Ok(report)) => report,
+        Ok(Err(e)) => {
+            eprintln!("error: daemon: {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("error: daemon task: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !args.serve {
+        print_table(&counts, total, users, elapsed, &brokers, listen, &*store).await;
+    }
     println!(
-        "materializer demo: a synthetic dispatch log applied in log order to the memory store"
+        "committed offsets: {}",
+        report
+            .committed
+            .iter()
+            .map(|(p, o)| format!("partition {p} -> {o}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
+    if counts.final_records < total {
+        eprintln!(
+            "error: only {} of {total} records reached a final outcome",
+            counts.final_records
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+async fn print_table(
+    counts: &daemon::ProgressCounts,
+    total: u64,
+    users: u64,
+    elapsed: Duration,
+    brokers: &str,
+    listen: std::net::SocketAddr,
+    store: &dyn MailboxStore,
+) {
     println!(
-        "records: {}   deliveries: {deliveries}   mailboxes: {}   elapsed: {:.1} ms",
-        workload.records.len(),
-        args.users.max(2),
+        "materializer demo: a synthetic dispatch log through librdkafka's mock cluster ({brokers}),"
+    );
+    println!("consumed by the daemon's consumer group into the memory store");
+    println!(
+        "records: {total}   final: {}   mailboxes: {users}   partitions: {DEMO_SHARDS}   elapsed: {:.1} ms",
+        counts.final_records,
         elapsed.as_secs_f64() * 1000.0
     );
     println!();
-    println!(
-        "{:<16} {:>8}   in the daemon (malformed counts records, the rest deliveries)",
-        "outcome", "count"
-    );
+    println!("{:<16} {:>8}   in the daemon", "delivery outcome", "count");
     let order = [
         "inserted",
         "unchanged",
@@ -90,41 +254,52 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
         "truncated",
         "rejected",
         "conflict",
-        "malformed",
         "corrupt",
     ];
     for word in order {
-        let count = counts.get(word).copied().unwrap_or(0);
+        let count = counts.groups.get(word).copied().unwrap_or(0);
         println!("{word:<16} {count:>8}   {}", route(word));
+    }
+    println!();
+    println!("{:<16} {:>8}", "record outcome", "count");
+    let mut records: BTreeMap<&str, u64> = BTreeMap::new();
+    for word in [
+        metrics::RECORD_APPLIED,
+        metrics::RECORD_DEAD_LETTERED,
+        metrics::RECORD_MALFORMED,
+    ] {
+        records.insert(word, counts.records.get(word).copied().unwrap_or(0));
+    }
+    for (word, count) in records {
+        println!("{word:<16} {count:>8}");
     }
 
     // One mailbox read back through a scan, as a client would.
-    let Ok(user) = UserId::parse("demo-user-1") else {
-        return ExitCode::FAILURE;
-    };
-    let mailbox = MailboxId::new(user, 1);
-    let request = ScanRequest {
-        after_seq: 0,
-        until_seq: None,
-        limit_groups: 5,
-    };
-    println!();
-    match store.range_scan(&mailbox, request).await {
-        Ok(page) => println!(
-            "scan demo-user-1 epoch 1 after 0: {} groups (seqs {:?}), up_to {}, has_more {}",
-            page.groups.len(),
-            page.groups
-                .iter()
-                .map(|g| g.mailbox_seq)
-                .collect::<Vec<_>>(),
-            page.up_to,
-            page.has_more
-        ),
-        Err(StoreError::CursorExpired { cursor }) => println!(
-            "scan demo-user-1 epoch 1 after 0: cursor expired ({}); a client resumes past it",
-            cursor.reason()
-        ),
-        Err(e) => println!("scan demo-user-1 epoch 1 after 0: {e}"),
+    if let Ok(user) = UserId::parse("demo-user-1") {
+        let mailbox = MailboxId::new(user, 1);
+        let request = ScanRequest {
+            after_seq: 0,
+            until_seq: None,
+            limit_groups: 5,
+        };
+        println!();
+        match store.range_scan(&mailbox, request).await {
+            Ok(page) => println!(
+                "scan demo-user-1 epoch 1 after 0: {} groups (seqs {:?}), up_to {}, has_more {}",
+                page.groups.len(),
+                page.groups
+                    .iter()
+                    .map(|g| g.mailbox_seq)
+                    .collect::<Vec<_>>(),
+                page.up_to,
+                page.has_more
+            ),
+            Err(StoreError::CursorExpired { cursor }) => println!(
+                "scan demo-user-1 epoch 1 after 0: cursor expired ({}); a client resumes past it",
+                cursor.reason()
+            ),
+            Err(e) => println!("scan demo-user-1 epoch 1 after 0: {e}"),
+        }
     }
-    ExitCode::SUCCESS
+    println!("metrics: http://{listen}/metrics   (health: /healthz, readiness: /readyz)");
 }

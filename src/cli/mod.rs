@@ -6,6 +6,7 @@
 
 mod demo;
 mod output;
+mod run;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -105,9 +106,15 @@ pub enum Command {
     /// Walk every mailbox of a Redis store (every master in Cluster mode) and promote each,
     /// rate-limited, compacting cold mailboxes' expired proofs. Prints a JSON summary.
     Patrol(PatrolArgs),
-    /// Run a synthetic dispatch log (replays, conflicts, expired and malformed input) through the
-    /// ingest path into a memory store and print a table of outcomes.
+    /// Run a synthetic dispatch log (replays, conflicts, expired and malformed input) through an
+    /// in-process Kafka mock cluster and the daemon into a memory store; print a table of outcomes.
     Demo(demo::DemoArgs),
+    /// The daemon: consume the dispatch topic in the consumer group and materialize it into the
+    /// store, serving /metrics, /healthz and /readyz. SIGTERM/SIGINT drain and exit 0.
+    Run,
+    /// Re-read one partition from an offset or a time with its own assignment (no group commits)
+    /// and apply it again; prints a JSON summary. Exit 3 if a mailbox stays corrupt.
+    Replay(run::ReplayArgs),
 }
 
 #[derive(Debug, Args)]
@@ -194,10 +201,16 @@ pub fn main() -> ExitCode {
 async fn run(command: Command, config: Config) -> ExitCode {
     match &command {
         Command::CheckConfig => {
+            if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
+                eprintln!("error: invalid configuration: {e}");
+                return ExitCode::FAILURE;
+            }
             println!("{}", config.redacted());
             return ExitCode::SUCCESS;
         }
         Command::Demo(args) => return demo::run(&config, args).await,
+        Command::Run => return run::daemon(&config).await,
+        Command::Replay(args) => return run::replay(&config, args).await,
         _ => {}
     }
     let opened = match open_store(&config).await {
@@ -212,7 +225,11 @@ async fn run(command: Command, config: Config) -> ExitCode {
     }
     let store = opened.store.as_ref();
     let code = match &command {
-        Command::CheckConfig | Command::Demo(_) | Command::Patrol(_) => ExitCode::SUCCESS,
+        Command::CheckConfig
+        | Command::Demo(_)
+        | Command::Patrol(_)
+        | Command::Run
+        | Command::Replay(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply(store, args).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
@@ -338,7 +355,7 @@ fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
     settings
 }
 
-fn print_json(value: &impl serde::Serialize) {
+pub(crate) fn print_json(value: &impl serde::Serialize) {
     match serde_json::to_string(value) {
         Ok(text) => println!("{text}"),
         Err(e) => eprintln!("error: cannot render output: {e}"),

@@ -37,6 +37,73 @@ pub struct DeliveryResult {
     pub result: Result<DeliveryOutcome, StoreError>,
 }
 
+/// One store operation a record asks for: the unit the daemon orders per mailbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    Append(crate::model::EventGroup),
+    Truncate {
+        mailbox: crate::model::MailboxId,
+        before_seq: u64,
+    },
+}
+
+impl Delivery {
+    pub fn mailbox(&self) -> &crate::model::MailboxId {
+        match self {
+            Self::Append(group) => &group.mailbox,
+            Self::Truncate { mailbox, .. } => mailbox,
+        }
+    }
+
+    pub fn mailbox_seq(&self) -> Option<u64> {
+        match self {
+            Self::Append(group) => Some(group.mailbox_seq),
+            Self::Truncate { .. } => None,
+        }
+    }
+}
+
+impl DispatchRecord {
+    /// The record's deliveries, in record order.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        match self {
+            Self::GroupDispatch(dispatch) => dispatch
+                .deliveries
+                .iter()
+                .cloned()
+                .map(Delivery::Append)
+                .collect(),
+            Self::TruncateBefore(truncate) => vec![Delivery::Truncate {
+                mailbox: truncate.mailbox.clone(),
+                before_seq: truncate.before_seq,
+            }],
+        }
+    }
+}
+
+/// Applies one delivery once. A `truncate_before` for an epoch older than the user's current one
+/// is `TruncateStale`, like a stale append.
+pub async fn apply_delivery(
+    store: &dyn MailboxStore,
+    delivery: &Delivery,
+) -> Result<DeliveryOutcome, StoreError> {
+    match delivery {
+        Delivery::Append(group) => store.append(group).await.map(DeliveryOutcome::Append),
+        Delivery::Truncate {
+            mailbox,
+            before_seq,
+        } => match store.truncate_before(mailbox, *before_seq).await {
+            Ok(outcome) => Ok(DeliveryOutcome::Truncated {
+                user_trim_seq: outcome.user_trim_seq,
+            }),
+            Err(StoreError::EpochMismatch {
+                current: Some(current),
+            }) if mailbox.epoch < current => Ok(DeliveryOutcome::TruncateStale),
+            Err(e) => Err(e),
+        },
+    }
+}
+
 /// Applies every delivery of `record` in order.
 ///
 /// Stops at the first transient error (`StoreError::Unavailable`): the deliveries after it were not
@@ -46,41 +113,19 @@ pub async fn apply_record(
     store: &dyn MailboxStore,
     record: &DispatchRecord,
 ) -> Vec<DeliveryResult> {
-    match record {
-        DispatchRecord::GroupDispatch(dispatch) => {
-            let mut results = Vec::with_capacity(dispatch.deliveries.len());
-            for group in &dispatch.deliveries {
-                let result = store.append(group).await.map(DeliveryOutcome::Append);
-                let transient = matches!(result, Err(StoreError::Unavailable { .. }));
-                results.push(DeliveryResult {
-                    mailbox: group.mailbox.clone(),
-                    mailbox_seq: Some(group.mailbox_seq),
-                    result,
-                });
-                if transient {
-                    break;
-                }
-            }
-            results
-        }
-        DispatchRecord::TruncateBefore(truncate) => {
-            let result = match store
-                .truncate_before(&truncate.mailbox, truncate.before_seq)
-                .await
-            {
-                Ok(outcome) => Ok(DeliveryOutcome::Truncated {
-                    user_trim_seq: outcome.user_trim_seq,
-                }),
-                Err(StoreError::EpochMismatch {
-                    current: Some(current),
-                }) if truncate.mailbox.epoch < current => Ok(DeliveryOutcome::TruncateStale),
-                Err(e) => Err(e),
-            };
-            vec![DeliveryResult {
-                mailbox: truncate.mailbox.clone(),
-                mailbox_seq: None,
-                result,
-            }]
+    let deliveries = record.deliveries();
+    let mut results = Vec::with_capacity(deliveries.len());
+    for delivery in &deliveries {
+        let result = apply_delivery(store, delivery).await;
+        let transient = matches!(result, Err(StoreError::Unavailable { .. }));
+        results.push(DeliveryResult {
+            mailbox: delivery.mailbox().clone(),
+            mailbox_seq: delivery.mailbox_seq(),
+            result,
+        });
+        if transient {
+            break;
         }
     }
+    results
 }

@@ -6,5 +6,5 @@
 pub mod apply;
 pub mod decode;
 
-pub use apply::{apply_record, DeliveryOutcome, DeliveryResult};
+pub use apply::{apply_delivery, apply_record, Delivery, DeliveryOutcome, DeliveryResult};
 pub use decode::{decode_record, DecodeError, DispatchRecord, MalformedKind};

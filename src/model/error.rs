@@ -121,6 +121,16 @@ pub enum StoreError {
         backend: &'static str,
         detail: String,
     },
+    /// The user's mailboxes are being rebuilt by `replay --reset-mailboxes` (held by `holder`):
+    /// a writer waits and retries; nothing was written.
+    #[error("user under repair by {holder}: writes wait until the rebuild ends")]
+    UnderRepair { holder: String },
+    /// The backend does not offer this operation.
+    #[error("{backend} does not support {operation}")]
+    Unsupported {
+        backend: &'static str,
+        operation: &'static str,
+    },
 }
 
 fn fmt_epoch(current: Option<u32>) -> String {
@@ -193,6 +203,8 @@ impl StoreError {
             Self::EpochMismatch { .. } => "rejected",
             Self::CursorExpired { .. } => "cursor_expired",
             Self::Unavailable { .. } => "unavailable",
+            Self::UnderRepair { .. } => "under_repair",
+            Self::Unsupported { .. } => "rejected",
         }
     }
 
@@ -205,6 +217,8 @@ impl StoreError {
             Self::EpochMismatch { .. } => "epoch_mismatch",
             Self::CursorExpired { .. } => "cursor_expired",
             Self::Unavailable { .. } => "unavailable",
+            Self::UnderRepair { .. } => "under_repair",
+            Self::Unsupported { .. } => "unsupported",
         }
     }
 
@@ -219,6 +233,10 @@ impl StoreError {
             }
             Self::CursorExpired { cursor } => cursor_detail(*cursor),
             Self::Unavailable { detail, .. } => detail.clone(),
+            Self::UnderRepair { holder } => format!("under repair by {holder}"),
+            Self::Unsupported { backend, operation } => {
+                format!("{backend} does not support {operation}")
+            }
         }
     }
 
@@ -228,9 +246,10 @@ impl StoreError {
             Self::Rejected { .. }
             | Self::Conflict { .. }
             | Self::EpochMismatch { .. }
-            | Self::CursorExpired { .. } => RetryClass::Permanent,
+            | Self::CursorExpired { .. }
+            | Self::Unsupported { .. } => RetryClass::Permanent,
             Self::Corrupt { .. } => RetryClass::Corrupt,
-            Self::Unavailable { .. } => RetryClass::Transient,
+            Self::Unavailable { .. } | Self::UnderRepair { .. } => RetryClass::Transient,
         }
     }
 }

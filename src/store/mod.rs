@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 use crate::model::{
     AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, ScanPage, ScanRequest,
-    StoreError, TruncateOutcome,
+    StoreError, TruncateOutcome, UserId,
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -75,4 +75,42 @@ pub trait MailboxStore: Send + Sync {
 
     /// Dumps the mailbox metadata as stored, without promoting first.
     async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError>;
+
+    /// Fences `user` for a rebuild by this store handle: until [`MailboxStore::end_repair`] or
+    /// `lease_secs` pass, appends and truncates of the user through *other* handles (a running
+    /// daemon) fail with `UnderRepair` and write nothing, atomically with the check; this
+    /// handle's own writes go through. Calling it again renews the lease. Fails with
+    /// `UnderRepair` when another handle holds the fence.
+    async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
+        let _ = (user, lease_secs);
+        Err(StoreError::Unsupported {
+            backend: self.backend(),
+            operation: "repair fences (replay --reset-mailboxes)",
+        })
+    }
+
+    /// Deletes every mailbox of `user` (every epoch) and its epoch record, so a replay rebuilds
+    /// it from the log. Requires the fence of [`MailboxStore::begin_repair`] held by this handle.
+    /// Returns how many keys or rows were removed.
+    async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
+        let _ = user;
+        Err(StoreError::Unsupported {
+            backend: self.backend(),
+            operation: "resetting mailboxes",
+        })
+    }
+
+    /// Lifts this handle's fence on `user`; writers waiting on it resume.
+    async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
+        let _ = user;
+        Err(StoreError::Unsupported {
+            backend: self.backend(),
+            operation: "repair fences (replay --reset-mailboxes)",
+        })
+    }
+
+    /// A cheap round trip proving the backend answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

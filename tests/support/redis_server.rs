@@ -61,6 +61,9 @@ pub struct RedisServer {
     child: Child,
     listen: Listen,
     clock_file: Option<PathBuf>,
+    /// The program and arguments it was started with, for [`RedisServer::restart`].
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
 }
 
 fn scratch_root() -> PathBuf {
@@ -182,11 +185,15 @@ impl RedisServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start redis-server");
+        let program = PathBuf::from(command.get_program());
+        let args = command.get_args().map(|a| a.to_owned()).collect();
         let mut server = Self {
             dir,
             child,
             listen,
             clock_file,
+            program,
+            args,
         };
         server.wait_ready();
         server
@@ -242,6 +249,30 @@ impl RedisServer {
                 String::from_utf8_lossy(&reply[..n]).into_owned()
             }
         }
+    }
+
+    /// Kills the server (SIGKILL) and waits for it: clients see connection errors.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again with the same arguments and folder (so an append-only file, if
+    /// enabled with `--appendonly yes`, brings the data back). Real-clock servers only.
+    pub fn restart(&mut self) {
+        assert!(
+            self.clock_file.is_none(),
+            "restart is for real-clock servers"
+        );
+        self.stop();
+        self.child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("restart redis-server");
+        self.wait_ready();
     }
 
     fn try_ping(&self) -> bool {

@@ -17,6 +17,9 @@ pub struct MailboxKeys {
     pub days: String,
     /// `P:mbday:{user}:<epoch>:` (a day number is appended)
     pub day_prefix: String,
+    /// `P:repair:{user}`: the fence of `replay --reset-mailboxes` (the rebuilding writer's id,
+    /// with a lease TTL); absent in normal operation.
+    pub repair: String,
 }
 
 /// `{user_id}`: the hash tag shared by every key of a user.
@@ -34,24 +37,31 @@ impl MailboxKeys {
             seqbucket: format!("{prefix}:mbseqbucket:{tag}:{epoch}"),
             days: format!("{prefix}:mbdays:{tag}:{epoch}"),
             day_prefix: format!("{prefix}:mbday:{tag}:{epoch}:"),
+            repair: repair_key(prefix, &mailbox.user_id),
         }
     }
 
-    /// Passes the five keys to a script, as `KEYS[1..5]` in this order. Every script takes the
-    /// same five (some use fewer), so the order is written down once.
+    /// Passes the six keys to a script, as `KEYS[1..6]` in this order. Every script takes the
+    /// same six (some use fewer), so the order is written down once.
     pub fn bind(&self, invocation: &mut redis::ScriptInvocation<'_>) {
         invocation
             .key(&self.epoch)
             .key(&self.meta)
             .key(&self.seqbucket)
             .key(&self.days)
-            .key(&self.day_prefix);
+            .key(&self.day_prefix)
+            .key(&self.repair);
     }
 
     /// `P:mbday:{user}:<epoch>:<day>`
     pub fn day(&self, day: u64) -> String {
         format!("{}{day}", self.day_prefix)
     }
+}
+
+/// `P:repair:{user}`: the repair fence of a user.
+pub fn repair_key(prefix: &str, user: &UserId) -> String {
+    format!("{prefix}:repair:{}", tag(user))
 }
 
 /// The pattern matching every meta key (for the patrol's SCAN).

@@ -118,7 +118,38 @@ pub struct RedisStore {
     policy: RetentionPolicy,
     scripts: Scripts,
     after_scan_read: Mutex<Option<PhaseHook>>,
+    /// This handle's writer id, compared with a user's repair fence by every write script: a
+    /// process rebuilding a user writes through the fence it holds, everyone else waits.
+    writer: String,
 }
+
+/// A writer id unique enough across processes and hosts: pid, start time and a counter.
+fn new_writer_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "writer-{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Takes or renews a repair fence. KEYS[1] the fence; ARGV[1] writer id, ARGV[2] lease seconds.
+/// Returns false when taken or renewed, or the other holder's id.
+const BEGIN_REPAIR_LUA: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return holder end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return false";
+
+/// Lifts a repair fence if this writer holds it. KEYS[1] the fence; ARGV[1] writer id.
+/// Returns 1 when lifted, 0 when it was not held by this writer.
+const END_REPAIR_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -213,6 +244,7 @@ impl RedisStore {
             policy,
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
+            writer: new_writer_id(),
         };
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())
@@ -310,6 +342,7 @@ impl RedisStore {
             Some(ScriptCode::CursorGap) => StoreError::CursorExpired {
                 cursor: CursorExpired::ExpiredGap { boundary: n(1) },
             },
+            Some(ScriptCode::UnderRepair) => StoreError::UnderRepair { holder: arg(1) },
             None => protocol(format!("code {code}")),
         }
     }
@@ -593,7 +626,8 @@ impl MailboxStore for RedisStore {
             .arg(self.policy.expires_at(day))
             .arg(self.policy.future_window_days)
             .arg(self.policy.max_active_span_days)
-            .arg(self.policy.retention_days);
+            .arg(self.policy.retention_days)
+            .arg(&self.writer);
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,
@@ -634,7 +668,10 @@ impl MailboxStore for RedisStore {
         let keys = self.keys(mailbox);
         let mut invocation = self.scripts.truncate.prepare_invoke();
         keys.bind(&mut invocation);
-        invocation.arg(mailbox.epoch).arg(before_seq);
+        invocation
+            .arg(mailbox.epoch)
+            .arg(before_seq)
+            .arg(&self.writer);
         let reply = self.invoke(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(TruncateOutcome {
@@ -791,6 +828,82 @@ impl MailboxStore for RedisStore {
             identity_count,
             identity_index_present,
         })
+    }
+
+    async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
+        let key = keys::repair_key(&self.settings.key_prefix, user);
+        let reply: Value = redis::Script::new(BEGIN_REPAIR_LUA)
+            .key(&key)
+            .arg(&self.writer)
+            .arg(lease_secs.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match reply {
+            Value::Nil | Value::Boolean(false) | Value::Int(0) => Ok(()),
+            other => Err(StoreError::UnderRepair {
+                holder: text(&other),
+            }),
+        }
+    }
+
+    async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
+        let fence = keys::repair_key(&self.settings.key_prefix, user);
+        let held: Option<String> = redis::cmd("GET")
+            .arg(&fence)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if held.as_deref() != Some(self.writer.as_str()) {
+            return Err(StoreError::UnderRepair {
+                holder: held.unwrap_or_else(|| "nobody: take the fence first".to_owned()),
+            });
+        }
+        // Under the fence no other writer touches the user, so SCAN then DEL is safe.
+        let pattern = keys::user_pattern(&self.settings.key_prefix, user);
+        let mut found = Vec::new();
+        for mut node in self.scan_targets().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
+                found.extend(batch);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        found.sort();
+        found.dedup();
+        let mut removed = 0u64;
+        for key in found.iter().filter(|k| **k != fence) {
+            let n: u64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            removed += n;
+        }
+        Ok(removed)
+    }
+
+    async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
+        let key = keys::repair_key(&self.settings.key_prefix, user);
+        let _: i64 = redis::Script::new(END_REPAIR_LUA)
+            .key(&key)
+            .arg(&self.writer)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 }
 

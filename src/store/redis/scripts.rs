@@ -53,6 +53,7 @@ pub enum ScriptCode {
     EpochMismatch,
     CursorTrimmed,
     CursorGap,
+    UnderRepair,
 }
 
 impl ScriptCode {
@@ -69,6 +70,7 @@ impl ScriptCode {
             -20 => Self::EpochMismatch,
             -30 => Self::CursorTrimmed,
             -31 => Self::CursorGap,
+            -40 => Self::UnderRepair,
             _ => return None,
         })
     }

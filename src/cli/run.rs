@@ -1,0 +1,217 @@
+//! `materializer run` (the daemon) and `materializer replay`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::sync::watch;
+
+use super::{open_store, print_json, OpenedStore, EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use crate::config::{Backend, Config};
+use crate::daemon::http::{self, Health};
+use crate::daemon::replay::{parse_time_ms, ReplayError, ReplayRequest, ReplayStart};
+use crate::daemon::{self, logging, metrics, DaemonOptions, Progress};
+use crate::model::UserId;
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The partition (shard) to re-read.
+    #[arg(long, value_name = "P")]
+    pub partition: i32,
+    /// First offset to re-read.
+    #[arg(
+        long,
+        value_name = "X",
+        conflicts_with = "from_time",
+        required_unless_present = "from_time"
+    )]
+    pub from_offset: Option<i64>,
+    /// First record at or after this time: milliseconds since the epoch or YYYY-MM-DDTHH:MM:SSZ.
+    #[arg(long, value_name = "T", value_parser = parse_time_ms)]
+    pub from_time: Option<i64>,
+    /// Last offset re-read (inclusive); default: the partition's end when the replay starts.
+    #[arg(long, value_name = "Y")]
+    pub to_offset: Option<i64>,
+    /// Only this user's deliveries are applied (repeatable); default: every delivery.
+    #[arg(long = "user", value_name = "U")]
+    pub users: Vec<String>,
+    /// Delete the named users' mailboxes first (under a repair fence a running daemon respects),
+    /// so they are rebuilt from the log.
+    #[arg(long, requires = "users")]
+    pub reset_mailboxes: bool,
+    /// Read and decode only; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Connects to the store, retrying with backoff until it answers or a signal arrives: a daemon
+/// started before its store comes up waits (not ready) instead of crash-looping.
+async fn connect_store(config: &Config) -> Option<OpenedStore> {
+    let retry = daemon::RetryPolicy::from_config(config);
+    let mut attempt = 0;
+    let signal = termination();
+    tokio::pin!(signal);
+    loop {
+        match open_store(config).await {
+            Ok(opened) => return Some(opened),
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "store unreachable; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(retry.delay(attempt)) => {}
+                    _ = &mut signal => return None,
+                }
+                attempt += 1;
+            }
+        }
+    }
+}
+
+pub async fn daemon(config: &Config) -> ExitCode {
+    logging::init(&config.log);
+    if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
+        tracing::error!(error = %e, "invalid configuration");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = metrics::install() {
+        tracing::error!(error = %e, "metrics recorder");
+        return ExitCode::FAILURE;
+    }
+    metrics::ready(false);
+    let health = Arc::new(Health::default());
+    match http::serve(&config.http.listen, health.clone()).await {
+        Ok(addr) => tracing::info!(%addr, "serving /metrics, /healthz, /readyz"),
+        Err(e) => {
+            tracing::error!(listen = %config.http.listen, error = %e, "cannot bind http.listen");
+            return ExitCode::FAILURE;
+        }
+    }
+    let Some(opened) = connect_store(config).await else {
+        return ExitCode::SUCCESS;
+    };
+    let commit_offsets = config.store.backend != Backend::Memory;
+    if !commit_offsets {
+        tracing::warn!(
+            "memory store: its content dies with the process, so no offset is committed and a restart re-reads the log"
+        );
+    }
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        termination().await;
+        tracing::info!("signal received: stopping");
+        let _ = shutdown_tx.send(true);
+    });
+    let options = DaemonOptions {
+        shutdown: shutdown_rx,
+        progress: Arc::new(Progress::default()),
+        health,
+        commit_offsets,
+    };
+    let result = daemon::run(config, opened.store.clone(), options).await;
+    if let Err(e) = opened.persist() {
+        tracing::error!(error = %e, "memory snapshot not saved");
+    }
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "daemon failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
+    logging::init(&crate::config::LogConfig {
+        format: config.log.format.clone(),
+        filter: "warn".to_owned(),
+    });
+    let _ = metrics::install();
+    let mut users = Vec::new();
+    for raw in &args.users {
+        match UserId::parse(raw) {
+            Ok(user) => users.push(user),
+            Err(e) => {
+                eprintln!("error: --user {raw:?}: {e}");
+                return ExitCode::from(EXIT_UNAVAILABLE);
+            }
+        }
+    }
+    let start = match (args.from_offset, args.from_time) {
+        (Some(offset), _) => ReplayStart::Offset(offset),
+        (None, Some(ms)) => ReplayStart::TimeMs(ms),
+        (None, None) => {
+            eprintln!("error: --from-offset or --from-time is required");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let opened = match tokio::time::timeout(Duration::from_secs(30), open_store(config)).await {
+        Ok(Ok(opened)) => opened,
+        Ok(Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+        Err(_) => {
+            eprintln!("error: the store did not answer within 30 s");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let request = ReplayRequest {
+        partition: args.partition,
+        start,
+        to_offset: args.to_offset,
+        users,
+        reset_mailboxes: args.reset_mailboxes,
+        dry_run: args.dry_run,
+        progress: true,
+    };
+    let result = daemon::replay::replay(config, opened.store.clone(), &request).await;
+    if let Err(e) = opened.persist() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    match result {
+        Ok(summary) => {
+            print_json(&summary);
+            if summary.corrupt_users.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "error: still corrupt after the replay: {}",
+                    summary.corrupt_users.join(", ")
+                );
+                ExitCode::from(EXIT_CORRUPT)
+            }
+        }
+        Err(e @ ReplayError::ResetWithoutUsers) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: replay: {e}");
+            ExitCode::from(EXIT_UNAVAILABLE)
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The daemon's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the process runs),
+//! `/readyz` (the store and the broker answer).
+//!
+//! A deliberately tiny HTTP/1.1 responder on tokio: three GET routes, one response per connection,
+//! no request body. A full HTTP stack would add minutes of build and attack surface for nothing.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What `/readyz` reports, updated by the daemon's health checks.
+#[derive(Debug, Default)]
+pub struct Health {
+    store_ok: AtomicBool,
+    broker_ok: AtomicBool,
+}
+
+impl Health {
+    pub fn set_store(&self, ok: bool) {
+        self.store_ok.store(ok, Ordering::Relaxed);
+        super::metrics::ready(self.ready());
+    }
+
+    pub fn set_broker(&self, ok: bool) {
+        self.broker_ok.store(ok, Ordering::Relaxed);
+        super::metrics::ready(self.ready());
+    }
+
+    pub fn store_ok(&self) -> bool {
+        self.store_ok.load(Ordering::Relaxed)
+    }
+
+    pub fn broker_ok(&self) -> bool {
+        self.broker_ok.load(Ordering::Relaxed)
+    }
+
+    pub fn ready(&self) -> bool {
+        self.store_ok() && self.broker_ok()
+    }
+}
+
+/// Binds `listen` and serves until the process exits. Returns the bound address (port 0 picks
+/// one) or the bind error.
+pub async fn serve(listen: &str, health: Arc<Health>) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let health = health.clone();
+                    tokio::spawn(async move {
+                        // A slow or stuck client gets a bounded amount of our time.
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(10), respond(stream, health))
+                                .await;
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "http accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    Ok(addr)
+}
+
+async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<()> {
+    // Only the request line matters; headers are read up to a bounded size and ignored.
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0;
+    loop {
+        let n = stream.read(&mut buf[len..]).await?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") || len == buf.len() {
+            break;
+        }
+    }
+    let request = String::from_utf8_lossy(&buf[..len]);
+    let mut parts = request.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let path = path.split('?').next().unwrap_or("");
+    let (status, content_type, body) = match (method, path) {
+        ("GET", "/metrics") => match super::metrics::handle() {
+            Some(handle) => (
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                handle.render(),
+            ),
+            None => (
+                "503 Service Unavailable",
+                "text/plain",
+                "metrics recorder not installed\n".to_owned(),
+            ),
+        },
+        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
+        ("GET", "/readyz") => {
+            let body = format!(
+                "store: {}\nbroker: {}\n",
+                if health.store_ok() {
+                    "ok"
+                } else {
+                    "unreachable"
+                },
+                if health.broker_ok() {
+                    "ok"
+                } else {
+                    "unreachable"
+                }
+            );
+            if health.ready() {
+                ("200 OK", "text/plain", body)
+            } else {
+                ("503 Service Unavailable", "text/plain", body)
+            }
+        }
+        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_owned()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_owned(),
+        ),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}

@@ -1,0 +1,583 @@
+//! The daemon end to end against a real Kafka broker (a KRaft node from Maven Central, started by
+//! scripts/test) and a real redis-server: `materializer run` processes, real topics, real
+//! consumer groups. The expected state is always the memory reference fed the same records in
+//! the same per-partition order.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailbox_materializer::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
+use mailbox_materializer::ingest::{apply_record, decode_record};
+use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
+use mailbox_materializer::store::memory::MemoryStore;
+use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+use mailbox_materializer::store::{MailboxStore, SystemClock};
+use support::kafka::{
+    committed, create_topic, produce, promtool_check, read_all, wait_for, Daemon, DaemonSetup,
+};
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+
+const PARTITIONS: i32 = DEMO_SHARDS as i32;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A generated stream: fresh groups, identical and different replays, cross-day conflicts,
+/// expired input, stale epochs, a truncate and malformed records, each with its partition.
+fn stream(users: u64, rounds: u64, seed: u64) -> Vec<(i32, Vec<u8>)> {
+    synthetic_workload(users, rounds, now_ms(), seed)
+        .records
+        .into_iter()
+        .map(|r| (demo_shard(&r), r))
+        .collect()
+}
+
+/// What the memory reference computes from the records, partition by partition in order.
+struct Reference {
+    store: MemoryStore,
+    /// `(partition, offset)` -> dead-letter reason.
+    dead_letters: BTreeMap<(i32, i64), String>,
+    groups: BTreeMap<&'static str, u64>,
+    records: BTreeMap<&'static str, u64>,
+    users: Vec<String>,
+}
+
+async fn reference(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Reference {
+    let store = MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock));
+    let mut dead_letters = BTreeMap::new();
+    let mut groups = BTreeMap::new();
+    let mut outcomes = BTreeMap::new();
+    let mut users = BTreeSet::new();
+    for ((partition, raw), offset) in records.iter().zip(offsets) {
+        match decode_record(raw, 1 << 20) {
+            Err(_) => {
+                dead_letters.insert((*partition, *offset), "malformed".to_owned());
+                *outcomes.entry("malformed").or_default() += 1;
+            }
+            Ok(record) => {
+                let mut failed = None;
+                for delivery in apply_record(&store, &record).await {
+                    users.insert(delivery.mailbox.user_id.as_str().to_owned());
+                    let word = match &delivery.result {
+                        Ok(o) => o.as_str(),
+                        Err(e) => {
+                            failed.get_or_insert(e.outcome());
+                            e.outcome()
+                        }
+                    };
+                    *groups.entry(word).or_default() += 1;
+                }
+                match failed {
+                    Some(reason) => {
+                        dead_letters.insert((*partition, *offset), reason.to_owned());
+                        *outcomes.entry("dead_lettered").or_default() += 1;
+                    }
+                    None => *outcomes.entry("applied").or_default() += 1,
+                }
+            }
+        }
+    }
+    Reference {
+        store,
+        dead_letters,
+        groups,
+        records: outcomes,
+        users: users.into_iter().collect(),
+    }
+}
+
+/// Every mailbox of the reference's users, read back the way a client would, must be identical.
+async fn assert_same_state(reference: &Reference, actual: &dyn MailboxStore) {
+    for user in &reference.users {
+        for epoch in [0u32, 1] {
+            let mailbox = MailboxId::new(UserId::parse(user).expect("user id"), epoch);
+            let request = ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10_000,
+            };
+            let want = reference.store.range_scan(&mailbox, request).await;
+            let got = actual.range_scan(&mailbox, request).await;
+            assert_eq!(
+                got, want,
+                "mailbox {user} epoch {epoch} differs from the reference"
+            );
+            let want = reference.store.inspect(&mailbox).await.expect("inspect");
+            let got = actual.inspect(&mailbox).await.expect("inspect");
+            assert_eq!(
+                (
+                    got.current_epoch,
+                    got.user_trim_seq,
+                    got.expired_gap_boundary,
+                    got.seqbucket_max_seq
+                ),
+                (
+                    want.current_epoch,
+                    want.user_trim_seq,
+                    want.expired_gap_boundary,
+                    want.seqbucket_max_seq
+                ),
+                "meta of {user} epoch {epoch} differs from the reference"
+            );
+        }
+    }
+}
+
+fn end_offsets(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Vec<i64> {
+    let mut ends = vec![0i64; PARTITIONS as usize];
+    for ((partition, _), offset) in records.iter().zip(offsets) {
+        let end = &mut ends[*partition as usize];
+        *end = (*end).max(offset + 1);
+    }
+    ends
+}
+
+fn wait_committed(setup: &DaemonSetup, ends: &[i64], daemons: &[&Daemon], timeout: Duration) {
+    wait_for(
+        "every record committed",
+        timeout,
+        || committed(&setup.group, &setup.topic, PARTITIONS) == ends,
+        || {
+            format!(
+                "committed {:?}, expected {ends:?}\n{}",
+                committed(&setup.group, &setup.topic, PARTITIONS),
+                daemons
+                    .iter()
+                    .map(|d| d.log())
+                    .collect::<Vec<_>>()
+                    .join("\n----\n")
+            )
+        },
+    );
+}
+
+fn redis_store_settings(url: &str) -> RedisSettings {
+    RedisSettings::new(url, "mm")
+}
+
+async fn redis_store(url: &str) -> RedisStore {
+    RedisStore::connect(redis_store_settings(url), RetentionPolicy::default())
+        .await
+        .expect("connect to the test redis")
+}
+
+/// (a) on both stores: the final state, the dead-letter topic and the counters all match the
+/// reference.
+async fn generated_stream_matches_reference(redis: Option<&RedisServer>, name: &str) {
+    let setup = DaemonSetup::new(name, redis.map(RedisServer::url));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(30, 6, 7);
+    let offsets = produce(&setup.topic, &records).await;
+    let reference = reference(&records, &offsets).await;
+    assert!(reference.groups.get("conflict").copied().unwrap_or(0) > 0);
+    assert!(reference.records.get("malformed").copied().unwrap_or(0) > 0);
+
+    let mut daemon = Daemon::start(&setup);
+    let total = records.len() as f64;
+    wait_for(
+        "every record final",
+        Duration::from_secs(90),
+        || daemon.metrics().sum("materializer_records_total") >= total,
+        || daemon.log(),
+    );
+    let metrics = daemon.metrics();
+    promtool_check(&metrics.text);
+    for (word, count) in &reference.groups {
+        assert_eq!(
+            metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}")),
+            *count as f64,
+            "groups_total{{outcome={word}}}"
+        );
+    }
+    for (word, count) in &reference.records {
+        assert_eq!(
+            metrics.get(&format!("materializer_records_total{{outcome=\"{word}\"}}")),
+            *count as f64,
+            "records_total{{outcome={word}}}"
+        );
+    }
+    for reason in ["malformed", "conflict"] {
+        let want = reference
+            .dead_letters
+            .values()
+            .filter(|r| r.as_str() == reason)
+            .count() as f64;
+        assert_eq!(
+            metrics.get(&format!("materializer_dlq_total{{reason=\"{reason}\"}}")),
+            want,
+            "dlq_total{{reason={reason}}}"
+        );
+    }
+    for partition in 0..PARTITIONS {
+        let key = format!("materializer_consumer_lag{{partition=\"{partition}\"}}");
+        wait_for(
+            "consumer_lag of every partition at 0",
+            Duration::from_secs(30),
+            || {
+                let m = daemon.metrics();
+                m.samples.contains_key(&key) && m.get(&key) == 0.0
+            },
+            || daemon.metrics().text,
+        );
+    }
+
+    // The dead-letter topic holds exactly the bad records, each with its headers.
+    let dead = read_all(&setup.dlq_topic);
+    let mut got = BTreeMap::new();
+    for letter in &dead {
+        let h = &letter.headers;
+        let partition: i32 = h["source_partition"].parse().expect("partition header");
+        let offset: i64 = h["source_offset"].parse().expect("offset header");
+        assert_eq!(h["source_topic"], setup.topic);
+        assert!(!h["error_kind"].is_empty() && !h["error_detail"].is_empty());
+        let index = offsets
+            .iter()
+            .zip(&records)
+            .position(|(o, (p, _))| *o == offset && *p == partition)
+            .expect("dead letter points at a produced record");
+        assert_eq!(letter.payload, records[index].1, "the original record");
+        assert!(
+            got.insert((partition, offset), h["error_outcome"].clone())
+                .is_none(),
+            "one dead letter per bad record"
+        );
+    }
+    assert_eq!(got, reference.dead_letters);
+
+    let status = daemon.terminate(Duration::from_secs(30));
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
+    match redis {
+        Some(server) => assert_same_state(&reference, &redis_store(&server.url()).await).await,
+        None => {
+            let store = MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock));
+            store
+                .load_snapshot(&setup.snapshot())
+                .expect("the daemon saved its memory store on exit");
+            assert_same_state(&reference, &store).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_stream_on_memory_matches_the_reference_dlq_and_counters() {
+    generated_stream_matches_reference(None, "gen-mem").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_stream_on_redis_matches_the_reference_dlq_and_counters() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    generated_stream_matches_reference(Some(&redis), "gen-redis").await;
+}
+
+/// (b) kill -9 at several random points, then restart: same state, nothing lost, no group twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_random_points_then_restart_converges() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let mut setup = DaemonSetup::new("kill9", Some(redis.url()));
+    setup.max_in_flight = 8;
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(40, 8, 11);
+    let offsets = produce(&setup.topic, &records).await;
+    let reference = reference(&records, &offsets).await;
+    let ends = end_offsets(&records, &offsets);
+
+    let seed = now_ms();
+    let mut rng = seed;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    eprintln!("kill -9 points seeded with {seed}");
+    let total = records.len() as f64;
+    for round in 0..3 {
+        let mut daemon = Daemon::start(&setup);
+        let target = total * (0.1 + (next() % 60) as f64 / 100.0) / 3.0 * f64::from(round + 1);
+        wait_for(
+            "some progress before the kill",
+            Duration::from_secs(60),
+            || {
+                daemon.metrics().sum("materializer_records_total") >= target.min(total * 0.9)
+                    || committed(&setup.group, &setup.topic, PARTITIONS) == ends
+            },
+            || daemon.log(),
+        );
+        std::thread::sleep(Duration::from_millis(next() % 300));
+        daemon.kill9();
+    }
+    let mut daemon = Daemon::start(&setup);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(120));
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+}
+
+/// (c) two instances in one group, the second joining mid-stream (a rebalance): same state.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_and_a_rebalance_converge() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("rebalance", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(40, 8, 13);
+    let half = records.len() / 2;
+    let mut first = Daemon::start(&setup);
+    let mut offsets = produce(&setup.topic, &records[..half]).await;
+    wait_for(
+        "the first instance to make progress",
+        Duration::from_secs(60),
+        || first.metrics().sum("materializer_records_total") > 10.0,
+        || first.log(),
+    );
+    let mut second = Daemon::start(&setup);
+    offsets.extend(produce(&setup.topic, &records[half..]).await);
+    let reference = reference(&records, &offsets).await;
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&first, &second], Duration::from_secs(120));
+    let applied_by_both = first.metrics().sum("materializer_records_total")
+        + second.metrics().sum("materializer_records_total");
+    assert!(applied_by_both >= records.len() as f64);
+    assert!(first.terminate(Duration::from_secs(30)).success());
+    assert!(second.terminate(Duration::from_secs(30)).success());
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+}
+
+fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
+    serde_json::json!({
+        "dispatch_id": format!("d-{user}-{seq}"), "group_id": "g", "committed_at": now_ms(),
+        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"body": body}}]}]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+async fn seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
+    let mailbox = MailboxId::new(UserId::parse(user).expect("user"), 1);
+    match store
+        .range_scan(
+            &mailbox,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 1000,
+            },
+        )
+        .await
+    {
+        Ok(page) => page.groups.iter().map(|g| g.mailbox_seq).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// (d) a corrupt mailbox blocks only itself; the committed offset stays before it; a replay with
+/// --reset-mailboxes heals it while the daemon runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("corrupt", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let store = redis_store(&redis.url()).await;
+    let daemon = Daemon::start(&setup);
+
+    let first: Vec<(i32, Vec<u8>)> = vec![
+        (0, group_record("victim", 1, "a")),
+        (0, group_record("bystander", 1, "a")),
+        (0, group_record("victim", 2, "b")),
+        (0, group_record("bystander", 2, "b")),
+    ];
+    produce(&setup.topic, &first).await;
+    wait_for(
+        "the first records committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == [4],
+        || daemon.log(),
+    );
+    // Lose the victim's identity index: its next append must fail closed (index_lost).
+    let deleted = redis.raw("DEL mm:mbseqbucket:{victim}:1");
+    assert!(deleted.contains(":1"), "index deleted: {deleted}");
+
+    let second: Vec<(i32, Vec<u8>)> = vec![
+        (0, group_record("victim", 3, "c")),
+        (0, group_record("bystander", 3, "c")),
+        (0, group_record("bystander", 4, "d")),
+    ];
+    produce(&setup.topic, &second).await;
+    let runtime = tokio::runtime::Handle::current();
+    wait_for(
+        "the bystander to flow past the blocked victim",
+        Duration::from_secs(60),
+        || {
+            tokio::task::block_in_place(|| runtime.block_on(seqs(&store, "bystander")))
+                == vec![1, 2, 3, 4]
+        },
+        || daemon.log(),
+    );
+    wait_for(
+        "the blocked gauge",
+        Duration::from_secs(30),
+        || {
+            daemon
+                .metrics()
+                .get("materializer_partition_blocked{partition=\"0\"}")
+                == 1.0
+        },
+        || daemon.metrics().text,
+    );
+    assert_eq!(seqs(&store, "victim").await, vec![1, 2]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        committed(&setup.group, &setup.topic, 1),
+        vec![4],
+        "the committed offset stays before the blocked record"
+    );
+    assert!(
+        daemon.log().contains("corrupt mailbox"),
+        "an error log names it"
+    );
+
+    // Heal it while the daemon runs.
+    let config = setup.config_file(free_port());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(["replay", "--config"])
+        .arg(&config)
+        .args([
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            "victim",
+            "--reset-mailboxes",
+        ])
+        .output()
+        .expect("run replay");
+    assert!(
+        out.status.success(),
+        "replay: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("replay prints one JSON summary");
+    assert_eq!(summary["reset_users"], serde_json::json!(["victim"]));
+    assert_eq!(summary["records"], 7);
+    assert_eq!(summary["outcomes"]["skipped"], 4);
+
+    wait_for(
+        "the daemon to resume past the repaired mailbox",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == [7],
+        || daemon.log(),
+    );
+    assert_eq!(seqs(&store, "victim").await, vec![1, 2, 3]);
+    assert_eq!(seqs(&store, "bystander").await, vec![1, 2, 3, 4]);
+    wait_for(
+        "the blocked gauge to clear",
+        Duration::from_secs(30),
+        || {
+            daemon
+                .metrics()
+                .get("materializer_partition_blocked{partition=\"0\"}")
+                == 0.0
+        },
+        || daemon.metrics().text,
+    );
+    assert_eq!(redis.raw("EXISTS mm:repair:{victim}").trim(), ":0");
+}
+
+/// (e) Redis stopped and restarted mid-stream: nothing lost, not ready meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_restart_mid_stream_loses_nothing_and_readiness_follows() {
+    let port = free_port();
+    let mut redis = RedisServer::start(
+        Clock::Real,
+        Listen::Tcp(port),
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    let setup = DaemonSetup::new("redis-restart", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(30, 8, 17);
+    let half = records.len() / 2;
+    let daemon = Daemon::start(&setup);
+    let mut offsets = produce(&setup.topic, &records[..half]).await;
+    wait_for(
+        "ready",
+        Duration::from_secs(30),
+        || daemon.ready_status() == Some(200),
+        || daemon.log(),
+    );
+    wait_for(
+        "progress before the stop",
+        Duration::from_secs(60),
+        || daemon.metrics().sum("materializer_records_total") > 20.0,
+        || daemon.log(),
+    );
+    redis.stop();
+    offsets.extend(produce(&setup.topic, &records[half..]).await);
+    wait_for(
+        "readiness to turn false",
+        Duration::from_secs(30),
+        || daemon.ready_status() == Some(503),
+        || daemon.log(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    redis.restart();
+    let reference = reference(&records, &offsets).await;
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(120));
+    wait_for(
+        "readiness back",
+        Duration::from_secs(30),
+        || daemon.ready_status() == Some(200),
+        || daemon.log(),
+    );
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+}
+
+/// (f) SIGTERM stops fetching, drains, commits and exits 0; a restart finishes the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_commits_and_exits_0() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("sigterm", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(40, 8, 19);
+    let offsets = produce(&setup.topic, &records).await;
+    let reference = reference(&records, &offsets).await;
+    let ends = end_offsets(&records, &offsets);
+
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "some progress",
+        Duration::from_secs(60),
+        || daemon.metrics().sum("materializer_records_total") > 30.0,
+        || daemon.log(),
+    );
+    let status = daemon.terminate(Duration::from_secs(20));
+    assert!(status.success(), "exit status {status:?}\n{}", daemon.log());
+    let log = daemon.log();
+    assert!(log.contains("draining"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    let after_stop = committed(&setup.group, &setup.topic, PARTITIONS);
+    assert!(after_stop.iter().zip(&ends).all(|(c, e)| *c <= *e));
+    assert!(
+        after_stop.iter().any(|c| *c > 0),
+        "the drain committed: {after_stop:?}"
+    );
+
+    let mut daemon = Daemon::start(&setup);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(120));
+    assert!(daemon.terminate(Duration::from_secs(20)).success());
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+}
