@@ -299,3 +299,42 @@ fn every_command_has_help() {
         assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
     }
 }
+
+/// `[kafka]` is validated by `check-config`: librdkafka must know every pass-through property,
+/// the daemon's own properties cannot be overridden, and secrets from the environment are masked.
+#[test]
+fn check_config_validates_kafka_properties_and_masks_env_secrets() {
+    let dir = std::env::temp_dir().join(format!("mm-kafka-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let check = |toml: &str, env: &[(&str, &str)]| {
+        let path = dir.join("c.toml");
+        std::fs::write(&path, toml).expect("write");
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_materializer"));
+        command.args(["check-config", "--config"]).arg(&path);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.output().expect("runs")
+    };
+
+    let unknown = check("[kafka.properties]\n\"no.such.property\" = \"1\"\n", &[]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no.such.property"));
+
+    let owned = check("[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n", &[]);
+    assert_eq!(owned.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&owned.stderr).contains("enable.auto.commit"));
+
+    let window = check("[kafka]\nmax_in_flight_records = 0\n", &[]);
+    assert!(String::from_utf8_lossy(&window.stderr).contains("kafka.max_in_flight_records"));
+
+    let ok = check(
+        "[kafka.properties]\n\"security.protocol\" = \"sasl_plaintext\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"svc\"\n",
+        &[("MATERIALIZER_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
+    );
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(out.contains("sasl.password"), "{out}");
+    assert!(!out.contains("hunter2"), "the secret is masked: {out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -273,3 +273,74 @@ async fn acl_user_and_password_from_the_url() {
         Ok(AppendOutcome::Inserted)
     );
 }
+
+/// The repair fence of `replay --reset-mailboxes`: while one handle holds it, another handle's
+/// appends and truncates of that user are refused with nothing written; the holder writes,
+/// resets the user, and lifting the fence lets the others through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_fence_holds_off_other_writers_until_lifted() {
+    use mailbox_materializer::model::{RetentionPolicy, StoreError};
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let daemon = f.store.clone();
+    let url = f.server.as_ref().expect("own server").url();
+    let repairer = RedisStore::connect(RedisSettings::new(url, "mm"), RetentionPolicy::default())
+        .await
+        .expect("second handle");
+    let mb = mailbox("u-fenced", 1);
+    let other = mailbox("u-free", 1);
+    assert_eq!(
+        daemon.append(&group(&mb, 1, TODAY0, 1, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+
+    repairer
+        .begin_repair(&mb.user_id, 60)
+        .await
+        .expect("fence taken");
+    let before: Vec<String> = f.cmd(redis::cmd("KEYS").arg("*u-fenced*")).await;
+    let refused = daemon.append(&group(&mb, 2, TODAY0, 1, "b")).await;
+    assert!(
+        matches!(refused, Err(StoreError::UnderRepair { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        daemon.truncate_before(&mb, 2).await,
+        Err(StoreError::UnderRepair { .. })
+    ));
+    let mut after: Vec<String> = f.cmd(redis::cmd("KEYS").arg("*u-fenced*")).await;
+    let mut before = before;
+    before.sort();
+    after.sort();
+    assert_eq!(before, after, "a refused write leaves nothing behind");
+    // Another user is not affected; a second fence on the same user is refused.
+    assert_eq!(
+        daemon.append(&group(&other, 1, TODAY0, 1, "x")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert!(matches!(
+        daemon.begin_repair(&mb.user_id, 60).await,
+        Err(StoreError::UnderRepair { .. })
+    ));
+
+    // The holder resets and rebuilds.
+    let removed = repairer.reset_user(&mb.user_id).await.expect("reset");
+    assert!(removed >= 3, "meta, identity index, days and buckets removed: {removed}");
+    assert_eq!(
+        repairer.append(&group(&mb, 1, TODAY0, 1, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert!(matches!(
+        daemon.reset_user(&mb.user_id).await,
+        Err(StoreError::UnderRepair { .. })
+    ));
+
+    repairer.end_repair(&mb.user_id).await.expect("lifted");
+    assert_eq!(
+        daemon.append(&group(&mb, 2, TODAY0, 1, "b")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    let fence: i64 = f.cmd(redis::cmd("EXISTS").arg("mm:repair:{u-fenced}")).await;
+    assert_eq!(fence, 0);
+}
