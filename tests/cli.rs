@@ -321,7 +321,10 @@ fn check_config_validates_kafka_properties_and_masks_env_secrets() {
     assert_eq!(unknown.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no.such.property"));
 
-    let owned = check("[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n", &[]);
+    let owned = check(
+        "[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n",
+        &[],
+    );
     assert_eq!(owned.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&owned.stderr).contains("enable.auto.commit"));
 
@@ -332,7 +335,11 @@ fn check_config_validates_kafka_properties_and_masks_env_secrets() {
         "[kafka.properties]\n\"security.protocol\" = \"sasl_plaintext\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"svc\"\n",
         &[("MATERIALIZER_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
     );
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let out = String::from_utf8_lossy(&ok.stdout);
     assert!(out.contains("sasl.password"), "{out}");
     assert!(!out.contains("hunter2"), "the secret is masked: {out}");

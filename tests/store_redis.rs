@@ -326,7 +326,10 @@ async fn repair_fence_holds_off_other_writers_until_lifted() {
 
     // The holder resets and rebuilds.
     let removed = repairer.reset_user(&mb.user_id).await.expect("reset");
-    assert!(removed >= 3, "meta, identity index, days and buckets removed: {removed}");
+    assert!(
+        removed >= 3,
+        "meta, identity index, days and buckets removed: {removed}"
+    );
     assert_eq!(
         repairer.append(&group(&mb, 1, TODAY0, 1, "a")).await,
         Ok(AppendOutcome::Inserted)
@@ -341,6 +344,8 @@ async fn repair_fence_holds_off_other_writers_until_lifted() {
         daemon.append(&group(&mb, 2, TODAY0, 1, "b")).await,
         Ok(AppendOutcome::Inserted)
     );
-    let fence: i64 = f.cmd(redis::cmd("EXISTS").arg("mm:repair:{u-fenced}")).await;
+    let fence: i64 = f
+        .cmd(redis::cmd("EXISTS").arg("mm:repair:{u-fenced}"))
+        .await;
     assert_eq!(fence, 0);
 }

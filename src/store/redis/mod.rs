@@ -347,12 +347,8 @@ impl RedisStore {
         }
     }
 
-    /// Every key of `user` with its serialized value (`DUMP`) and absolute expiry in ms
-    /// (`PEXPIRETIME`), sorted by key: a byte-exact fingerprint of the user's state.
-    pub async fn dump_user(
-        &self,
-        user: &UserId,
-    ) -> Result<Vec<(String, Vec<u8>, i64)>, StoreError> {
+    /// Every key of `user` (all epochs, on every master), sorted, found with SCAN.
+    async fn user_keys(&self, user: &UserId) -> Result<Vec<String>, StoreError> {
         let pattern = keys::user_pattern(&self.settings.key_prefix, user);
         let mut found = Vec::new();
         for mut node in self.scan_targets().await? {
@@ -368,6 +364,16 @@ impl RedisStore {
         }
         found.sort();
         found.dedup();
+        Ok(found)
+    }
+
+    /// Every key of `user` with its serialized value (`DUMP`) and absolute expiry in ms
+    /// (`PEXPIRETIME`), sorted by key: a byte-exact fingerprint of the user's state.
+    pub async fn dump_user(
+        &self,
+        user: &UserId,
+    ) -> Result<Vec<(String, Vec<u8>, i64)>, StoreError> {
+        let found = self.user_keys(user).await?;
         let mut conn = self.conn();
         let mut out = Vec::with_capacity(found.len());
         for key in found {
@@ -860,21 +866,7 @@ impl MailboxStore for RedisStore {
             });
         }
         // Under the fence no other writer touches the user, so SCAN then DEL is safe.
-        let pattern = keys::user_pattern(&self.settings.key_prefix, user);
-        let mut found = Vec::new();
-        for mut node in self.scan_targets().await? {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
-                found.extend(batch);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        found.sort();
-        found.dedup();
+        let found = self.user_keys(user).await?;
         let mut removed = 0u64;
         for key in found.iter().filter(|k| **k != fence) {
             let n: u64 = redis::cmd("DEL")
