@@ -3,7 +3,7 @@
 //! the daemon's code path. Replay is idempotent, so re-applying what is already there is safe.
 //!
 //! With `--reset-mailboxes` (which needs `--user`), the named users are first fenced in the store
-//! (a running daemon's writes to them wait, see [`crate::store::MailboxStore::begin_repair`]),
+//! (a running daemon's writes to them wait),
 //! deleted, and rebuilt from the log; the fence is lifted at the end, also on failure, and its
 //! lease expires on its own if this process dies.
 //!
@@ -26,10 +26,9 @@ use crate::config::Config;
 use crate::ingest::{apply_delivery, decode_record};
 use crate::model::error::RetryClass;
 use crate::model::{StoreError, UserId};
-use crate::store::MailboxStore;
+use crate::store::repair::{REPAIR_LEASE, REPAIR_RENEW_EVERY};
+use crate::store::{MailboxStore, RepairToken, StagingView};
 
-/// Lease of a repair fence; renewed every third of it while the replay runs.
-pub const REPAIR_LEASE_SECS: u64 = 90;
 /// Transient store errors are retried this many times before the replay gives up.
 const MAX_TRANSIENT_ATTEMPTS: u32 = 12;
 
@@ -87,7 +86,9 @@ pub struct ReplaySummary {
     pub corrupt_users: Vec<String>,
 }
 
-/// Runs a replay. The repair fences are lifted on every path out.
+/// Runs a replay. With `--reset-mailboxes` the named users are rebuilt into staging copies under
+/// their fences and swapped in at the end; on every other path out the staging copies are
+/// abandoned and the live mailboxes stay as they were.
 pub async fn replay(
     config: &Config,
     store: Arc<dyn MailboxStore>,
@@ -102,25 +103,54 @@ pub async fn replay(
         dry_run: request.dry_run,
         ..ReplaySummary::default()
     };
+    let mut tokens = Vec::new();
     if fenced {
         for user in &request.users {
-            if let Err(e) = store.begin_repair(user, REPAIR_LEASE_SECS).await {
-                lift(store.as_ref(), &request.users).await;
-                return Err(ReplayError::Store(e));
+            match store.repair_begin(user, REPAIR_LEASE).await {
+                Ok(token) => tokens.push(token),
+                Err(e) => {
+                    abort(store.as_ref(), &tokens).await;
+                    return Err(ReplayError::Store(e));
+                }
             }
         }
     }
-    let result = run(config, store.clone(), request, &mut summary, fenced).await;
+    let result = run(config, store.clone(), request, &mut summary, &tokens).await;
     if fenced {
-        lift(store.as_ref(), &request.users).await;
+        match result {
+            Ok(()) => {
+                for token in &tokens {
+                    match store.repair_swap(token).await {
+                        Ok(report) => {
+                            summary.removed_keys += report.replaced;
+                            summary.reset_users.push(token.user.as_str().to_owned());
+                        }
+                        Err(e) => {
+                            abort(store.as_ref(), &tokens).await;
+                            return Err(ReplayError::Store(e));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                abort(store.as_ref(), &tokens).await;
+                return Err(e);
+            }
+        }
+    } else if request.reset_mailboxes {
+        summary.reset_users = request
+            .users
+            .iter()
+            .map(|u| u.as_str().to_owned())
+            .collect();
     }
     result.map(|()| summary)
 }
 
-async fn lift(store: &dyn MailboxStore, users: &[UserId]) {
-    for user in users {
-        if let Err(e) = store.end_repair(user).await {
-            tracing::warn!(user = %user.as_str(), error = %e, "repair fence not lifted; it expires with its lease");
+async fn abort(store: &dyn MailboxStore, tokens: &[RepairToken]) {
+    for token in tokens {
+        if let Err(e) = store.repair_abort(token).await {
+            tracing::warn!(user = %token.user.as_str(), error = %e, "staging copy not removed; the next repair or patrol removes it");
         }
     }
 }
@@ -130,8 +160,16 @@ async fn run(
     store: Arc<dyn MailboxStore>,
     request: &ReplayRequest,
     summary: &mut ReplaySummary,
-    fenced: bool,
+    tokens: &[RepairToken],
 ) -> Result<(), ReplayError> {
+    let fenced = !tokens.is_empty();
+    let staging: std::collections::HashMap<UserId, Arc<dyn MailboxStore>> = tokens
+        .iter()
+        .map(|t| {
+            let view: Arc<dyn MailboxStore> = Arc::new(StagingView::new(store.clone(), t.clone()));
+            (t.user.clone(), view)
+        })
+        .collect();
     let topic = config.kafka.topic.as_str();
     let mut client = super::kafka::base_config(&config.kafka);
     // librdkafka wants a group id even for a manual assignment; nothing is ever committed to it.
@@ -171,20 +209,6 @@ async fn run(
     summary.from_offset = from;
     summary.end_offset = end.max(from);
 
-    if fenced {
-        for user in &request.users {
-            let removed = store.reset_user(user).await.map_err(ReplayError::Store)?;
-            summary.removed_keys += removed;
-            summary.reset_users.push(user.as_str().to_owned());
-            tracing::info!(user = %user.as_str(), removed, "mailboxes reset for rebuild");
-        }
-    } else if request.reset_mailboxes {
-        summary.reset_users = request
-            .users
-            .iter()
-            .map(|u| u.as_str().to_owned())
-            .collect();
-    }
     if from >= end {
         return Ok(());
     }
@@ -236,7 +260,8 @@ async fn run(
                 } else {
                     let mut outcome = "applied";
                     for delivery in &deliveries {
-                        let result = apply_with_retry(store.as_ref(), delivery, retry).await?;
+                        let target = staging.get(&delivery.mailbox().user_id).unwrap_or(&store);
+                        let result = apply_with_retry(target.as_ref(), delivery, retry).await?;
                         let word = match &result {
                             Ok(o) => o.as_str(),
                             Err(e) => e.outcome(),
@@ -260,10 +285,10 @@ async fn run(
         *summary.outcomes.entry(outcome).or_default() += 1;
         metrics::replay_record(outcome);
 
-        if fenced && last_renew.elapsed() > Duration::from_secs(REPAIR_LEASE_SECS / 3) {
-            for user in &request.users {
+        if fenced && last_renew.elapsed() > REPAIR_RENEW_EVERY {
+            for token in tokens {
                 store
-                    .begin_repair(user, REPAIR_LEASE_SECS)
+                    .repair_renew(token, REPAIR_LEASE)
                     .await
                     .map_err(ReplayError::Store)?;
             }

@@ -125,6 +125,19 @@ pub enum StoreError {
     /// a writer waits and retries; nothing was written.
     #[error("user under repair by {holder}: writes wait until the rebuild ends")]
     UnderRepair { holder: String },
+    /// The backend refused the operation deterministically: a Lua runtime error, a CQL invalid
+    /// request, a value it cannot hold. Retrying the same input can never succeed, so the
+    /// delivery ends `rejected` with kind `store_refused` and its record is dead-lettered (SPEC 7,
+    /// error classes). Which native errors land here is decided in `store::classify` alone.
+    #[error("store refused ({backend}): {detail}")]
+    Refused {
+        backend: &'static str,
+        detail: String,
+    },
+    /// This repair no longer holds its user's fence (the lease lapsed or another repair took it
+    /// over): the repair aborts without swapping, leaving the live mailbox as it was.
+    #[error("repair fence lost: {detail}")]
+    FenceLost { detail: String },
     /// The backend does not offer this operation.
     #[error("{backend} does not support {operation}")]
     Unsupported {
@@ -204,6 +217,8 @@ impl StoreError {
             Self::CursorExpired { .. } => "cursor_expired",
             Self::Unavailable { .. } => "unavailable",
             Self::UnderRepair { .. } => "under_repair",
+            Self::Refused { .. } => "rejected",
+            Self::FenceLost { .. } => "fence_lost",
             Self::Unsupported { .. } => "rejected",
         }
     }
@@ -218,6 +233,8 @@ impl StoreError {
             Self::CursorExpired { .. } => "cursor_expired",
             Self::Unavailable { .. } => "unavailable",
             Self::UnderRepair { .. } => "under_repair",
+            Self::Refused { .. } => "store_refused",
+            Self::FenceLost { .. } => "fence_lost",
             Self::Unsupported { .. } => "unsupported",
         }
     }
@@ -234,6 +251,8 @@ impl StoreError {
             Self::CursorExpired { cursor } => cursor_detail(*cursor),
             Self::Unavailable { detail, .. } => detail.clone(),
             Self::UnderRepair { holder } => format!("under repair by {holder}"),
+            Self::Refused { backend, detail } => format!("{backend} refused: {detail}"),
+            Self::FenceLost { detail } => detail.clone(),
             Self::Unsupported { backend, operation } => {
                 format!("{backend} does not support {operation}")
             }
@@ -247,6 +266,8 @@ impl StoreError {
             | Self::Conflict { .. }
             | Self::EpochMismatch { .. }
             | Self::CursorExpired { .. }
+            | Self::Refused { .. }
+            | Self::FenceLost { .. }
             | Self::Unsupported { .. } => RetryClass::Permanent,
             Self::Corrupt { .. } => RetryClass::Corrupt,
             Self::Unavailable { .. } | Self::UnderRepair { .. } => RetryClass::Transient,

@@ -3,10 +3,12 @@
 //! One async trait, [`MailboxStore`], is implemented by every backend. Ingest and the CLI reach a
 //! store only through it; backends never import each other.
 
+pub mod classify;
 pub mod clock;
 pub mod fault;
 pub mod memory;
 pub mod redis;
+pub mod repair;
 pub mod scylla;
 
 use async_trait::async_trait;
@@ -17,6 +19,7 @@ use crate::model::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use repair::{RepairToken, StagingView, SwapReport};
 
 /// An async callback a backend runs at a fixed point inside an operation. Tests use it to move
 /// time between a scan's read and its post-read check ("expiry between the check and the read").
@@ -76,37 +79,88 @@ pub trait MailboxStore: Send + Sync {
     /// Dumps the mailbox metadata as stored, without promoting first.
     async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError>;
 
-    /// Fences `user` for a rebuild by this store handle: until [`MailboxStore::end_repair`] or
-    /// `lease_secs` pass, appends and truncates of the user through *other* handles (a running
-    /// daemon) fail with `UnderRepair` and write nothing, atomically with the check; this
-    /// handle's own writes go through. Calling it again renews the lease. Fails with
-    /// `UnderRepair` when another handle holds the fence.
-    async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
-        let _ = (user, lease_secs);
-        Err(StoreError::Unsupported {
-            backend: self.backend(),
-            operation: "repair fences (replay --reset-mailboxes)",
-        })
+    /// Takes the repair fence of `user` for `lease` and returns the repair's token (SPEC 7.1).
+    ///
+    /// While the fence is held, every live append and truncate of the user — through any handle,
+    /// in any process — fails with `UnderRepair` and writes nothing, atomically with the check.
+    /// Fails with `UnderRepair { holder }` when another repair holds a fence that has not lapsed.
+    /// Removes whatever staging copy an earlier, aborted repair of the user left behind, so the
+    /// rebuild starts from nothing. Never touches the live mailboxes. The lease is measured by the
+    /// backend's time authority.
+    async fn repair_begin(
+        &self,
+        user: &UserId,
+        lease: std::time::Duration,
+    ) -> Result<RepairToken, StoreError> {
+        let _ = (user, lease);
+        Err(self.repair_unsupported())
     }
 
-    /// Deletes every mailbox of `user` (every epoch) and its epoch record, so a replay rebuilds
-    /// it from the log. Requires the fence of [`MailboxStore::begin_repair`] held by this handle.
-    /// Returns how many keys or rows were removed.
-    async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
-        let _ = user;
-        Err(StoreError::Unsupported {
-            backend: self.backend(),
-            operation: "resetting mailboxes",
-        })
+    /// Extends the fence of `token` by `lease` from now. Fails with `FenceLost` when the fence
+    /// lapsed or is held by someone else: a lost fence is never silently taken back, because
+    /// live writes may have happened while it was down.
+    async fn repair_renew(
+        &self,
+        token: &RepairToken,
+        lease: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let _ = (token, lease);
+        Err(self.repair_unsupported())
     }
 
-    /// Lifts this handle's fence on `user`; writers waiting on it resume.
-    async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
-        let _ = user;
-        Err(StoreError::Unsupported {
+    /// Appends `group` to the repair's staging copy with exactly the rules of [`append`]
+    /// (SPEC 4.2), atomically checking that `token` still holds the fence (`FenceLost`
+    /// otherwise, nothing written).
+    ///
+    /// [`append`]: MailboxStore::append
+    async fn repair_append(
+        &self,
+        token: &RepairToken,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        let _ = (token, group);
+        Err(self.repair_unsupported())
+    }
+
+    /// [`truncate_before`](MailboxStore::truncate_before) on the staging copy, under the same
+    /// fence check as [`repair_append`](MailboxStore::repair_append).
+    async fn repair_truncate(
+        &self,
+        token: &RepairToken,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        let _ = (token, mailbox, before_seq);
+        Err(self.repair_unsupported())
+    }
+
+    /// The one atomic step of a repair: if `token` still holds the fence, replaces every live
+    /// mailbox of the user (all epochs, and the epoch record) with the staging copy and lifts the
+    /// fence; otherwise fails with `FenceLost` and changes nothing.
+    async fn repair_swap(&self, token: &RepairToken) -> Result<SwapReport, StoreError> {
+        let _ = token;
+        Err(self.repair_unsupported())
+    }
+
+    /// Abandons a repair: removes its staging copy and lifts its fence if it still holds it. The
+    /// live mailboxes are untouched. Safe to call after a failed or partial step.
+    async fn repair_abort(&self, token: &RepairToken) -> Result<(), StoreError> {
+        let _ = token;
+        Err(self.repair_unsupported())
+    }
+
+    /// Removes staging copies whose fence has lapsed (repairs that crashed). Returns how many
+    /// users' staging copies were removed. Run by `patrol`.
+    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
+        Err(self.repair_unsupported())
+    }
+
+    /// The error of a backend without repair support.
+    fn repair_unsupported(&self) -> StoreError {
+        StoreError::Unsupported {
             backend: self.backend(),
-            operation: "repair fences (replay --reset-mailboxes)",
-        })
+            operation: "repair (replay --reset-mailboxes)",
+        }
     }
 
     /// A cheap round trip proving the backend answers (readiness).

@@ -13,6 +13,9 @@ use mailbox_materializer::store::MailboxStore;
 
 use super::{at_day, expiry_of, group, mailbox, policy, user, Fixture, Harness, NOW0, TODAY0};
 
+#[allow(unused_imports)]
+pub use super::repair::*;
+
 type H = Arc<dyn Harness>;
 
 async fn scan(

@@ -11,6 +11,7 @@ pub mod cases;
 pub mod history;
 pub mod memory;
 pub mod redis;
+pub mod repair;
 pub mod scylla;
 
 use std::sync::Arc;
@@ -84,6 +85,14 @@ macro_rules! conformance_tests {
             concurrent_appends_to_one_mailbox,
             metadata_stays_bounded_over_a_year,
             randomized_histories_keep_the_invariants,
+            repair_fence_holds_live_writes_and_swap_replaces,
+            repair_abort_leaves_the_live_mailbox_untouched,
+            repair_second_repair_is_refused,
+            repair_lost_lease_aborts_without_swap,
+            repair_heals_a_corrupt_mailbox,
+            repair_rebuilds_epoch_moves_and_replaces_every_epoch,
+            repair_staging_follows_the_append_rules,
+            repair_garbage_of_a_crashed_repair_is_collected,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

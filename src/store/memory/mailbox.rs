@@ -449,6 +449,12 @@ impl UserState {
         }
     }
 
+    /// Groups readable in the current epoch's mailbox after physical expiry (a repair's report).
+    pub fn group_count(&mut self, now: u64) -> u64 {
+        self.mailbox.expire_physically(now);
+        self.mailbox.groups.len() as u64
+    }
+
     /// The whole state, after physical expiry, as text.
     pub fn dump(&mut self, now: u64) -> String {
         self.mailbox.expire_physically(now);

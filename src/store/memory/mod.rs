@@ -18,7 +18,9 @@ pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -27,7 +29,7 @@ use crate::model::{
     ScanPage, ScanRequest, StoreError, TruncateOutcome, UserId,
 };
 use crate::store::fault::Corruption;
-use crate::store::{Clock, MailboxStore, PhaseHook};
+use crate::store::{Clock, MailboxStore, PhaseHook, RepairToken, SwapReport};
 
 use mailbox::UserState;
 
@@ -41,6 +43,30 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     shards: Box<[Mutex<HashMap<UserId, UserState>>]>,
     after_scan_read: Mutex<Option<PhaseHook>>,
+    /// Repairs in progress (SPEC 7.1): the in-process fence and staging copy of each fenced user.
+    /// Lock order: a user's shard first, then this map, so a live write's fence check and a swap
+    /// are atomic with respect to each other.
+    repairs: Mutex<HashMap<UserId, Repair>>,
+    /// `repairs.len()`, read without the lock by live writes: while no repair runs (the common
+    /// case) a write skips the map entirely. Written under the user's shard lock, so a write
+    /// holding that lock sees every fence taken before it.
+    active_repairs: AtomicUsize,
+}
+
+/// One user's repair: the fence (holder and lease, by the store's clock) and the staging copy.
+#[derive(Debug)]
+struct Repair {
+    holder: String,
+    /// The fence holds while `now < lease_until` (seconds of the store's clock).
+    lease_until: u64,
+    /// The user's state being rebuilt; `None` until the first staged write creates it.
+    staging: Option<UserState>,
+}
+
+impl Repair {
+    fn held_by(&self, token: &RepairToken, now: u64) -> bool {
+        self.holder == token.holder && now < self.lease_until
+    }
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -61,6 +87,8 @@ impl MemoryStore {
             clock,
             shards,
             after_scan_read: Mutex::new(None),
+            repairs: Mutex::new(HashMap::new()),
+            active_repairs: AtomicUsize::new(0),
         }
     }
 
@@ -82,15 +110,63 @@ impl MemoryStore {
         user.inject(mailbox.epoch, corruption, self.clock.now_secs())
     }
 
-    /// Everything stored for `user`, after physical expiry, as text: a fingerprint tests compare
-    /// to prove that a refused operation modified nothing.
+    /// Everything stored for `user` (live state, fence and staging copy), after physical expiry,
+    /// as text: a fingerprint tests compare to prove that a refused operation modified nothing.
     pub fn debug_dump(&self, user: &UserId) -> String {
         let now = self.clock.now_secs();
         let mut shard = self.shard(user);
-        match shard.get_mut(user) {
+        let mut dump = match shard.get_mut(user) {
             Some(state) => state.dump(now),
             None => String::new(),
+        };
+        // A repair's fence and staging copy are part of what is stored for the user.
+        if let Some(repair) = lock(&self.repairs).get_mut(user) {
+            let staging = repair.staging.as_mut().map(|s| s.dump(now));
+            dump.push_str(&format!(
+                "\nrepair holder={} lease_until={} staging={staging:?}",
+                repair.holder, repair.lease_until
+            ));
         }
+        dump
+    }
+
+    /// Refuses a live write to a fenced user. Called with the user's shard lock held.
+    fn check_fence(&self, user: &UserId) -> Result<(), StoreError> {
+        if self.active_repairs.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let now = self.clock.now_secs();
+        match lock(&self.repairs).get(user) {
+            Some(repair) if now < repair.lease_until => Err(StoreError::UnderRepair {
+                holder: repair.holder.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs `write` on the staging copy of `token`'s repair, if the fence is still held.
+    fn with_staging<T>(
+        &self,
+        token: &RepairToken,
+        write: impl FnOnce(&mut UserState, u64) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let _shard = self.shard(&token.user);
+        let now = self.clock.now_secs();
+        let mut repairs = lock(&self.repairs);
+        let repair = match repairs.get_mut(&token.user) {
+            Some(repair) if repair.held_by(token, now) => repair,
+            _ => return Err(fence_lost(token)),
+        };
+        let mut state = repair.staging.take().unwrap_or_default();
+        let result = write(&mut state, now);
+        if state.exists() {
+            repair.staging = Some(state);
+        }
+        result
+    }
+
+    fn set_active_repairs(&self, repairs: &HashMap<UserId, Repair>) {
+        self.active_repairs.store(repairs.len(), Ordering::Release);
     }
 
     fn shard(&self, user: &UserId) -> MutexGuard<'_, HashMap<UserId, UserState>> {
@@ -99,6 +175,21 @@ impl MemoryStore {
         let index = (hasher.finish() as usize) % SHARDS;
         lock(&self.shards[index])
     }
+}
+
+fn fence_lost(token: &RepairToken) -> StoreError {
+    StoreError::FenceLost {
+        detail: format!(
+            "the repair fence of {} is no longer held by {} (its lease lapsed or another repair took it)",
+            token.user.as_str(),
+            token.holder
+        ),
+    }
+}
+
+/// Whole seconds of a lease, at least one.
+fn lease_secs(lease: Duration) -> u64 {
+    lease.as_secs().max(1)
 }
 
 /// Locks a mutex, recovering from poisoning: every operation validates before it mutates, so a
@@ -122,6 +213,7 @@ impl MailboxStore for MemoryStore {
             return Err(mailbox::future_rejection(&self.policy, group.day(), now));
         }
         let mut shard = self.shard(&group.mailbox.user_id);
+        self.check_fence(&group.mailbox.user_id)?;
         match shard.get_mut(&group.mailbox.user_id) {
             Some(user) => user.append(&self.policy, now, group),
             None => {
@@ -145,6 +237,7 @@ impl MailboxStore for MemoryStore {
         crate::model::validate::validate_before_seq(before_seq)?;
         let now = self.clock.now_secs();
         let mut shard = self.shard(&mailbox.user_id);
+        self.check_fence(&mailbox.user_id)?;
         let user = shard.entry(mailbox.user_id.clone()).or_default();
         let result = user.truncate_before(now, mailbox.epoch, before_seq);
         if !user.exists() {
@@ -202,5 +295,120 @@ impl MailboxStore for MemoryStore {
             Some(user) => user.inspect(now, mailbox.epoch),
             None => UserState::default().inspect(now, mailbox.epoch),
         })
+    }
+
+    async fn repair_begin(
+        &self,
+        user: &UserId,
+        lease: Duration,
+    ) -> Result<RepairToken, StoreError> {
+        let token = RepairToken::new(user.clone());
+        let _shard = self.shard(user);
+        let now = self.clock.now_secs();
+        let mut repairs = lock(&self.repairs);
+        if let Some(repair) = repairs.get(user) {
+            if now < repair.lease_until {
+                return Err(StoreError::UnderRepair {
+                    holder: repair.holder.clone(),
+                });
+            }
+        }
+        // A lapsed repair's staging copy is dropped here: the rebuild starts from nothing.
+        repairs.insert(
+            user.clone(),
+            Repair {
+                holder: token.holder.clone(),
+                lease_until: now + lease_secs(lease),
+                staging: None,
+            },
+        );
+        self.set_active_repairs(&repairs);
+        Ok(token)
+    }
+
+    async fn repair_renew(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {
+        let _shard = self.shard(&token.user);
+        let now = self.clock.now_secs();
+        let mut repairs = lock(&self.repairs);
+        match repairs.get_mut(&token.user) {
+            Some(repair) if repair.held_by(token, now) => {
+                repair.lease_until = now + lease_secs(lease);
+                Ok(())
+            }
+            _ => Err(fence_lost(token)),
+        }
+    }
+
+    async fn repair_append(
+        &self,
+        token: &RepairToken,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        crate::model::validate::validate_group(group)?;
+        let policy = self.policy;
+        self.with_staging(token, |state, now| {
+            if policy.is_beyond_future_window(group.day(), now) {
+                return Err(mailbox::future_rejection(&policy, group.day(), now));
+            }
+            state.append(&policy, now, group)
+        })
+    }
+
+    async fn repair_truncate(
+        &self,
+        token: &RepairToken,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        crate::model::validate::validate_before_seq(before_seq)?;
+        self.with_staging(token, |state, now| {
+            state.truncate_before(now, mailbox.epoch, before_seq)
+        })
+    }
+
+    async fn repair_swap(&self, token: &RepairToken) -> Result<SwapReport, StoreError> {
+        let mut shard = self.shard(&token.user);
+        let now = self.clock.now_secs();
+        let mut repairs = lock(&self.repairs);
+        match repairs.get(&token.user) {
+            Some(repair) if repair.held_by(token, now) => {}
+            _ => return Err(fence_lost(token)),
+        }
+        let Some(repair) = repairs.remove(&token.user) else {
+            return Err(fence_lost(token));
+        };
+        self.set_active_repairs(&repairs);
+        let replaced = u64::from(shard.remove(&token.user).is_some());
+        let mut staged_groups = 0;
+        if let Some(mut staging) = repair.staging {
+            staged_groups = staging.group_count(now);
+            shard.insert(token.user.clone(), staging);
+        }
+        Ok(SwapReport {
+            staged_groups,
+            replaced,
+        })
+    }
+
+    async fn repair_abort(&self, token: &RepairToken) -> Result<(), StoreError> {
+        let _shard = self.shard(&token.user);
+        let mut repairs = lock(&self.repairs);
+        if repairs
+            .get(&token.user)
+            .is_some_and(|r| r.holder == token.holder)
+        {
+            repairs.remove(&token.user);
+            self.set_active_repairs(&repairs);
+        }
+        Ok(())
+    }
+
+    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
+        let now = self.clock.now_secs();
+        let mut repairs = lock(&self.repairs);
+        let before = repairs.len();
+        repairs.retain(|_, repair| now < repair.lease_until);
+        self.set_active_repairs(&repairs);
+        Ok((before - repairs.len()) as u64)
     }
 }

@@ -600,6 +600,63 @@ fn node_url(configured: &str, address: &str) -> String {
     format!("{scheme}://{credentials}{address}")
 }
 
+/// The repair fence of the first daemon version, kept until the staged repair replaces it.
+impl RedisStore {
+    pub async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
+        let key = keys::repair_key(&self.settings.key_prefix, user);
+        let reply: Value = redis::Script::new(BEGIN_REPAIR_LUA)
+            .key(&key)
+            .arg(&self.writer)
+            .arg(lease_secs.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match reply {
+            Value::Nil | Value::Boolean(false) | Value::Int(0) => Ok(()),
+            other => Err(StoreError::UnderRepair {
+                holder: text(&other),
+            }),
+        }
+    }
+
+    pub async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
+        let fence = keys::repair_key(&self.settings.key_prefix, user);
+        let held: Option<String> = redis::cmd("GET")
+            .arg(&fence)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if held.as_deref() != Some(self.writer.as_str()) {
+            return Err(StoreError::UnderRepair {
+                holder: held.unwrap_or_else(|| "nobody: take the fence first".to_owned()),
+            });
+        }
+        // Under the fence no other writer touches the user, so SCAN then DEL is safe.
+        let found = self.user_keys(user).await?;
+        let mut removed = 0u64;
+        for key in found.iter().filter(|k| **k != fence) {
+            let n: u64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            removed += n;
+        }
+        Ok(removed)
+    }
+
+    pub async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
+        let key = keys::repair_key(&self.settings.key_prefix, user);
+        let _: i64 = redis::Script::new(END_REPAIR_LUA)
+            .key(&key)
+            .arg(&self.writer)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}
+
 /// What one patrol pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PatrolReport {
@@ -834,60 +891,6 @@ impl MailboxStore for RedisStore {
             identity_count,
             identity_index_present,
         })
-    }
-
-    async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
-        let key = keys::repair_key(&self.settings.key_prefix, user);
-        let reply: Value = redis::Script::new(BEGIN_REPAIR_LUA)
-            .key(&key)
-            .arg(&self.writer)
-            .arg(lease_secs.max(1))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        match reply {
-            Value::Nil | Value::Boolean(false) | Value::Int(0) => Ok(()),
-            other => Err(StoreError::UnderRepair {
-                holder: text(&other),
-            }),
-        }
-    }
-
-    async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
-        let fence = keys::repair_key(&self.settings.key_prefix, user);
-        let held: Option<String> = redis::cmd("GET")
-            .arg(&fence)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        if held.as_deref() != Some(self.writer.as_str()) {
-            return Err(StoreError::UnderRepair {
-                holder: held.unwrap_or_else(|| "nobody: take the fence first".to_owned()),
-            });
-        }
-        // Under the fence no other writer touches the user, so SCAN then DEL is safe.
-        let found = self.user_keys(user).await?;
-        let mut removed = 0u64;
-        for key in found.iter().filter(|k| **k != fence) {
-            let n: u64 = redis::cmd("DEL")
-                .arg(key)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-            removed += n;
-        }
-        Ok(removed)
-    }
-
-    async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
-        let key = keys::repair_key(&self.settings.key_prefix, user);
-        let _: i64 = redis::Script::new(END_REPAIR_LUA)
-            .key(&key)
-            .arg(&self.writer)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

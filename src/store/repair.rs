@@ -1,0 +1,147 @@
+//! Repair of a user's mailboxes from the log (SPEC 7.1): the fence, the staging copy and the swap.
+//!
+//! A repair never edits the live state in place. It takes the user's **fence** (a lease that makes
+//! every live write to the user wait with `UnderRepair`), rebuilds the user's mailboxes into a
+//! **staging copy** through the same rules as a live append, and then **swaps**: one atomic step
+//! that, only while the fence is still held by this repair, replaces the live state with the
+//! staging copy and lifts the fence. Until the swap the live mailbox is exactly as it was (a
+//! corrupt one still fails closed); a crash, a signal, a lost lease or an error leaves it so, and
+//! the staging copy becomes garbage that the next repair of the user or the patrol removes.
+//!
+//! Every backend implements the same steps ([`crate::store::MailboxStore::repair_begin`] and the
+//! methods after it): Redis with staging keys under the user's hash tag and one swap script,
+//! Scylla with staging rows and a lightweight transaction that flips the live generation, memory
+//! with a staging map swapped under the user's lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::MailboxStore;
+use crate::model::{
+    AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, ScanPage, ScanRequest,
+    StoreError, TruncateOutcome, UserId,
+};
+
+/// Lease of a repair fence. The repair renews it every [`REPAIR_RENEW_EVERY`] from a task of its
+/// own, so a rebuild that is busy (or a store call that is slow) never lets it lapse unnoticed;
+/// a process that dies stops renewing and the fence lapses by itself after at most this long.
+pub const REPAIR_LEASE: Duration = Duration::from_secs(60);
+
+/// How often the fence is renewed: a third of the lease, so two renewals may fail before it lapses.
+pub const REPAIR_RENEW_EVERY: Duration = Duration::from_secs(20);
+
+/// One repair in progress: the user, and the unique holder id that owns both the fence and the
+/// staging copy. Only the process that took the fence has it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RepairToken {
+    pub user: UserId,
+    /// Unique per repair attempt (never reused), so a lapsed-then-retaken fence of another
+    /// attempt is never mistaken for this one's.
+    pub holder: String,
+}
+
+impl RepairToken {
+    /// A token with a fresh holder id: pid, wall-clock nanoseconds and a process-wide counter.
+    pub fn new(user: UserId) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let holder = format!(
+            "repair-{}-{nanos:x}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        Self { user, holder }
+    }
+}
+
+/// What a swap replaced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SwapReport {
+    /// Groups the staging copy held, now live.
+    pub staged_groups: u64,
+    /// Keys (Redis) or rows/partitions (Scylla) or mailboxes (memory) of the old live state
+    /// that the swap removed.
+    pub replaced: u64,
+}
+
+/// The staging copy of one repair seen as a store: appends and truncates go to
+/// [`MailboxStore::repair_append`] and [`MailboxStore::repair_truncate`], so the rebuild runs
+/// through exactly the code path of a live delivery (`ingest::apply_delivery`). Reads are not
+/// offered: nothing reads a staging copy before it is live.
+pub struct StagingView {
+    store: Arc<dyn MailboxStore>,
+    token: RepairToken,
+}
+
+impl StagingView {
+    pub fn new(store: Arc<dyn MailboxStore>, token: RepairToken) -> Self {
+        Self { store, token }
+    }
+
+    pub fn token(&self) -> &RepairToken {
+        &self.token
+    }
+
+    fn check_user(&self, user: &UserId) -> Result<(), StoreError> {
+        if *user == self.token.user {
+            Ok(())
+        } else {
+            Err(StoreError::Unsupported {
+                backend: self.store.backend(),
+                operation: "writing another user into a repair's staging copy",
+            })
+        }
+    }
+
+    fn no_reads(&self) -> StoreError {
+        StoreError::Unsupported {
+            backend: self.store.backend(),
+            operation: "reading a repair's staging copy",
+        }
+    }
+}
+
+#[async_trait]
+impl MailboxStore for StagingView {
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        self.check_user(&group.mailbox.user_id)?;
+        self.store.repair_append(&self.token, group).await
+    }
+
+    async fn truncate_before(
+        &self,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        self.check_user(&mailbox.user_id)?;
+        self.store
+            .repair_truncate(&self.token, mailbox, before_seq)
+            .await
+    }
+
+    async fn range_scan(&self, _: &MailboxId, _: ScanRequest) -> Result<ScanPage, StoreError> {
+        Err(self.no_reads())
+    }
+
+    async fn promote(&self, _: &MailboxId) -> Result<PromoteOutcome, StoreError> {
+        Err(self.no_reads())
+    }
+
+    async fn inspect(&self, _: &MailboxId) -> Result<MailboxInspection, StoreError> {
+        Err(self.no_reads())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.store.ping().await
+    }
+}
