@@ -296,9 +296,18 @@ pub struct KafkaConfig {
     pub group_id: String,
     /// Where malformed, rejected and conflicting records go.
     pub dlq_topic: String,
-    /// Most records of one partition admitted but not final (the in-flight window). When full,
-    /// the partition is paused; memory per partition is bounded by this times the record size.
+    /// Most records of one partition in the in-flight window (admitted and not yet committable).
+    /// When full, the partition is paused until the window has drained to half.
     pub max_in_flight_records: usize,
+    /// Most bytes of raw records held in flight, all partitions together (the raw bytes are
+    /// kept until a record is final, for its dead letter). When reached, every partition is
+    /// paused until half of it is free. Together with librdkafka's prefetch queue
+    /// (`queued.max.messages.kbytes`, 16 MiB by default here) it bounds the daemon's memory.
+    pub max_in_flight_bytes: usize,
+    /// Largest dead letter the producer sends (librdkafka `message.max.bytes` of the producer;
+    /// keep it at or below the dead-letter topic's `max.message.bytes`). Larger dead letters
+    /// carry a bounded excerpt of the record instead of the whole record.
+    pub dlq_max_message_bytes: usize,
     /// Largest record accepted, in bytes; a larger one is malformed (oversized).
     pub max_record_bytes: usize,
     /// How often the contiguous watermark of each partition is committed.
@@ -310,6 +319,9 @@ pub struct KafkaConfig {
     pub shutdown_deadline_ms: u64,
     /// librdkafka statistics interval: how fresh `consumer_lag` and broker readiness are.
     pub statistics_interval_ms: u64,
+    /// A partition with records waiting of which none could be read for this long is reported
+    /// stalled (`partition_stalled`, an error log) and the daemon turns not ready.
+    pub stalled_after_ms: u64,
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
@@ -324,7 +336,18 @@ pub const OWNED_KAFKA_PROPERTIES: &[&str] = &[
     "enable.auto.offset.store",
     "enable.partition.eof",
     "statistics.interval.ms",
+    "auto.commit.interval.ms",
 ];
+
+impl KafkaConfig {
+    /// The backoff of every retry (store, dead letters, fences).
+    pub fn backoff(&self) -> crate::retry::Backoff {
+        crate::retry::Backoff::new(
+            std::time::Duration::from_millis(self.retry_initial_ms),
+            std::time::Duration::from_millis(self.retry_max_ms.max(self.retry_initial_ms)),
+        )
+    }
+}
 
 impl Default for KafkaConfig {
     fn default() -> Self {
@@ -334,12 +357,15 @@ impl Default for KafkaConfig {
             group_id: "mailbox-materializer".to_owned(),
             dlq_topic: "dispatch.dlq".to_owned(),
             max_in_flight_records: 1000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            dlq_max_message_bytes: 1_000_000,
             max_record_bytes: crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES,
             commit_interval_ms: 1000,
             retry_initial_ms: 100,
             retry_max_ms: 30_000,
             shutdown_deadline_ms: 25_000,
             statistics_interval_ms: 2000,
+            stalled_after_ms: 30_000,
             properties: BTreeMap::new(),
         }
     }
@@ -664,6 +690,19 @@ impl Config {
                 64 << 20,
             ),
             (
+                "kafka.max_in_flight_bytes",
+                kafka.max_in_flight_bytes as u64,
+                1 << 20,
+                16 << 30,
+            ),
+            (
+                "kafka.dlq_max_message_bytes",
+                kafka.dlq_max_message_bytes as u64,
+                // Room for the headers and a useful excerpt; librdkafka's own ceiling.
+                64 << 10,
+                1_000_000_000,
+            ),
+            (
                 "kafka.commit_interval_ms",
                 kafka.commit_interval_ms,
                 10,
@@ -682,6 +721,12 @@ impl Config {
                 kafka.statistics_interval_ms,
                 100,
                 600_000,
+            ),
+            (
+                "kafka.stalled_after_ms",
+                kafka.stalled_after_ms,
+                1000,
+                3_600_000,
             ),
         ] {
             if !(low..=high).contains(&value) {
@@ -735,9 +780,39 @@ impl Config {
     }
 }
 
-fn is_secret_key(key: &str) -> bool {
+/// Whether a librdkafka property holds a secret: passwords and passphrases (`sasl.password`,
+/// `ssl.key.password`, `ssl.keystore.password`, `*.passphrase`), secrets and tokens
+/// (`sasl.oauthbearer.client.secret`, anything with `token`), the OAuth bearer configuration
+/// (`sasl.oauthbearer.config` carries credentials), inline private keys (`ssl.key.pem`,
+/// `ssl_key`), and anything else named like one. Erring on the side of masking costs nothing.
+pub fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    key.contains("password") || key.contains("secret") || key.contains("key.pem")
+    [
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "token",
+        "credential",
+        "oauthbearer.config",
+        "key.pem",
+        "ssl_key",
+        "private",
+    ]
+    .iter()
+    .any(|needle| key.contains(needle))
+}
+
+/// `text` with every secret value of the Kafka properties replaced by `***`: librdkafka's error
+/// for a refused property quotes the value, which must never reach a log or a terminal.
+pub fn redact_secrets(text: &str, kafka: &KafkaConfig) -> String {
+    let mut out = text.to_owned();
+    for (key, value) in &kafka.properties {
+        if is_secret_key(key) && !value.is_empty() {
+            out = out.replace(value.as_str(), "***");
+        }
+    }
+    out
 }
 
 fn split_list(s: &str) -> Vec<String> {

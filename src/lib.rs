@@ -23,6 +23,8 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod disposition;
 pub mod ingest;
 pub mod model;
+pub mod retry;
 pub mod store;

@@ -469,7 +469,7 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
     );
     let summary: serde_json::Value =
         serde_json::from_slice(&out.stdout).expect("replay prints one JSON summary");
-    assert_eq!(summary["reset_users"], serde_json::json!(["victim"]));
+    assert_eq!(summary["swapped_users"], serde_json::json!(["victim"]));
     assert_eq!(summary["records"], 7);
     assert_eq!(summary["outcomes"]["skipped"], 4);
 

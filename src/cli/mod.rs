@@ -4,11 +4,11 @@
 //! invalid configuration); 2 the store was unreachable or the command line is wrong; 3 `apply`
 //! met a corrupt mailbox.
 
+mod apply;
 mod demo;
 mod output;
 mod run;
 
-use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,7 +17,6 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Backend, Config, Overrides};
-use crate::ingest::{apply_record, decode_record};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
@@ -25,7 +24,7 @@ use crate::store::scylla::{ScyllaSettings, ScyllaStore};
 use crate::store::{Clock, MailboxStore, ManualClock, SystemClock};
 use scylla::statement::{Consistency, SerialConsistency};
 
-use output::{ApplyLine, ErrorEnvelope, TruncateLine};
+use output::{ErrorEnvelope, TruncateLine};
 
 /// Exit status: the store could not be reached (or the command line is wrong).
 pub const EXIT_UNAVAILABLE: u8 = 2;
@@ -230,7 +229,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Patrol(_)
         | Command::Run
         | Command::Replay(_) => ExitCode::SUCCESS,
-        Command::Apply(args) => apply(store, args).await,
+        Command::Apply(args) => apply::run(opened.store.clone(), args).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
         Command::Truncate(args) => truncate(store, args).await,
@@ -378,69 +377,6 @@ fn fail(e: &StoreError) -> ExitCode {
         StoreError::Unavailable { .. } => ExitCode::from(EXIT_UNAVAILABLE),
         _ => ExitCode::FAILURE,
     }
-}
-
-async fn apply(store: &dyn MailboxStore, args: &ApplyArgs) -> ExitCode {
-    let reader: Box<dyn BufRead> = if args.input == "-" {
-        Box::new(std::io::stdin().lock())
-    } else {
-        match std::fs::File::open(&args.input) {
-            Ok(file) => Box::new(std::io::BufReader::new(file)),
-            Err(e) => {
-                eprintln!("error: cannot open {}: {e}", args.input);
-                return ExitCode::FAILURE;
-            }
-        }
-    };
-    let mut corrupt = false;
-    let mut reader = reader;
-    let mut line_no = 0u64;
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!("error: reading {}: {e}", args.input);
-                return ExitCode::FAILURE;
-            }
-        }
-        line_no += 1;
-        let line = trim_line(&buf);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let record = match decode_record(line, args.max_record_bytes) {
-            Ok(record) => record,
-            Err(e) => {
-                print_json(&ApplyLine::malformed(line_no, &e));
-                continue;
-            }
-        };
-        for delivery in apply_record(store, &record).await {
-            if let Err(StoreError::Unavailable { detail, .. }) = &delivery.result {
-                let _ = std::io::stdout().flush();
-                eprintln!("error: line {line_no}: store unreachable: {detail}");
-                return ExitCode::from(EXIT_UNAVAILABLE);
-            }
-            corrupt |= matches!(delivery.result, Err(StoreError::Corrupt { .. }));
-            print_json(&ApplyLine::delivery(line_no, &delivery));
-        }
-    }
-    if corrupt {
-        ExitCode::from(EXIT_CORRUPT)
-    } else {
-        ExitCode::SUCCESS
-    }
-}
-
-fn trim_line(buf: &[u8]) -> &[u8] {
-    let mut end = buf.len();
-    while end > 0 && matches!(buf[end - 1], b'\n' | b'\r') {
-        end -= 1;
-    }
-    &buf[..end]
 }
 
 async fn scan(store: &dyn MailboxStore, args: &ScanArgs) -> ExitCode {

@@ -7,10 +7,10 @@ use std::time::Duration;
 use clap::Args;
 use tokio::sync::watch;
 
-use super::{open_store, print_json, OpenedStore, EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use super::{open_store, print_json, OpenedStore, EXIT_UNAVAILABLE};
 use crate::config::{Backend, Config};
 use crate::daemon::http::{self, Health};
-use crate::daemon::replay::{parse_time_ms, ReplayError, ReplayRequest, ReplayStart};
+use crate::daemon::replay::{parse_time_ms, ProgressMode, ReplayRequest, ReplayStart};
 use crate::daemon::{self, logging, metrics, DaemonOptions, Progress};
 use crate::model::UserId;
 
@@ -27,7 +27,8 @@ pub struct ReplayArgs {
         required_unless_present = "from_time"
     )]
     pub from_offset: Option<i64>,
-    /// First record at or after this time: milliseconds since the epoch or YYYY-MM-DDTHH:MM:SSZ.
+    /// First record at or after this time: milliseconds since the epoch or an RFC 3339 date-time
+    /// (2026-02-03T04:05:06Z, 2026-02-03T05:05:06.5+01:00).
     #[arg(long, value_name = "T", value_parser = parse_time_ms)]
     pub from_time: Option<i64>,
     /// Last offset re-read (inclusive); default: the partition's end when the replay starts.
@@ -36,13 +37,32 @@ pub struct ReplayArgs {
     /// Only this user's deliveries are applied (repeatable); default: every delivery.
     #[arg(long = "user", value_name = "U")]
     pub users: Vec<String>,
-    /// Delete the named users' mailboxes first (under a repair fence a running daemon respects),
-    /// so they are rebuilt from the log.
+    /// Rebuild the named users' mailboxes from the log: fenced (a running daemon's writes to
+    /// them wait), built aside, and swapped in atomically at the end. Refused before anything
+    /// is touched when the range cannot hold the whole history the daemon committed.
     #[arg(long, requires = "users")]
     pub reset_mailboxes: bool,
     /// Read and decode only; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Replay from the log start when retention already deleted the requested start (a rebuild
+    /// then lacks the deleted records).
+    #[arg(long)]
+    pub allow_partial_history: bool,
+    /// Swap a named user even when the range holds no record of it (its mailboxes end up empty).
+    #[arg(long, requires = "reset_mailboxes")]
+    pub allow_empty: bool,
+    /// Progress on stderr: a bar on a terminal, a line every 5 s otherwise, or none.
+    #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
+    pub progress: ProgressArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressArg {
+    Auto,
+    Bar,
+    Lines,
+    Off,
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -71,7 +91,7 @@ async fn termination() {
 /// Connects to the store, retrying with backoff until it answers or a signal arrives: a daemon
 /// started before its store comes up waits (not ready) instead of crash-looping.
 async fn connect_store(config: &Config) -> Option<OpenedStore> {
-    let retry = daemon::RetryPolicy::from_config(config);
+    let retry = config.kafka.backoff();
     let mut attempt = 0;
     let signal = termination();
     tokio::pin!(signal);
@@ -185,33 +205,39 @@ pub async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         users,
         reset_mailboxes: args.reset_mailboxes,
         dry_run: args.dry_run,
-        progress: true,
+        allow_partial_history: args.allow_partial_history,
+        allow_empty: args.allow_empty,
+        progress: match args.progress {
+            ProgressArg::Auto => ProgressMode::for_stderr(),
+            ProgressArg::Bar => ProgressMode::Bar,
+            ProgressArg::Lines => ProgressMode::Lines,
+            ProgressArg::Off => ProgressMode::Off,
+        },
     };
-    let result = daemon::replay::replay(config, opened.store.clone(), &request).await;
+    let (interrupt_tx, interrupt) = watch::channel(false);
+    let signals = tokio::spawn(async move {
+        termination().await;
+        let _ = interrupt_tx.send(true);
+    });
+    let summary = daemon::replay::replay(config, opened.store.clone(), &request, interrupt).await;
+    signals.abort();
     if let Err(e) = opened.persist() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
-    match result {
-        Ok(summary) => {
-            print_json(&summary);
-            if summary.corrupt_users.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!(
-                    "error: still corrupt after the replay: {}",
-                    summary.corrupt_users.join(", ")
-                );
-                ExitCode::from(EXIT_CORRUPT)
-            }
-        }
-        Err(e @ ReplayError::ResetWithoutUsers) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: replay: {e}");
-            ExitCode::from(EXIT_UNAVAILABLE)
-        }
+    print_json(&summary);
+    if let Some(refusal) = &summary.refused {
+        eprintln!(
+            "error: replay refused ({}): {}",
+            refusal.reason, refusal.detail
+        );
+    } else if let Some(reason) = &summary.aborted {
+        eprintln!("error: replay aborted: {reason}");
+    } else if !summary.corrupt_users.is_empty() {
+        eprintln!(
+            "error: still corrupt after the replay: {}",
+            summary.corrupt_users.join(", ")
+        );
     }
+    ExitCode::from(summary.exit_status())
 }

@@ -17,6 +17,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Health {
     store_ok: AtomicBool,
     broker_ok: AtomicBool,
+    /// False while an assigned partition is stalled (records waiting that cannot be read).
+    consumer_stalled: AtomicBool,
 }
 
 impl Health {
@@ -30,6 +32,17 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// Whether every assigned partition can be read (see the engine's stall detection).
+    pub fn set_consumer(&self, ok: bool) {
+        self.consumer_stalled.store(!ok, Ordering::Relaxed);
+        super::metrics::ready(self.ready());
+    }
+
+    /// Sets the `ready` gauge again (gauges not set for a while disappear from `/metrics`).
+    pub fn refresh(&self) {
+        super::metrics::ready(self.ready());
+    }
+
     pub fn store_ok(&self) -> bool {
         self.store_ok.load(Ordering::Relaxed)
     }
@@ -39,7 +52,7 @@ impl Health {
     }
 
     pub fn ready(&self) -> bool {
-        self.store_ok() && self.broker_ok()
+        self.store_ok() && self.broker_ok() && !self.consumer_stalled.load(Ordering::Relaxed)
     }
 }
 

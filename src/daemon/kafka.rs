@@ -1,19 +1,26 @@
-//! librdkafka clients of the daemon: the group consumer with its rebalance and statistics
-//! callbacks, the dead-letter producer, and the property validation of `check-config`.
+//! librdkafka clients of the daemon: the group consumer with its rebalance, statistics and
+//! commit callbacks, the dead-letter producer, and the property validation of `check-config`.
+//!
+//! **Offsets.** The daemon never commits what librdkafka polled. It *stores* the contiguous
+//! watermark of each partition (`enable.auto.offset.store = false`, see `engine`), and librdkafka
+//! commits the stored offsets every `commit_interval_ms` (`enable.auto.commit`), on every revoke
+//! (librdkafka commits a removed partition's stored offset when it leaves the assignment) and at
+//! close. So the committed offset is always a watermark: every record below it is final and
+//! durable. With a store that dies with the process (memory) nothing is stored or committed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use tokio::sync::mpsc;
 
 use super::http::Health;
+use super::metrics;
 use crate::config::KafkaConfig;
 
 /// The settings every client shares: brokers, then the pass-through properties (TLS, SASL).
@@ -26,14 +33,24 @@ pub fn base_config(kafka: &KafkaConfig) -> ClientConfig {
     config
 }
 
-/// The group consumer: offsets are committed by the daemon only, from its contiguous watermark,
-/// never by librdkafka's auto-commit of whatever was polled.
-pub fn consumer_config(kafka: &KafkaConfig) -> ClientConfig {
+/// librdkafka's own prefetch queue, per consumer, unless the operator sets it: 16 MiB instead of
+/// librdkafka's 64 MiB, so the daemon's memory is its window plus a predictable prefetch.
+const DEFAULT_QUEUED_MAX_KBYTES: &str = "16384";
+
+/// The group consumer. `commit_offsets` false (the memory store) turns committing off entirely.
+pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfig {
     let mut config = base_config(kafka);
     config
         .set("group.id", &kafka.group_id)
-        .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        .set(
+            "enable.auto.commit",
+            if commit_offsets { "true" } else { "false" },
+        )
+        .set(
+            "auto.commit.interval.ms",
+            kafka.commit_interval_ms.to_string(),
+        )
         .set("enable.partition.eof", "false")
         .set(
             "statistics.interval.ms",
@@ -42,61 +59,84 @@ pub fn consumer_config(kafka: &KafkaConfig) -> ClientConfig {
     if !kafka.properties.contains_key("auto.offset.reset") {
         config.set("auto.offset.reset", "earliest");
     }
+    if !kafka.properties.contains_key("queued.max.messages.kbytes") {
+        config.set("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES);
+    }
     config
 }
 
 /// The dead-letter producer: idempotent, acknowledged by every in-sync replica, so a dead letter
-/// is durable before the source offset is committed.
+/// is durable before the source offset is committed. Its message limit is explicit, and the dead
+/// letters are built to fit it (see `dead_letter`).
 pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut config = base_config(kafka);
-    config.set("enable.idempotence", "true").set("acks", "all");
+    config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.max.bytes", kafka.dlq_max_message_bytes.to_string());
     if !kafka.properties.contains_key("message.timeout.ms") {
         config.set("message.timeout.ms", "30000");
     }
     config
 }
 
-/// Checks that librdkafka knows every property and accepts its value, without connecting.
+/// Checks that librdkafka knows every property and accepts its value, without connecting. The
+/// error never echoes a secret value (librdkafka's message quotes the value it refused).
 pub fn validate_properties(kafka: &KafkaConfig) -> Result<(), String> {
-    consumer_config(kafka)
+    let redact = |e: KafkaError| crate::config::redact_secrets(&e.to_string(), kafka);
+    consumer_config(kafka, true)
         .create_native_config()
-        .map_err(|e| format!("kafka.properties: {e}"))?;
+        .map_err(|e| format!("kafka.properties: {}", redact(e)))?;
     producer_config(kafka)
         .create_native_config()
-        .map_err(|e| format!("kafka.properties (dead-letter producer): {e}"))?;
+        .map_err(|e| format!("kafka.properties (dead-letter producer): {}", redact(e)))?;
     Ok(())
 }
 
-/// What the consumer callbacks tell the daemon's loop.
-#[derive(Debug)]
+/// What the consumer callbacks tell the poll thread, in the order they happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupEvent {
     Assigned(Vec<i32>),
     Revoked(Vec<i32>),
 }
 
-/// Offsets the loop has made committable per assigned partition: `(watermark, committed)`.
-/// Entries exist only while the partition is assigned, so a late watermark of a revoked
-/// partition can never be committed.
-pub type Committable = Arc<Mutex<HashMap<i32, (Option<i64>, Option<i64>)>>>;
-
 pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The consumer's context: rebalance, statistics, errors and logs.
+/// The consumer's context: rebalance, statistics, commits, errors and logs.
 ///
-/// librdkafka calls these from inside the consumer's poll (rust-rdkafka issue #738: only while the
-/// consumer is polled), which the daemon's loop does continuously, also while partitions are
-/// paused.
+/// librdkafka calls these from inside `poll`, on the poll thread (`intake`). Rebalance events are
+/// queued here and forwarded by the poll thread *after* the records it polled before them, so
+/// the engine sees every partition's records strictly inside its assignment.
 pub struct DaemonContext {
     pub topic: String,
-    pub events: mpsc::UnboundedSender<GroupEvent>,
-    pub committable: Committable,
+    pub group_events: Mutex<Vec<GroupEvent>>,
     /// High watermarks from the statistics, for `consumer_lag`.
     pub high_watermarks: Arc<Mutex<HashMap<i32, i64>>>,
+    /// The committed offset of each partition when it was assigned (lag before any record).
+    pub start_offsets: Arc<Mutex<HashMap<i32, i64>>>,
+    /// The offsets the group last committed, from the commit callback.
+    pub committed: Arc<Mutex<HashMap<i32, i64>>>,
     pub health: Arc<Health>,
-    /// False when offsets are not committed at all (a store that dies with the process).
-    pub commit_offsets: bool,
+}
+
+impl DaemonContext {
+    pub fn new(topic: &str, health: Arc<Health>) -> Self {
+        Self {
+            topic: topic.to_owned(),
+            group_events: Mutex::new(Vec::new()),
+            high_watermarks: Arc::default(),
+            start_offsets: Arc::default(),
+            committed: Arc::default(),
+            health,
+        }
+    }
+
+    /// The group events queued since the last call.
+    pub fn take_group_events(&self) -> Vec<GroupEvent> {
+        std::mem::take(&mut *lock(&self.group_events))
+    }
 }
 
 impl ClientContext for DaemonContext {
@@ -150,59 +190,64 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
 }
 
 impl ConsumerContext for DaemonContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let revoked = partitions_of(tpl, &self.topic);
-                // Commit what is final before the partitions go: the new owner starts exactly
-                // at the watermark, never past an unfinished record.
-                let mut commit = TopicPartitionList::new();
-                {
-                    let mut committable = lock(&self.committable);
-                    for partition in &revoked {
-                        if let Some((Some(watermark), committed)) = committable.remove(partition) {
-                            if committed != Some(watermark) {
-                                let _ = commit.add_partition_offset(
-                                    &self.topic,
-                                    *partition,
-                                    Offset::Offset(watermark),
-                                );
-                            }
-                        }
-                    }
-                }
-                if commit.count() > 0 && self.commit_offsets {
-                    if let Err(e) = consumer.commit(&commit, CommitMode::Sync) {
-                        tracing::warn!(error = %e, "commit on revoke failed; the new owner re-reads from the last commit");
-                    }
-                }
                 tracing::info!(partitions = ?revoked, "partitions revoked");
-                let _ = self.events.send(GroupEvent::Revoked(revoked));
-            }
-            Rebalance::Assign(tpl) => {
-                let assigned = partitions_of(tpl, &self.topic);
                 {
-                    let mut committable = lock(&self.committable);
-                    for partition in &assigned {
-                        committable.entry(*partition).or_insert((None, None));
+                    let mut committed = lock(&self.committed);
+                    let mut starts = lock(&self.start_offsets);
+                    let mut highs = lock(&self.high_watermarks);
+                    for partition in &revoked {
+                        committed.remove(partition);
+                        starts.remove(partition);
+                        highs.remove(partition);
                     }
                 }
-                tracing::info!(partitions = ?assigned, "partitions assigned");
-                let _ = self.events.send(GroupEvent::Assigned(assigned));
+                lock(&self.group_events).push(GroupEvent::Revoked(revoked));
             }
+            Rebalance::Assign(_) => {}
             Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
         }
     }
 
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let assigned = partitions_of(tpl, &self.topic);
+            // librdkafka keeps a partition's pause flag across assignments: a partition paused
+            // by a full window, revoked and assigned again would never fetch. Every partition
+            // starts a new assignment resumed, matching the engine's fresh state.
+            let mut resume = TopicPartitionList::new();
+            for partition in &assigned {
+                resume.add_partition(&self.topic, *partition);
+            }
+            if let Err(e) = consumer.resume(&resume) {
+                tracing::warn!(error = %e, "resume of newly assigned partitions failed");
+            }
+            tracing::info!(partitions = ?assigned, "partitions assigned");
+            lock(&self.group_events).push(GroupEvent::Assigned(assigned));
+        }
+    }
+
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "offset commit failed; retried at the next interval");
-            // Forget what was believed committed, so the next interval commits again.
-            let mut committable = lock(&self.committable);
-            for element in offsets.elements() {
-                if let Some(entry) = committable.get_mut(&element.partition()) {
-                    entry.1 = None;
+        match result {
+            Ok(()) => {
+                let mut committed = lock(&self.committed);
+                for element in offsets.elements() {
+                    if element.topic() != self.topic {
+                        continue;
+                    }
+                    if let Offset::Offset(offset) = element.offset() {
+                        committed.insert(element.partition(), offset);
+                        metrics::committed_offset(element.partition(), offset);
+                    }
                 }
+            }
+            // "No offset" means nothing new was stored since the last commit: not a failure.
+            Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "offset commit failed; the stored offsets are committed again at the next interval")
             }
         }
     }

@@ -19,6 +19,15 @@ pub const PROMOTE_EXPIRED_DAYS_TOTAL: &str = "materializer_promote_expired_days_
 pub const REPLAY_RECORDS_TOTAL: &str = "materializer_replay_records_total";
 pub const COMMITTED_OFFSET: &str = "materializer_committed_offset";
 pub const READY: &str = "materializer_ready";
+pub const LAST_RECORD_TIMESTAMP: &str = "materializer_last_record_timestamp_seconds";
+pub const PARTITION_STALLED: &str = "materializer_partition_stalled";
+pub const CONSUMER_ERRORS_TOTAL: &str = "materializer_consumer_errors_total";
+
+/// A gauge not set for this long disappears from `/metrics`. The daemon sets the gauges of every
+/// assigned partition at each housekeeping tick (every second), so this is how a revoked
+/// partition's gauges are removed instead of staying frozen on its old owner (where `sum()` would
+/// count them twice).
+pub const GAUGE_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -36,6 +45,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
         return Ok(handle.clone());
     }
     let handle = PrometheusBuilder::new()
+        .idle_timeout(
+            metrics_util::MetricKindMask::GAUGE,
+            Some(GAUGE_IDLE_TIMEOUT),
+        )
         .set_buckets_for_metric(
             Matcher::Full(APPLY_DURATION.to_owned()),
             &[
@@ -94,6 +107,19 @@ fn describe() {
         "The last committed offset (next record to read) of each assigned partition"
     );
     describe_gauge!(READY, "1 when the store and the broker answer, 0 otherwise");
+    describe_gauge!(
+        LAST_RECORD_TIMESTAMP,
+        metrics::Unit::Seconds,
+        "Kafka timestamp of the partition's last final record: lag in time is now minus this"
+    );
+    describe_gauge!(
+        PARTITION_STALLED,
+        "1 while the partition has records to read but the consumer cannot read them (consumer errors, no progress)"
+    );
+    describe_counter!(
+        CONSUMER_ERRORS_TOTAL,
+        "Errors the Kafka consumer reported while fetching, by librdkafka error code"
+    );
 }
 
 /// The registered handle, if [`install`] ran.
@@ -143,4 +169,22 @@ pub fn replay_record(outcome: &'static str) {
 
 pub fn ready(ready: bool) {
     gauge!(READY).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// The Kafka timestamp (ms) of the partition's last final record.
+pub fn last_record_timestamp(partition: i32, timestamp_ms: i64) {
+    gauge!(LAST_RECORD_TIMESTAMP, "partition" => partition.to_string())
+        .set(timestamp_ms as f64 / 1000.0);
+}
+
+pub fn partition_stalled(partition: i32, stalled: bool) {
+    gauge!(PARTITION_STALLED, "partition" => partition.to_string()).set(if stalled {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub fn consumer_error(code: &str) {
+    counter!(CONSUMER_ERRORS_TOTAL, "code" => code.to_owned()).increment(1);
 }

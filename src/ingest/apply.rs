@@ -81,6 +81,22 @@ impl DispatchRecord {
     }
 }
 
+impl DispatchRecord {
+    /// The record with only the deliveries of the users `keep` accepts; `None` when none is left
+    /// (a `truncate_before` record is one delivery).
+    pub fn retain_users(self, keep: impl Fn(&crate::model::UserId) -> bool) -> Option<Self> {
+        match self {
+            Self::GroupDispatch(mut dispatch) => {
+                dispatch.deliveries.retain(|g| keep(&g.mailbox.user_id));
+                (!dispatch.deliveries.is_empty()).then_some(Self::GroupDispatch(dispatch))
+            }
+            Self::TruncateBefore(truncate) => {
+                keep(&truncate.mailbox.user_id).then_some(Self::TruncateBefore(truncate))
+            }
+        }
+    }
+}
+
 /// Applies one delivery once. A `truncate_before` for an epoch older than the user's current one
 /// is `TruncateStale`, like a stale append.
 pub async fn apply_delivery(

@@ -5,6 +5,8 @@
 
 pub mod apply;
 pub mod decode;
+pub mod pipeline;
+pub mod runner;
 
 pub use apply::{apply_delivery, apply_record, Delivery, DeliveryOutcome, DeliveryResult};
 pub use decode::{decode_record, DecodeError, DispatchRecord, MalformedKind};

@@ -1,21 +1,7 @@
-//! The errors of the store contract (SPEC 4) and their retry class.
+//! The errors of the store contract (SPEC 4).
 //!
 //! Every error carries a kind word from SPEC 8.1 (`kind()`), which the CLI prints and the metrics
-//! use as a label, and a [`RetryClass`] that tells the daemon what to do with the record.
-
-use std::fmt;
-
-/// What the daemon does with a record whose delivery failed this way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RetryClass {
-    /// The input can never succeed as it is: dead-letter it and move on.
-    Permanent,
-    /// The mailbox cannot be interpreted safely: block that mailbox (fail closed) until an
-    /// operator replays it from the log. Never skipped automatically.
-    Corrupt,
-    /// The backend could not be reached or answered oddly: retry with backoff.
-    Transient,
-}
+//! use as a label. What the product does with each error is decided in `crate::disposition`.
 
 /// Why an input was rejected before anything was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -257,30 +243,5 @@ impl StoreError {
                 format!("{backend} does not support {operation}")
             }
         }
-    }
-
-    /// What the daemon does with a record that failed this way.
-    pub fn retry_class(&self) -> RetryClass {
-        match self {
-            Self::Rejected { .. }
-            | Self::Conflict { .. }
-            | Self::EpochMismatch { .. }
-            | Self::CursorExpired { .. }
-            | Self::Refused { .. }
-            | Self::FenceLost { .. }
-            | Self::Unsupported { .. } => RetryClass::Permanent,
-            Self::Corrupt { .. } => RetryClass::Corrupt,
-            Self::Unavailable { .. } | Self::UnderRepair { .. } => RetryClass::Transient,
-        }
-    }
-}
-
-impl fmt::Display for RetryClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Permanent => "permanent",
-            Self::Corrupt => "corrupt",
-            Self::Transient => "transient",
-        })
     }
 }

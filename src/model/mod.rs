@@ -10,7 +10,7 @@ pub mod outcome;
 pub mod retention;
 pub mod validate;
 
-pub use error::{ConflictKind, CorruptKind, CursorExpired, RejectKind, RetryClass, StoreError};
+pub use error::{ConflictKind, CorruptKind, CursorExpired, RejectKind, StoreError};
 pub use group::{Event, EventGroup, Payload};
 pub use ids::{MailboxId, UserId, UserIdError, MAX_MAILBOX_SEQ};
 pub use outcome::{

@@ -145,3 +145,88 @@ impl MailboxStore for StagingView {
         self.store.ping().await
     }
 }
+
+/// The fence renewals of a running repair, from a task of their own: a rebuild that is busy, or
+/// a store call that is slow, never delays them. [`Renewal::lost`] resolves when a fence is lost
+/// (`FenceLost`, or renewals failing until the lease must have lapsed): the repair must then
+/// abort without swapping.
+pub struct Renewal {
+    task: tokio::task::JoinHandle<()>,
+    lost: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+impl Renewal {
+    /// Renews every token every [`REPAIR_RENEW_EVERY`] for [`REPAIR_LEASE`]; a transient failure
+    /// is retried every second while the lease may still hold.
+    pub fn start(store: Arc<dyn MailboxStore>, tokens: Vec<RepairToken>) -> Self {
+        Self::start_with(store, tokens, REPAIR_LEASE, REPAIR_RENEW_EVERY)
+    }
+
+    /// [`Renewal::start`] with a chosen lease and period.
+    pub fn start_with(
+        store: Arc<dyn MailboxStore>,
+        tokens: Vec<RepairToken>,
+        lease: Duration,
+        every: Duration,
+    ) -> Self {
+        let (tx, lost) = tokio::sync::watch::channel(None);
+        let task = tokio::spawn(async move {
+            let mut renewed_at = std::time::Instant::now();
+            let mut wait = every;
+            loop {
+                tokio::time::sleep(wait).await;
+                let mut failure = None;
+                for token in &tokens {
+                    match store.repair_renew(token, lease).await {
+                        Ok(()) => {}
+                        Err(StoreError::FenceLost { detail }) => {
+                            let _ = tx.send(Some(detail));
+                            return;
+                        }
+                        Err(e) => failure = Some(e),
+                    }
+                }
+                match failure {
+                    None => {
+                        renewed_at = std::time::Instant::now();
+                        wait = every;
+                    }
+                    Some(e) if renewed_at.elapsed() >= lease => {
+                        let _ = tx.send(Some(format!(
+                            "the fence could not be renewed for the whole lease ({lease:?}): {e}"
+                        )));
+                        return;
+                    }
+                    Some(e) => {
+                        tracing::warn!(error = %e, "repair fence renewal failed; retrying");
+                        wait = Duration::from_secs(1).min(every);
+                    }
+                }
+            }
+        });
+        Self { task, lost }
+    }
+
+    /// Resolves with the reason once a fence is lost; pending forever otherwise.
+    pub async fn lost(&mut self) -> String {
+        loop {
+            if let Some(reason) = self.lost.borrow().clone() {
+                return reason;
+            }
+            if self.lost.changed().await.is_err() {
+                // The renewal task ended without reporting a loss: it was stopped.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The reason, if a fence is already lost.
+    pub fn is_lost(&self) -> Option<String> {
+        self.lost.borrow().clone()
+    }
+
+    /// Stops renewing.
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}

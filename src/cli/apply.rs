@@ -1,0 +1,235 @@
+//! `materializer apply`: dispatch records from a file or stdin straight into the store, through
+//! the daemon's ordering core (`ingest::pipeline` + `ingest::runner`): many users in flight, each
+//! user's deliveries in line order, and the output still one JSON line per delivery in input order.
+//!
+//! What a line's result means is [`Disposition`]'s table. `apply` differs from the daemon only in
+//! what it does not wait for: a corrupt mailbox is printed `corrupt` (exit 3) instead of blocking,
+//! a user fenced by a running repair stops the run (exit 2, retry later) with no line printed for
+//! that record, and an unreachable store is retried briefly before the same exit 2. Lines printed
+//! before an exit 2 are final; rerunning the whole input is safe (replay is idempotent).
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::output::ApplyLine;
+use super::{print_json, ApplyArgs, EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use crate::disposition::Disposition;
+use crate::ingest::pipeline::{FinalRecord, PartitionPipeline};
+use crate::ingest::runner::{Attempt, Cancel, Runner};
+use crate::ingest::{decode_record, DeliveryResult};
+use crate::model::StoreError;
+use crate::retry::Backoff;
+use crate::store::MailboxStore;
+
+/// Lines read ahead of the slowest lane (bounds the memory of a run).
+const WINDOW: usize = 4096;
+/// Attempts of a delivery on a transient store error before `apply` gives up (exit 2).
+const MAX_TRANSIENT_ATTEMPTS: u32 = 5;
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+
+/// One input line, numbered from 1.
+struct Line {
+    number: u64,
+    bytes: Vec<u8>,
+}
+
+pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs) -> ExitCode {
+    let reader: Box<dyn BufRead + Send> = if args.input == "-" {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        match std::fs::File::open(&args.input) {
+            Ok(file) => Box::new(std::io::BufReader::new(file)),
+            Err(e) => {
+                eprintln!("error: cannot open {}: {e}", args.input);
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    // Reading blocks (a pipe may be slow): a thread of its own feeds the loop.
+    let (tx, mut lines) = tokio::sync::mpsc::channel::<Result<Line, String>>(WINDOW);
+    let input = args.input.clone();
+    let reading = tokio::task::spawn_blocking(move || read_lines(reader, &input, &tx));
+
+    let mut pipeline: PartitionPipeline<(), u64> = PartitionPipeline::new(WINDOW);
+    let mut runner: Runner<crate::ingest::pipeline::DeliveryRef> = Runner::default();
+    let cancel = Cancel::default();
+    let mut corrupt = false;
+    let mut input_done = false;
+    let mut failure: Option<(u64, String, ExitCode)> = None;
+    while failure.is_none() && !(input_done && pipeline.is_empty()) {
+        tokio::select! {
+            biased;
+            attempt = runner.next() => {
+                failure = on_attempt(&mut pipeline, &mut runner, &store, &cancel, attempt);
+            }
+            line = lines.recv(), if !input_done && !pipeline.is_full() => match line {
+                None => input_done = true,
+                Some(Err(e)) => {
+                    failure = Some((0, e, ExitCode::FAILURE));
+                }
+                Some(Ok(line)) => {
+                    let index = line.number as i64;
+                    let decoded = decode_record(&line.bytes, args.max_record_bytes);
+                    if let Some(admission) = pipeline.admit(index, (), 0, line.number, decoded) {
+                        for at in admission.ready {
+                            start(&mut runner, &pipeline, &store, &cancel, at, 0, Duration::ZERO);
+                        }
+                        if admission.settled.is_some_and(|s| s.dead_letter.is_some()) {
+                            pipeline.dead_lettered(index);
+                        }
+                    }
+                }
+            },
+        }
+        for record in pipeline.pop_final() {
+            corrupt |= print_record(&record);
+        }
+    }
+    cancel.cancel();
+    drop(lines);
+    reading.abort();
+    let _ = std::io::stdout().flush();
+    if let Some((line, message, code)) = failure {
+        if line > 0 {
+            eprintln!("error: line {line}: {message}");
+        } else {
+            eprintln!("error: {message}");
+        }
+        return code;
+    }
+    if corrupt {
+        ExitCode::from(EXIT_CORRUPT)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn read_lines(
+    mut reader: Box<dyn BufRead + Send>,
+    input: &str,
+    tx: &tokio::sync::mpsc::Sender<Result<Line, String>>,
+) {
+    let mut number = 0u64;
+    loop {
+        let mut bytes = Vec::new();
+        match reader.read_until(b'\n', &mut bytes) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = tx.blocking_send(Err(format!("reading {input}: {e}")));
+                return;
+            }
+        }
+        number += 1;
+        while matches!(bytes.last(), Some(b'\n' | b'\r')) {
+            bytes.pop();
+        }
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if tx.blocking_send(Ok(Line { number, bytes })).is_err() {
+            return;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start(
+    runner: &mut Runner<crate::ingest::pipeline::DeliveryRef>,
+    pipeline: &PartitionPipeline<(), u64>,
+    store: &Arc<dyn MailboxStore>,
+    cancel: &Cancel,
+    at: crate::ingest::pipeline::DeliveryRef,
+    attempt: u32,
+    delay: Duration,
+) {
+    if let Some(delivery) = pipeline.delivery(at).cloned() {
+        runner.start(at, store.clone(), delivery, attempt, delay, cancel.clone());
+    }
+}
+
+/// Handles a finished attempt; `Some` stops the run with the line, the message and the status.
+fn on_attempt(
+    pipeline: &mut PartitionPipeline<(), u64>,
+    runner: &mut Runner<crate::ingest::pipeline::DeliveryRef>,
+    store: &Arc<dyn MailboxStore>,
+    cancel: &Cancel,
+    attempt: Attempt<crate::ingest::pipeline::DeliveryRef>,
+) -> Option<(u64, String, ExitCode)> {
+    let result = attempt.result?;
+    let at = attempt.key;
+    let line = pipeline.meta(at.offset).copied().unwrap_or(0);
+    match Disposition::of(&result) {
+        // `apply` reports a corrupt mailbox (exit 3) instead of waiting for its repair.
+        Disposition::Advance | Disposition::DeadLetter | Disposition::Block => {}
+        Disposition::Retry { under_repair: true } => {
+            let detail = result.err().map(|e| e.detail()).unwrap_or_default();
+            return Some((
+                line,
+                format!("the user's mailboxes are being rebuilt ({detail}); nothing was written for this record: rerun when the repair is done"),
+                ExitCode::from(EXIT_UNAVAILABLE),
+            ));
+        }
+        Disposition::Retry {
+            under_repair: false,
+        } => {
+            if attempt.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS {
+                let detail = match result {
+                    Err(StoreError::Unavailable { detail, .. }) => detail,
+                    Err(e) => e.to_string(),
+                    Ok(_) => String::new(),
+                };
+                return Some((
+                    line,
+                    format!("store unreachable: {detail}"),
+                    ExitCode::from(EXIT_UNAVAILABLE),
+                ));
+            }
+            runner.start(
+                at,
+                store.clone(),
+                attempt.delivery,
+                attempt.attempt + 1,
+                BACKOFF.delay(attempt.attempt),
+                cancel.clone(),
+            );
+            return None;
+        }
+        Disposition::AbortRepair => {
+            let detail = result.err().map(|e| e.to_string()).unwrap_or_default();
+            return Some((line, detail, ExitCode::from(EXIT_UNAVAILABLE)));
+        }
+    }
+    let (next, settled) = pipeline.complete(at, result);
+    if let Some(next) = next {
+        start(runner, pipeline, store, cancel, next, 0, Duration::ZERO);
+    }
+    if let Some(settled) = settled {
+        if settled.dead_letter.is_some() {
+            pipeline.dead_lettered(settled.offset);
+        }
+    }
+    None
+}
+
+/// Prints a final record's lines; true when one of its deliveries met a corrupt mailbox.
+fn print_record(record: &FinalRecord<u64>) -> bool {
+    let line = record.meta;
+    if let Some(error) = &record.malformed {
+        print_json(&ApplyLine::malformed(line, error));
+        return false;
+    }
+    let mut corrupt = false;
+    for (delivery, result) in &record.deliveries {
+        corrupt |= matches!(result, Err(StoreError::Corrupt { .. }));
+        let result = DeliveryResult {
+            mailbox: delivery.mailbox().clone(),
+            mailbox_seq: delivery.mailbox_seq(),
+            result: result.clone(),
+        };
+        print_json(&ApplyLine::delivery(line, &result));
+    }
+    corrupt
+}

@@ -1,0 +1,679 @@
+//! The daemon's loop: records in, store calls and dead letters out, offsets stored.
+//!
+//! One task owns every assigned partition's window ([`PartitionPipeline`]) and polls, in one
+//! `select!`, the poll thread's batches, the store calls in flight ([`Runner`]), the dead letters
+//! in flight, and a one-second housekeeping tick. Each finished store call is turned into an
+//! action by [`Disposition`]; each record that leaves a window final moves the partition's
+//! watermark, which is stored for librdkafka to commit. Nothing here waits on the store or the
+//! broker: every wait is a future in one of the in-flight sets.
+//!
+//! Bounds: per partition, `kafka.max_in_flight_records` records in the window (paused when full,
+//! resumed at half); all partitions together, `kafka.max_in_flight_bytes` of raw records (every
+//! partition paused when reached, resumed at half). Store calls in flight are at most one per
+//! lane, so at most the records in the windows.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{mpsc, watch};
+
+use super::dead_letter::{self, Letter, Source};
+use super::intake::{IntakeEvent, RawRecord};
+use super::kafka::{lock, DaemonContext, GroupEvent};
+use super::metrics;
+use super::telemetry::Telemetry;
+use crate::config::Config;
+use crate::disposition::Disposition;
+use crate::ingest::pipeline::{DeliveryRef, PartitionPipeline, Settled};
+use crate::ingest::runner::{Attempt, Cancel, Runner};
+use crate::ingest::{decode_record, Delivery};
+use crate::model::UserId;
+use crate::retry::Backoff;
+use crate::store::MailboxStore;
+
+/// What a record carries through the window besides its raw bytes.
+#[derive(Debug, Clone, Copy)]
+struct RecordMeta {
+    timestamp_ms: Option<i64>,
+}
+
+/// A delivery's key in the runner: stale results (a revoked partition) are recognised by
+/// `generation`.
+#[derive(Debug, Clone, Copy)]
+struct Key {
+    partition: i32,
+    generation: u64,
+    at: DeliveryRef,
+}
+
+/// A dead letter in flight.
+struct LetterDone {
+    partition: i32,
+    generation: u64,
+    offset: i64,
+    attempt: u32,
+    reason: &'static str,
+    letter: Arc<Letter>,
+    result: Result<(), KafkaError>,
+}
+
+struct PartitionState {
+    generation: u64,
+    pipeline: PartitionPipeline<RawRecord, RecordMeta>,
+    /// Users of this partition failing closed, with the reason.
+    blocked: HashMap<UserId, String>,
+    paused: bool,
+    cancel: Cancel,
+    /// The last watermark handed to librdkafka's offset store.
+    stored: Option<i64>,
+    /// The committed offset when the partition was assigned (lag before the first record).
+    start: Option<i64>,
+    /// When a record of the partition was last admitted (stall detection).
+    last_record: Instant,
+    stalled: bool,
+}
+
+/// Settings the engine takes from the configuration once.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    pub topic: Arc<str>,
+    pub dlq_topic: Arc<str>,
+    pub max_records: usize,
+    pub max_bytes: usize,
+    pub max_record_bytes: usize,
+    pub dlq_max_message_bytes: usize,
+    pub backoff: Backoff,
+    pub commit_offsets: bool,
+    pub shutdown_deadline: Duration,
+    pub stalled_after: Duration,
+}
+
+impl EngineSettings {
+    pub fn from_config(config: &Config, commit_offsets: bool) -> Self {
+        let kafka = &config.kafka;
+        Self {
+            topic: Arc::from(kafka.topic.as_str()),
+            dlq_topic: Arc::from(kafka.dlq_topic.as_str()),
+            max_records: kafka.max_in_flight_records,
+            max_bytes: kafka.max_in_flight_bytes,
+            max_record_bytes: kafka.max_record_bytes,
+            dlq_max_message_bytes: kafka.dlq_max_message_bytes,
+            backoff: config.kafka.backoff(),
+            commit_offsets,
+            shutdown_deadline: Duration::from_millis(kafka.shutdown_deadline_ms),
+            stalled_after: Duration::from_millis(kafka.stalled_after_ms),
+        }
+    }
+}
+
+/// What the daemon committed when it stopped.
+#[derive(Debug, Default)]
+pub struct RunReport {
+    /// The last watermark of each partition still assigned at the end.
+    pub committed: std::collections::BTreeMap<i32, i64>,
+    /// Records still in flight at the deadline (their offsets were not committed).
+    pub abandoned_records: usize,
+}
+
+pub struct Engine {
+    settings: EngineSettings,
+    consumer: Arc<BaseConsumer<DaemonContext>>,
+    producer: FutureProducer,
+    store: Arc<dyn MailboxStore>,
+    telemetry: Telemetry,
+    partitions: HashMap<i32, PartitionState>,
+    next_generation: u64,
+    runner: Runner<Key>,
+    letters: FuturesUnordered<BoxFuture<'static, LetterDone>>,
+    /// The last consumer error, for the stall log.
+    last_consumer_error: Option<String>,
+}
+
+impl Engine {
+    pub fn new(
+        settings: EngineSettings,
+        consumer: Arc<BaseConsumer<DaemonContext>>,
+        producer: FutureProducer,
+        store: Arc<dyn MailboxStore>,
+        telemetry: Telemetry,
+    ) -> Self {
+        Self {
+            settings,
+            consumer,
+            producer,
+            store,
+            telemetry,
+            partitions: HashMap::new(),
+            next_generation: 0,
+            runner: Runner::default(),
+            letters: FuturesUnordered::new(),
+            last_consumer_error: None,
+        }
+    }
+
+    /// Runs until `shutdown` flips and the drain ends (or its deadline passes).
+    pub async fn run(
+        mut self,
+        intake: mpsc::Receiver<IntakeEvent>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> RunReport {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Dropped (set to `None`) when the drain starts: a poll thread blocked on handing over a
+        // batch is released and stops.
+        let mut intake = Some(intake);
+        let mut deadline: Option<tokio::time::Instant> = None;
+        if *shutdown.borrow() {
+            deadline = Some(tokio::time::Instant::now());
+            intake = None;
+        }
+        loop {
+            if deadline.is_some() && self.partitions.values().all(|p| p.pipeline.is_empty()) {
+                break;
+            }
+            let until = deadline.unwrap_or_else(tokio::time::Instant::now);
+            tokio::select! {
+                biased;
+                event = async { intake.as_mut()?.recv().await }, if intake.is_some() => {
+                    match event {
+                        Some(event) => {
+                            self.on_intake(event);
+                            // Take what else is waiting: one wake-up per burst, not per batch.
+                            for _ in 0..8 {
+                                match intake.as_mut().map(|rx| rx.try_recv()) {
+                                    Some(Ok(event)) => self.on_intake(event),
+                                    _ => break,
+                                }
+                            }
+                        }
+                        None => intake = None,
+                    }
+                }
+                attempt = self.runner.next() => {
+                    self.on_attempt(attempt);
+                    while let Some(attempt) = self.runner.try_next() {
+                        self.on_attempt(attempt);
+                    }
+                }
+                Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
+                _ = tick.tick() => self.housekeeping(),
+                changed = shutdown.changed(), if deadline.is_none() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        let in_flight: usize =
+                            self.partitions.values().map(|p| p.pipeline.in_flight()).sum();
+                        tracing::info!(in_flight, "shutdown: fetching stopped, draining");
+                        deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
+                        // Records not yet admitted stay uncommitted; the next owner reads them.
+                        intake = None;
+                    }
+                }
+                _ = tokio::time::sleep_until(until), if deadline.is_some() => {
+                    tracing::warn!("shutdown deadline reached with records in flight; their offsets stay uncommitted");
+                    break;
+                }
+            }
+            self.advance();
+        }
+        self.advance();
+        let mut report = RunReport::default();
+        for (partition, state) in &self.partitions {
+            report.abandoned_records += state.pipeline.in_flight();
+            state.cancel.cancel();
+            if let Some(watermark) = state.pipeline.watermark() {
+                report.committed.insert(*partition, watermark);
+            }
+        }
+        report
+    }
+
+    fn on_intake(&mut self, event: IntakeEvent) {
+        match event {
+            IntakeEvent::Group(GroupEvent::Assigned(partitions)) => {
+                for partition in partitions {
+                    self.assign(partition);
+                }
+            }
+            IntakeEvent::Group(GroupEvent::Revoked(partitions)) => {
+                for partition in partitions {
+                    if let Some(state) = self.partitions.remove(&partition) {
+                        state.cancel.cancel();
+                        let abandoned = state.pipeline.in_flight();
+                        if abandoned > 0 {
+                            tracing::info!(
+                                partition,
+                                abandoned,
+                                "revoked with records in flight: abandoned, not committed"
+                            );
+                        }
+                    }
+                }
+            }
+            IntakeEvent::Records(records) => {
+                for record in records {
+                    self.admit(record);
+                }
+                self.apply_backpressure();
+            }
+            IntakeEvent::Error(error) => {
+                let code = error
+                    .rdkafka_error_code()
+                    .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
+                metrics::consumer_error(&code);
+                tracing::warn!(error = %error, "consumer error");
+                self.last_consumer_error = Some(error.to_string());
+            }
+        }
+    }
+
+    fn assign(&mut self, partition: i32) {
+        if self.partitions.contains_key(&partition) {
+            return;
+        }
+        self.next_generation += 1;
+        self.partitions.insert(
+            partition,
+            PartitionState {
+                generation: self.next_generation,
+                pipeline: PartitionPipeline::new(self.settings.max_records),
+                blocked: HashMap::new(),
+                paused: false,
+                cancel: Cancel::default(),
+                stored: None,
+                start: None,
+                last_record: Instant::now(),
+                stalled: false,
+            },
+        );
+        metrics::partition_blocked(partition, 0);
+        // Lag is known as soon as the partition is: ask the broker now, off this task.
+        let consumer = self.consumer.clone();
+        let topic = self.settings.topic.clone();
+        tokio::task::spawn_blocking(move || {
+            let timeout = Duration::from_secs(5);
+            let Ok((low, high)) = consumer.fetch_watermarks(&topic, partition, timeout) else {
+                return;
+            };
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&topic, partition);
+            let committed = consumer
+                .committed_offsets(tpl, timeout)
+                .ok()
+                .and_then(|c| c.find_partition(&topic, partition).map(|e| e.offset()))
+                .and_then(|o| match o {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+                .unwrap_or(low);
+            lock(&consumer.context().high_watermarks)
+                .entry(partition)
+                .or_insert(high);
+            lock(&consumer.context().start_offsets).insert(partition, committed);
+            metrics::consumer_lag(partition, high - committed);
+        });
+    }
+
+    fn admit(&mut self, record: RawRecord) {
+        let Some(state) = self.partitions.get_mut(&record.partition) else {
+            tracing::debug!(
+                partition = record.partition,
+                "record of a partition not assigned: dropped"
+            );
+            return;
+        };
+        state.last_record = Instant::now();
+        let decoded = decode_record(&record.payload, self.settings.max_record_bytes);
+        let size = record.size();
+        let (partition, offset) = (record.partition, record.offset);
+        let meta = RecordMeta {
+            timestamp_ms: record.timestamp_ms,
+        };
+        let Some(admission) = state.pipeline.admit(offset, record, size, meta, decoded) else {
+            return;
+        };
+        let generation = state.generation;
+        for at in admission.ready {
+            self.start(partition, generation, at, 0, Duration::ZERO);
+        }
+        if let Some(settled) = admission.settled {
+            self.on_settled(partition, settled);
+        }
+    }
+
+    fn start(
+        &mut self,
+        partition: i32,
+        generation: u64,
+        at: DeliveryRef,
+        attempt: u32,
+        delay: Duration,
+    ) {
+        let Some(state) = self.partitions.get(&partition) else {
+            return;
+        };
+        let Some(delivery) = state.pipeline.delivery(at).cloned() else {
+            return;
+        };
+        self.runner.start(
+            Key {
+                partition,
+                generation,
+                at,
+            },
+            self.store.clone(),
+            delivery,
+            attempt,
+            delay,
+            state.cancel.clone(),
+        );
+    }
+
+    fn on_attempt(&mut self, attempt: Attempt<Key>) {
+        let Attempt {
+            key,
+            delivery,
+            attempt,
+            result,
+            elapsed,
+        } = attempt;
+        let Some(result) = result else { return };
+        let Some(state) = self.partitions.get_mut(&key.partition) else {
+            return;
+        };
+        if state.generation != key.generation {
+            return;
+        }
+        self.telemetry.store_call(elapsed.as_secs_f64());
+        let user = &delivery.mailbox().user_id;
+        let disposition = Disposition::of(&result);
+        if disposition.is_final() {
+            if state.blocked.remove(user).is_some() {
+                self.telemetry
+                    .unblocked(key.partition, user, state.blocked.len());
+            }
+            let (word, error) = match &result {
+                Ok(outcome) => (outcome.as_str(), None),
+                Err(e) => (e.outcome(), Some(e)),
+            };
+            self.telemetry
+                .delivery_final(key.partition, key.at.offset, key.at.index, word, error);
+            let (next, settled) = state.pipeline.complete(key.at, result);
+            if let Some(next) = next {
+                self.start(key.partition, key.generation, next, 0, Duration::ZERO);
+            }
+            if let Some(settled) = settled {
+                self.on_settled(key.partition, settled);
+            }
+            return;
+        }
+        let Err(error) = &result else { return };
+        self.telemetry.attempt_failed(
+            key.partition,
+            key.at.offset,
+            user,
+            error,
+            disposition,
+            attempt,
+        );
+        if matches!(disposition, Disposition::Block | Disposition::AbortRepair)
+            && !state.blocked.contains_key(user)
+        {
+            state.blocked.insert(user.clone(), error.to_string());
+            self.telemetry.blocked(
+                key.partition,
+                key.at.offset,
+                user,
+                error,
+                state.blocked.len(),
+            );
+        }
+        let delay = self.settings.backoff.delay(attempt);
+        retry(self, key, delivery, attempt + 1, delay);
+    }
+
+    fn on_settled(&mut self, partition: i32, settled: Settled) {
+        let Some(dead_letter) = settled.dead_letter else {
+            return;
+        };
+        let Some(state) = self.partitions.get(&partition) else {
+            return;
+        };
+        let Some(raw) = state.pipeline.raw(settled.offset) else {
+            return;
+        };
+        let letter = dead_letter::build(
+            Source {
+                topic: &self.settings.topic,
+                partition,
+                offset: settled.offset,
+                dispatch_id: settled.dispatch_id.as_deref(),
+            },
+            &dead_letter,
+            raw.key.as_deref(),
+            &raw.payload,
+            self.settings.dlq_max_message_bytes,
+            false,
+        );
+        let generation = state.generation;
+        self.send_letter(
+            partition,
+            generation,
+            settled.offset,
+            dead_letter.reason(),
+            Arc::new(letter),
+            0,
+            Duration::ZERO,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_letter(
+        &mut self,
+        partition: i32,
+        generation: u64,
+        offset: i64,
+        reason: &'static str,
+        letter: Arc<Letter>,
+        attempt: u32,
+        delay: Duration,
+    ) {
+        let producer = self.producer.clone();
+        let topic = self.settings.dlq_topic.clone();
+        self.letters.push(Box::pin(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let result = dead_letter::send(&producer, &topic, &letter).await;
+            LetterDone {
+                partition,
+                generation,
+                offset,
+                attempt,
+                reason,
+                letter,
+                result,
+            }
+        }));
+    }
+
+    fn on_letter(&mut self, done: LetterDone) {
+        let Some(state) = self.partitions.get_mut(&done.partition) else {
+            return;
+        };
+        if state.generation != done.generation {
+            return;
+        }
+        match done.result {
+            Ok(()) => {
+                state.pipeline.dead_lettered(done.offset);
+                self.telemetry.dead_lettered(
+                    done.partition,
+                    done.offset,
+                    done.reason,
+                    done.letter.truncated,
+                );
+            }
+            Err(error) => {
+                self.telemetry.dead_letter_failed(
+                    done.partition,
+                    done.offset,
+                    &error,
+                    done.attempt,
+                );
+                let mut letter = done.letter;
+                if dead_letter::is_too_large(&error) && !letter.truncated {
+                    // The producer's real limit is below the configured one: send the excerpt.
+                    letter = Arc::new(dead_letter::truncate(
+                        (*letter).clone(),
+                        self.settings.dlq_max_message_bytes,
+                    ));
+                }
+                let delay = self.settings.backoff.delay(done.attempt);
+                let generation = state.generation;
+                self.send_letter(
+                    done.partition,
+                    generation,
+                    done.offset,
+                    done.reason,
+                    letter,
+                    done.attempt + 1,
+                    delay,
+                );
+            }
+        }
+    }
+
+    /// Moves every partition's final records out of its window in source order, reports them,
+    /// stores the new watermarks, and resumes partitions with room again.
+    fn advance(&mut self) {
+        let mut store = TopicPartitionList::new();
+        for (partition, state) in self.partitions.iter_mut() {
+            let finals = state.pipeline.pop_final();
+            for record in &finals {
+                self.telemetry
+                    .record_final(*partition, record, record.meta.timestamp_ms);
+            }
+            if let Some(watermark) = state.pipeline.watermark() {
+                if state.stored != Some(watermark) {
+                    state.stored = Some(watermark);
+                    if self.settings.commit_offsets {
+                        let _ = store.add_partition_offset(
+                            &self.settings.topic,
+                            *partition,
+                            Offset::Offset(watermark),
+                        );
+                    }
+                }
+            }
+        }
+        if store.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&store) {
+                // A partition revoked a moment ago: its new owner re-reads from the last commit.
+                tracing::debug!(error = %e, "offset store refused");
+            }
+        }
+        self.apply_backpressure();
+    }
+
+    /// Pauses partitions whose window is full (or all of them when the byte budget is spent) and
+    /// resumes them once their window, and the budget, are half free.
+    fn apply_backpressure(&mut self) {
+        let bytes: usize = self
+            .partitions
+            .values()
+            .map(|p| p.pipeline.raw_bytes())
+            .sum();
+        let over_budget = bytes >= self.settings.max_bytes;
+        let budget_has_room = bytes <= self.settings.max_bytes / 2;
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (partition, state) in self.partitions.iter_mut() {
+            if !state.paused && (state.pipeline.is_full() || over_budget) {
+                state.paused = true;
+                pause.add_partition(&self.settings.topic, *partition);
+            } else if state.paused && state.pipeline.has_room() && budget_has_room {
+                state.paused = false;
+                resume.add_partition(&self.settings.topic, *partition);
+            }
+        }
+        if pause.count() > 0 {
+            if let Err(e) = self.consumer.pause(&pause) {
+                tracing::warn!(error = %e, "pause failed");
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(e) = self.consumer.resume(&resume) {
+                tracing::warn!(error = %e, "resume failed");
+            }
+        }
+    }
+
+    /// Every second: refresh each assigned partition's gauges (a revoked partition's gauges are
+    /// no longer refreshed and disappear) and detect partitions that cannot be read.
+    fn housekeeping(&mut self) {
+        let highs = lock(&self.consumer.context().high_watermarks).clone();
+        let starts = lock(&self.consumer.context().start_offsets).clone();
+        let committed = lock(&self.consumer.context().committed).clone();
+        let mut any_stalled = false;
+        for (partition, state) in self.partitions.iter_mut() {
+            let position = state
+                .pipeline
+                .watermark()
+                .or(state.start)
+                .or_else(|| starts.get(partition).copied());
+            state.start = state.start.or_else(|| starts.get(partition).copied());
+            metrics::partition_blocked(*partition, state.blocked.len());
+            if let Some(offset) = committed.get(partition) {
+                metrics::committed_offset(*partition, *offset);
+            }
+            let lag = match (highs.get(partition), position) {
+                (Some(high), Some(position)) => Some(high - position),
+                _ => None,
+            };
+            if let Some(lag) = lag {
+                metrics::consumer_lag(*partition, lag);
+            }
+            // Stalled: records to read, nothing in flight, not paused, and nothing arrived for a
+            // while. The usual cause is a record librdkafka cannot read (an unsupported codec).
+            let stalled = lag.is_some_and(|l| l > 0)
+                && state.pipeline.is_empty()
+                && !state.paused
+                && state.last_record.elapsed() >= self.settings.stalled_after;
+            if stalled && !state.stalled {
+                tracing::error!(
+                    partition = *partition,
+                    lag = lag.unwrap_or(0),
+                    last_consumer_error = self.last_consumer_error.as_deref().unwrap_or("none"),
+                    "partition stalled: records are waiting but none could be read for {:?}; check the consumer errors above (a 'Not implemented' error means the topic uses a compression codec or format this build cannot read) and the broker's health",
+                    self.settings.stalled_after
+                );
+            }
+            state.stalled = stalled;
+            any_stalled |= stalled;
+            metrics::partition_stalled(*partition, stalled);
+        }
+        self.telemetry.health().set_consumer(!any_stalled);
+        self.telemetry.health().refresh();
+    }
+}
+
+/// Starts the next attempt of a delivery that is not final.
+fn retry(engine: &mut Engine, key: Key, delivery: Arc<Delivery>, attempt: u32, delay: Duration) {
+    let Some(state) = engine.partitions.get(&key.partition) else {
+        return;
+    };
+    engine.runner.start(
+        key,
+        engine.store.clone(),
+        delivery,
+        attempt,
+        delay,
+        state.cancel.clone(),
+    );
+}

@@ -1,0 +1,188 @@
+//! One place that reports each event of the daemon: its metric, its log line and its progress
+//! count, so the three never disagree (the demo's table, `/metrics` and the logs are one story).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::http::Health;
+use super::kafka::lock;
+use super::metrics;
+use crate::disposition::Disposition;
+use crate::ingest::pipeline::FinalRecord;
+use crate::model::{StoreError, UserId};
+
+/// Outcome counts of a run, for the demo's table and for tests of the library.
+#[derive(Debug, Default, Clone)]
+pub struct ProgressCounts {
+    /// Record outcomes (`applied`, `dead_lettered`, `malformed`).
+    pub records: BTreeMap<&'static str, u64>,
+    /// Delivery outcome words.
+    pub groups: BTreeMap<&'static str, u64>,
+    /// Records final (applied or dead-lettered), all partitions.
+    pub final_records: u64,
+}
+
+/// Live progress counts, shared with whoever started the daemon.
+#[derive(Debug, Default)]
+pub struct Progress(Mutex<ProgressCounts>);
+
+impl Progress {
+    pub fn snapshot(&self) -> ProgressCounts {
+        lock(&self.0).clone()
+    }
+}
+
+/// The daemon's reporter.
+#[derive(Clone)]
+pub struct Telemetry {
+    backend: &'static str,
+    progress: Arc<Progress>,
+    health: Arc<Health>,
+}
+
+impl Telemetry {
+    pub fn new(backend: &'static str, progress: Arc<Progress>, health: Arc<Health>) -> Self {
+        Self {
+            backend,
+            progress,
+            health,
+        }
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// A delivery reached its final outcome (`word`); a refusal is logged with its reason.
+    pub fn delivery_final(
+        &self,
+        partition: i32,
+        offset: i64,
+        index: usize,
+        word: &'static str,
+        error: Option<&StoreError>,
+    ) {
+        metrics::group(word);
+        *lock(&self.progress.0).groups.entry(word).or_default() += 1;
+        if let Some(e) = error {
+            tracing::info!(
+                partition,
+                offset,
+                delivery = index,
+                outcome = word,
+                kind = e.kind(),
+                detail = %e.detail(),
+                "delivery refused; the record goes to the dead-letter topic"
+            );
+        }
+        if error.is_none_or(|e| !matches!(e, StoreError::Unavailable { .. }))
+            && !self.health.store_ok()
+        {
+            self.health.set_store(true);
+        }
+    }
+
+    /// A store call failed in a way that is not final (retry, fence, corrupt).
+    pub fn attempt_failed(
+        &self,
+        partition: i32,
+        offset: i64,
+        user: &UserId,
+        error: &StoreError,
+        disposition: Disposition,
+        attempt: u32,
+    ) {
+        metrics::store_error(self.backend, error.kind());
+        match disposition {
+            Disposition::Retry {
+                under_repair: false,
+            } => {
+                self.health.set_store(false);
+                // Every attempt of a long outage would flood the log: the first and every 10th.
+                if attempt.is_multiple_of(10) {
+                    tracing::warn!(partition, offset, error = %error, attempt, "store unavailable; retrying");
+                }
+            }
+            Disposition::Retry { under_repair: true } => {
+                if attempt == 0 {
+                    tracing::info!(partition, offset, user = %user.as_str(), error = %error, "mailbox under repair; its deliveries wait for the swap");
+                }
+            }
+            Disposition::Block | Disposition::AbortRepair => {}
+            Disposition::Advance | Disposition::DeadLetter => {}
+        }
+    }
+
+    /// A user's mailbox started failing closed.
+    pub fn blocked(
+        &self,
+        partition: i32,
+        offset: i64,
+        user: &UserId,
+        reason: &StoreError,
+        now_blocked: usize,
+    ) {
+        tracing::error!(
+            partition,
+            offset,
+            user = %user.as_str(),
+            reason = %reason,
+            "corrupt mailbox: failing closed; its later deliveries wait and the committed offset stays before it until it is repaired (materializer replay --reset-mailboxes)"
+        );
+        metrics::partition_blocked(partition, now_blocked);
+    }
+
+    /// A blocked mailbox accepted its delivery again (it was repaired).
+    pub fn unblocked(&self, partition: i32, user: &UserId, now_blocked: usize) {
+        tracing::info!(partition, user = %user.as_str(), "mailbox repaired: flowing again");
+        metrics::partition_blocked(partition, now_blocked);
+    }
+
+    /// A record left the window final, in source order.
+    pub fn record_final<M>(
+        &self,
+        partition: i32,
+        record: &FinalRecord<M>,
+        timestamp_ms: Option<i64>,
+    ) {
+        let word = record.outcome.as_str();
+        metrics::record(word);
+        if let Some(ms) = timestamp_ms {
+            metrics::last_record_timestamp(partition, ms);
+        }
+        let mut progress = lock(&self.progress.0);
+        *progress.records.entry(word).or_default() += 1;
+        progress.final_records += 1;
+    }
+
+    /// A dead letter was acknowledged.
+    pub fn dead_lettered(
+        &self,
+        partition: i32,
+        offset: i64,
+        reason: &'static str,
+        truncated: bool,
+    ) {
+        metrics::dead_letter(reason);
+        if truncated {
+            tracing::warn!(partition, offset, reason, "dead letter too large for the producer: sent a bounded excerpt (dlq_truncated=true)");
+        }
+    }
+
+    /// A dead letter was not acknowledged; it is retried.
+    pub fn dead_letter_failed(
+        &self,
+        partition: i32,
+        offset: i64,
+        error: &rdkafka::error::KafkaError,
+        attempt: u32,
+    ) {
+        if attempt.is_multiple_of(10) {
+            tracing::warn!(partition, offset, error = %error, attempt, "dead letter not acknowledged; retrying");
+        }
+    }
+
+    pub fn store_call(&self, seconds: f64) {
+        metrics::apply_duration(seconds);
+    }
+}

@@ -1,0 +1,560 @@
+//! The ordering core of one source (a Kafka partition, an `apply` input, a replay): each record's
+//! lifecycle from admission to committable, free of Kafka, of the store and of the clock so it can
+//! be tested alone.
+//!
+//! A record's life:
+//!
+//! 1. **Admitted** in source order (offsets strictly increase; an older offset is a redelivery and
+//!    is ignored) into a bounded window, with the raw bytes it would need for a dead letter.
+//! 2. Its **deliveries** join the **lane** of their user: all epochs of a user share one lane (so an
+//!    epoch move stays ordered with the older epoch's records), a lane runs one delivery at a time
+//!    in source order, lanes run concurrently. A delivery leaves its lane only with a final result
+//!    ([`Disposition::is_final`]): retries, fences and corrupt mailboxes keep it at the lane's head.
+//! 3. **Settled** when every delivery is final. A record with a refused delivery (or a malformed
+//!    one) then needs a dead letter; otherwise it is final at once.
+//! 4. **Final** once its dead letter (if any) is acknowledged: its raw bytes are released.
+//! 5. **Committable** when every record before it is final too: [`PartitionPipeline::pop_final`]
+//!    hands out final records from the front of the window in source order, and the
+//!    **watermark** — the first offset not yet final — is the only offset that may be committed.
+//!    A blocked (corrupt) mailbox therefore holds the commit at its record while other lanes keep
+//!    flowing until the window is full.
+//!
+//! Bounds: the window holds at most `max_records` records (final or not) and their raw bytes
+//! (`max_bytes`, checked by the caller before it admits more); lanes exist only for users with a
+//! delivery in the window. The caller pauses its source when [`PartitionPipeline::is_full`] and
+//! resumes it below [`PartitionPipeline::has_room`] (hysteresis, so a full window does not turn
+//! into a pause/resume per record).
+//!
+//! [`Disposition::is_final`]: crate::disposition::Disposition::is_final
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::{DecodeError, Delivery, DeliveryOutcome, DispatchRecord};
+use crate::model::{StoreError, UserId};
+
+/// A delivery's address inside the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeliveryRef {
+    pub offset: i64,
+    pub index: usize,
+}
+
+/// A delivery that ended refused: why its record is dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryFailure {
+    pub index: usize,
+    pub delivery: Arc<Delivery>,
+    pub error: StoreError,
+}
+
+/// Why a settled record must go to the dead-letter topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetter {
+    Malformed(DecodeError),
+    Failed(Vec<DeliveryFailure>),
+}
+
+impl DeadLetter {
+    /// The `dlq_total{reason}` word: `malformed`, or the first failure's outcome word.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Malformed(_) => "malformed",
+            Self::Failed(failures) => failures.first().map_or("rejected", |f| f.error.outcome()),
+        }
+    }
+}
+
+/// A record whose deliveries are all final, handed back for dead-lettering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub offset: i64,
+    /// `None`: every delivery succeeded and the record is final now.
+    pub dead_letter: Option<DeadLetter>,
+    pub dispatch_id: Option<String>,
+}
+
+/// What became of a whole record (`records_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordOutcome {
+    /// Every delivery final and written, or a no-op.
+    Applied,
+    /// Some delivery refused: the record went to the dead-letter topic.
+    DeadLettered,
+    /// Not decodable: the record went to the dead-letter topic.
+    Malformed,
+}
+
+impl RecordOutcome {
+    pub const ALL: [RecordOutcome; 3] = [Self::Applied, Self::DeadLettered, Self::Malformed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::DeadLettered => "dead_lettered",
+            Self::Malformed => "malformed",
+        }
+    }
+}
+
+/// A final record leaving the front of the window, in source order.
+#[derive(Debug)]
+pub struct FinalRecord<M> {
+    pub offset: i64,
+    pub outcome: RecordOutcome,
+    /// The caller's metadata of the record (a Kafka timestamp, an input line number).
+    pub meta: M,
+    /// The record's deliveries with their final results, in record order.
+    pub deliveries: Vec<(Arc<Delivery>, Result<DeliveryOutcome, StoreError>)>,
+    pub malformed: Option<DecodeError>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Deliveries still running.
+    Running,
+    /// Every delivery final; the dead letter is not acknowledged yet.
+    AwaitingDeadLetter,
+    /// Final: may leave the window once everything before it has.
+    Final,
+}
+
+#[derive(Debug)]
+struct Slot<R, M> {
+    stage: Stage,
+    /// The bytes a dead letter would carry; released when the record is final.
+    raw: Option<R>,
+    raw_bytes: usize,
+    meta: M,
+    deliveries: Vec<Arc<Delivery>>,
+    results: Vec<Option<Result<DeliveryOutcome, StoreError>>>,
+    pending: usize,
+    malformed: Option<DecodeError>,
+    dispatch_id: Option<String>,
+}
+
+impl<R, M> Slot<R, M> {
+    fn outcome(&self) -> RecordOutcome {
+        if self.malformed.is_some() {
+            RecordOutcome::Malformed
+        } else if self.results.iter().any(|r| matches!(r, Some(Err(_)))) {
+            RecordOutcome::DeadLettered
+        } else {
+            RecordOutcome::Applied
+        }
+    }
+
+    fn settle(&mut self, offset: i64) -> Settled {
+        let failures: Vec<DeliveryFailure> = self
+            .results
+            .iter()
+            .enumerate()
+            .filter_map(|(index, result)| match result {
+                Some(Err(error)) => Some(DeliveryFailure {
+                    index,
+                    delivery: self.deliveries[index].clone(),
+                    error: error.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let dead_letter = match &self.malformed {
+            Some(error) => Some(DeadLetter::Malformed(error.clone())),
+            None if failures.is_empty() => None,
+            None => Some(DeadLetter::Failed(failures)),
+        };
+        self.stage = if dead_letter.is_some() {
+            Stage::AwaitingDeadLetter
+        } else {
+            Stage::Final
+        };
+        Settled {
+            offset,
+            dead_letter,
+            dispatch_id: self.dispatch_id.clone(),
+        }
+    }
+}
+
+/// What [`PartitionPipeline::admit`] decided.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Deliveries that may start now (their lane was empty).
+    pub ready: Vec<DeliveryRef>,
+    /// Set when the record settled at once (malformed, or no delivery).
+    pub settled: Option<Settled>,
+}
+
+/// The window of one source.
+#[derive(Debug)]
+pub struct PartitionPipeline<R, M = ()> {
+    max_records: usize,
+    slots: BTreeMap<i64, Slot<R, M>>,
+    lanes: HashMap<UserId, VecDeque<DeliveryRef>>,
+    /// One past the highest admitted offset.
+    next_offset: Option<i64>,
+    /// Raw bytes held by records not yet final.
+    raw_bytes: usize,
+}
+
+impl<R, M> PartitionPipeline<R, M> {
+    /// A window of at most `max_records` records (at least 1).
+    pub fn new(max_records: usize) -> Self {
+        Self {
+            max_records: max_records.max(1),
+            slots: BTreeMap::new(),
+            lanes: HashMap::new(),
+            next_offset: None,
+            raw_bytes: 0,
+        }
+    }
+
+    /// True when no more records may be admitted: the caller pauses its source.
+    pub fn is_full(&self) -> bool {
+        self.slots.len() >= self.max_records
+    }
+
+    /// True when the window has drained to half: a paused source may resume.
+    pub fn has_room(&self) -> bool {
+        self.slots.len() <= self.max_records / 2
+    }
+
+    /// Records in the window, final or not.
+    pub fn in_flight(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Raw bytes held for dead letters by records not yet final.
+    pub fn raw_bytes(&self) -> usize {
+        self.raw_bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// One past the highest offset admitted so far.
+    pub fn next_offset(&self) -> Option<i64> {
+        self.next_offset
+    }
+
+    /// The offset to commit: the first record not yet final, or one past the last admitted.
+    pub fn watermark(&self) -> Option<i64> {
+        self.slots.keys().next().copied().or(self.next_offset)
+    }
+
+    /// Admits the record at `offset`, strictly after every admitted one (an older offset is a
+    /// redelivery: ignored, `None`). `raw` (of `raw_bytes` bytes) is kept until the record is
+    /// final, for a possible dead letter; `meta` travels with the record to [`Self::pop_final`].
+    pub fn admit(
+        &mut self,
+        offset: i64,
+        raw: R,
+        raw_bytes: usize,
+        meta: M,
+        decoded: Result<DispatchRecord, DecodeError>,
+    ) -> Option<Admission> {
+        if self.next_offset.is_some_and(|next| offset < next) {
+            return None;
+        }
+        self.next_offset = Some(offset + 1);
+        self.raw_bytes += raw_bytes;
+        let mut slot = Slot {
+            stage: Stage::Running,
+            raw: Some(raw),
+            raw_bytes,
+            meta,
+            deliveries: Vec::new(),
+            results: Vec::new(),
+            pending: 0,
+            malformed: None,
+            dispatch_id: None,
+        };
+        let mut ready = Vec::new();
+        match decoded {
+            Err(error) => slot.malformed = Some(error),
+            Ok(record) => {
+                slot.dispatch_id = record.dispatch_id().map(str::to_owned);
+                let deliveries: Vec<Arc<Delivery>> =
+                    record.deliveries().into_iter().map(Arc::new).collect();
+                for (index, delivery) in deliveries.iter().enumerate() {
+                    let lane = self
+                        .lanes
+                        .entry(delivery.mailbox().user_id.clone())
+                        .or_default();
+                    let at = DeliveryRef { offset, index };
+                    if lane.is_empty() {
+                        ready.push(at);
+                    }
+                    lane.push_back(at);
+                }
+                slot.pending = deliveries.len();
+                slot.results = vec![None; deliveries.len()];
+                slot.deliveries = deliveries;
+            }
+        }
+        let settled = (slot.pending == 0).then(|| slot.settle(offset));
+        if settled.as_ref().is_some_and(|s| s.dead_letter.is_none()) {
+            self.release_raw(&mut slot);
+        }
+        self.slots.insert(offset, slot);
+        Some(Admission { ready, settled })
+    }
+
+    /// The delivery at `at`, while its record is in the window.
+    pub fn delivery(&self, at: DeliveryRef) -> Option<&Arc<Delivery>> {
+        self.slots.get(&at.offset)?.deliveries.get(at.index)
+    }
+
+    /// The raw bytes of a record awaiting its dead letter.
+    pub fn raw(&self, offset: i64) -> Option<&R> {
+        self.slots.get(&offset)?.raw.as_ref()
+    }
+
+    /// The caller's metadata of a record in the window.
+    pub fn meta(&self, offset: i64) -> Option<&M> {
+        self.slots.get(&offset).map(|s| &s.meta)
+    }
+
+    /// Records the **final** result of the delivery at `at` (a non-final one — retry, fence,
+    /// corrupt — must not arrive here: the delivery stays at its lane's head). Returns the next
+    /// delivery of the same lane, now runnable, and the record's settlement when this was its last
+    /// delivery.
+    pub fn complete(
+        &mut self,
+        at: DeliveryRef,
+        result: Result<DeliveryOutcome, StoreError>,
+    ) -> (Option<DeliveryRef>, Option<Settled>) {
+        let Some(slot) = self.slots.get_mut(&at.offset) else {
+            return (None, None);
+        };
+        let Some(delivery) = slot.deliveries.get(at.index).cloned() else {
+            return (None, None);
+        };
+        if slot.stage != Stage::Running || slot.results[at.index].is_some() {
+            return (None, None);
+        }
+        slot.results[at.index] = Some(result);
+        slot.pending -= 1;
+        let settled = (slot.pending == 0).then(|| slot.settle(at.offset));
+        if settled.as_ref().is_some_and(|s| s.dead_letter.is_none()) {
+            if let Some(mut slot) = self.slots.remove(&at.offset) {
+                self.release_raw(&mut slot);
+                self.slots.insert(at.offset, slot);
+            }
+        }
+
+        let user = &delivery.mailbox().user_id;
+        let mut next = None;
+        if let Some(lane) = self.lanes.get_mut(user) {
+            if lane.front() == Some(&at) {
+                lane.pop_front();
+            } else {
+                lane.retain(|r| *r != at);
+            }
+            next = lane.front().copied();
+            if lane.is_empty() {
+                self.lanes.remove(user);
+            }
+        }
+        (next, settled)
+    }
+
+    /// Marks a record awaiting its dead letter final (the dead letter is acknowledged) and
+    /// releases its raw bytes. Returns false when the record is not awaiting one.
+    pub fn dead_lettered(&mut self, offset: i64) -> bool {
+        let Some(mut slot) = self.slots.remove(&offset) else {
+            return false;
+        };
+        let was_waiting = slot.stage == Stage::AwaitingDeadLetter;
+        if was_waiting {
+            slot.stage = Stage::Final;
+            self.release_raw(&mut slot);
+        }
+        self.slots.insert(offset, slot);
+        was_waiting
+    }
+
+    /// Takes every final record from the front of the window, in source order; the watermark
+    /// moves past them.
+    pub fn pop_final(&mut self) -> Vec<FinalRecord<M>> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.slots.first_entry() {
+            if entry.get().stage != Stage::Final {
+                break;
+            }
+            let (offset, slot) = entry.remove_entry();
+            let outcome = slot.outcome();
+            let deliveries = slot
+                .deliveries
+                .into_iter()
+                .zip(slot.results)
+                .filter_map(|(d, r)| r.map(|r| (d, r)))
+                .collect();
+            out.push(FinalRecord {
+                offset,
+                outcome,
+                meta: slot.meta,
+                deliveries,
+                malformed: slot.malformed,
+            });
+        }
+        out
+    }
+
+    fn release_raw(&mut self, slot: &mut Slot<R, M>) {
+        if slot.raw.take().is_some() {
+            self.raw_bytes -= slot.raw_bytes;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::decode_record;
+    use crate::model::AppendOutcome;
+
+    fn record(users: &[(&str, u64)]) -> DispatchRecord {
+        let deliveries: Vec<serde_json::Value> = users
+            .iter()
+            .map(|(user, seq)| {
+                serde_json::json!({"user_id": user, "epoch": 1, "mailbox_seq": seq,
+                    "events": [{"event_ordinal": 0, "payload": {"n": seq}}]})
+            })
+            .collect();
+        let raw = serde_json::json!({"dispatch_id": "d", "group_id": "g",
+            "committed_at": 1_764_633_600_123u64, "deliveries": deliveries});
+        decode_record(raw.to_string().as_bytes(), 1 << 20).expect("valid record")
+    }
+
+    fn ok() -> Result<DeliveryOutcome, StoreError> {
+        Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))
+    }
+
+    fn at(offset: i64, index: usize) -> DeliveryRef {
+        DeliveryRef { offset, index }
+    }
+
+    type P = PartitionPipeline<Vec<u8>, ()>;
+
+    fn admit(p: &mut P, offset: i64, users: &[(&str, u64)]) -> Admission {
+        p.admit(offset, vec![0; 10], 10, (), Ok(record(users)))
+            .expect("admitted")
+    }
+
+    #[test]
+    fn one_mailbox_runs_in_source_order_while_others_flow() {
+        let mut p = P::new(10);
+        assert_eq!(admit(&mut p, 0, &[("a", 1)]).ready, vec![at(0, 0)]);
+        assert!(
+            admit(&mut p, 1, &[("a", 2)]).ready.is_empty(),
+            "a's second delivery waits behind its first"
+        );
+        assert_eq!(admit(&mut p, 2, &[("b", 1)]).ready, vec![at(2, 0)]);
+
+        // b finishes first: final, but nothing is committable before offset 0 is.
+        let (next, settled) = p.complete(at(2, 0), ok());
+        assert_eq!(next, None);
+        assert!(settled.is_some_and(|s| s.dead_letter.is_none()));
+        assert!(p.pop_final().is_empty());
+        assert_eq!(p.watermark(), Some(0));
+
+        let (next, _) = p.complete(at(0, 0), ok());
+        assert_eq!(next, Some(at(1, 0)), "a's next delivery is runnable now");
+        let popped: Vec<i64> = p.pop_final().iter().map(|f| f.offset).collect();
+        assert_eq!(popped, vec![0]);
+        assert_eq!(p.watermark(), Some(1));
+        p.complete(at(1, 0), ok());
+        let popped: Vec<i64> = p.pop_final().iter().map(|f| f.offset).collect();
+        assert_eq!(popped, vec![1, 2], "final records leave in source order");
+        assert_eq!(
+            p.watermark(),
+            Some(3),
+            "everything final: one past the last"
+        );
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_record_is_final_only_when_every_delivery_is_and_its_dead_letter_is_acked() {
+        let mut p = P::new(10);
+        let ready = admit(&mut p, 5, &[("a", 1), ("b", 1)]).ready;
+        assert_eq!(ready.len(), 2);
+        let (_, settled) = p.complete(ready[0], ok());
+        assert!(settled.is_none());
+        let conflict = Err(StoreError::Conflict {
+            kind: crate::model::error::ConflictKind::CrossDay {
+                existing_day: 1,
+                incoming_day: 2,
+            },
+        });
+        let (_, settled) = p.complete(ready[1], conflict);
+        match settled.expect("settled").dead_letter {
+            Some(DeadLetter::Failed(failures)) => {
+                assert_eq!(failures.len(), 1);
+                assert_eq!(failures[0].index, 1);
+            }
+            other => panic!("expected a dead letter, got {other:?}"),
+        }
+        assert!(p.raw(5).is_some(), "raw bytes kept for the dead letter");
+        assert!(
+            p.pop_final().is_empty(),
+            "not final until the dead letter is acked"
+        );
+        assert_eq!(p.watermark(), Some(5));
+        assert!(p.dead_lettered(5));
+        assert_eq!(p.raw_bytes(), 0);
+        let popped = p.pop_final();
+        assert_eq!(popped[0].outcome, RecordOutcome::DeadLettered);
+        assert_eq!(p.watermark(), Some(6));
+    }
+
+    #[test]
+    fn malformed_records_settle_at_once_and_redeliveries_are_ignored() {
+        let mut p = P::new(2);
+        let bad = decode_record(b"{", 1 << 20);
+        assert!(bad.is_err());
+        let admission = p.admit(0, b"{".to_vec(), 1, (), bad).expect("admitted");
+        assert!(admission.ready.is_empty());
+        assert!(matches!(
+            admission.settled.and_then(|s| s.dead_letter),
+            Some(DeadLetter::Malformed(_))
+        ));
+        assert!(p.admit(0, vec![], 0, (), Ok(record(&[("a", 1)]))).is_none());
+        admit(&mut p, 1, &[("a", 1)]);
+        assert!(p.is_full());
+        p.dead_lettered(0);
+        assert_eq!(p.pop_final()[0].outcome, RecordOutcome::Malformed);
+        assert!(!p.is_full());
+        assert_eq!(p.watermark(), Some(1));
+    }
+
+    #[test]
+    fn the_window_counts_final_records_until_they_leave_and_resumes_at_half() {
+        let mut p = P::new(4);
+        let first = admit(&mut p, 0, &[("stuck", 1)]).ready;
+        for offset in 1..4 {
+            let ready = admit(&mut p, offset, &[("u", offset as u64)]).ready;
+            for r in ready {
+                p.complete(r, ok());
+            }
+            // Each of u's deliveries is runnable only after the previous one.
+            while let Some(next) = p
+                .lanes
+                .get(&UserId::parse("u").expect("id"))
+                .and_then(|l| l.front().copied())
+            {
+                p.complete(next, ok());
+            }
+        }
+        assert!(
+            p.is_full(),
+            "a blocked head keeps final records in the window"
+        );
+        assert!(p.pop_final().is_empty());
+        p.complete(first[0], ok());
+        assert_eq!(p.pop_final().len(), 4);
+        assert!(p.has_room());
+    }
+}
