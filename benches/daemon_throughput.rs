@@ -1,19 +1,37 @@
-//! Records/s through the whole daemon (real Kafka broker, consumer group, per-mailbox lanes,
-//! watermark commits) into the memory store and into Redis, against a baseline measured in the
-//! same run: a bare librdkafka consumer reading the same topic without decoding or applying.
+//! Records/s through the whole daemon (real Kafka broker, consumer group, lanes, watermark
+//! commits) and through `apply` and `replay`, each against baselines measured in the same run
+//! on the same data, with the CPU each process used (so the bottleneck is named).
 //!
-//! Run: `KAFKA_BOOTSTRAP=$(scripts/kafka start) cargo bench --bench daemon_throughput` (needs
-//! redis-server too: `scripts/install-services`). Prints a Markdown report.
+//! Workloads (3 partitions, one delivery of 2 events per record, every record dated today):
+//! - **warm**: 200,000 records over 20,000 users (10 groups each, so most appends meet a mailbox
+//!   that exists);
+//! - **fresh**: 200,000 records over 200,000 users (every append creates a mailbox).
+//!
+//! Baselines:
+//! - **bare consumer**: a librdkafka consumer group reading every record, no decode, no store;
+//! - **sequential loop**: the same consumer, then `decode_record` and `MemoryStore::append` for
+//!   each record in one task — the daemon's work without the daemon;
+//! - **redis pipe**: the exact EVALSHA calls the Redis store makes for the workload, sent by
+//!   `redis-cli --pipe` (raw, maximally pipelined) to an empty server.
+//!
+//! Run: `KAFKA_BOOTSTRAP=$(scripts/kafka start) cargo bench --bench daemon_throughput`
+//! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
+//! record count; set `SCYLLA_NODES` to add the Scylla rows). Prints a Markdown report.
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mailbox_materializer::config::{Backend, Config};
 use mailbox_materializer::daemon::http::Health;
 use mailbox_materializer::daemon::{self, DaemonOptions, Progress};
+use mailbox_materializer::ingest::{apply_delivery, decode_record};
 use mailbox_materializer::model::{RetentionPolicy, DAY_MS};
 use mailbox_materializer::store::memory::MemoryStore;
 use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
@@ -22,13 +40,19 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use redis_server::{Clock, Listen, RedisServer};
 use tokio::sync::watch;
 
-const RECORDS: u64 = 30_000;
-const USERS: u64 = 3_000;
 const PARTITIONS: i32 = 3;
+
+fn records_wanted() -> u64 {
+    std::env::var("BENCH_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000)
+}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -36,7 +60,76 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn prepare(bootstrap: &str, topic: &str) {
+/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// CPU of the named processes over a measured run.
+struct CpuMeter {
+    pids: Vec<(&'static str, String)>,
+    start: Vec<f64>,
+    started: Instant,
+}
+
+impl CpuMeter {
+    fn start(pids: &[(&'static str, String)]) -> Self {
+        Self {
+            pids: pids.to_vec(),
+            start: pids.iter().map(|(_, p)| cpu_seconds(p)).collect(),
+            started: Instant::now(),
+        }
+    }
+
+    /// "name 1.23 cores, ..." over the elapsed wall time.
+    fn stop(&self) -> String {
+        let wall = self.started.elapsed().as_secs_f64();
+        self.pids
+            .iter()
+            .zip(&self.start)
+            .map(|((name, pid), start)| format!("{name} {:.2}", (cpu_seconds(pid) - start) / wall))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// One workload: its topic and the records in partition order (for the file-based tools).
+struct Workload {
+    name: &'static str,
+    topic: String,
+    users: u64,
+    records: u64,
+    /// Every record, per partition, in offset order.
+    by_partition: HashMap<i32, Vec<String>>,
+}
+
+fn record_json(i: u64, users: u64, today_ms: u64) -> (i32, String) {
+    let user = i % users;
+    let seq = i / users + 1;
+    let record = serde_json::json!({
+        "dispatch_id": format!("bench/{i}"), "group_id": "g", "committed_at": today_ms + (i % 1000),
+        "deliveries": [{"user_id": format!("bench-user-{user}"), "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"kind": "message", "body": "hello there"}},
+                       {"event_ordinal": 1, "payload": {"kind": "reaction", "emoji": "+1"}}]}]
+    })
+    .to_string();
+    ((user % PARTITIONS as u64) as i32, record)
+}
+
+async fn prepare(bootstrap: &str, name: &'static str, records: u64, users: u64) -> Workload {
+    let topic = format!("bench-{name}-{}", now_ms());
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -44,7 +137,7 @@ async fn prepare(bootstrap: &str, topic: &str) {
     for result in admin
         .create_topics(
             &[
-                NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1)),
+                NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1)),
                 NewTopic::new(&format!("{topic}.dlq"), 1, TopicReplication::Fixed(1)),
             ],
             &AdminOptions::new(),
@@ -58,41 +151,45 @@ async fn prepare(bootstrap: &str, topic: &str) {
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "20")
         .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
         .create()
         .expect("producer");
     let today = now_ms() - now_ms() % DAY_MS;
+    let mut by_partition: HashMap<i32, Vec<String>> = HashMap::new();
     let mut acks = Vec::new();
-    for i in 0..RECORDS {
-        let user = i % USERS;
-        let seq = i / USERS + 1;
-        let record = serde_json::json!({
-            "dispatch_id": format!("bench/{i}"), "group_id": "g", "committed_at": today + i,
-            "deliveries": [{"user_id": format!("bench-user-{user}"), "epoch": 1, "mailbox_seq": seq,
-                "events": [{"event_ordinal": 0, "payload": {"kind": "message", "body": "hello there"}},
-                           {"event_ordinal": 1, "payload": {"kind": "reaction", "emoji": "+1"}}]}]
-        })
-        .to_string();
-        let partition = (user % PARTITIONS as u64) as i32;
+    for i in 0..records {
+        let (partition, record) = record_json(i, users, today);
         acks.push(
             producer
                 .send_result(
-                    FutureRecord::<str, str>::to(topic)
+                    FutureRecord::<str, str>::to(&topic)
                         .partition(partition)
                         .payload(&record),
                 )
                 .map_err(|(e, _)| e)
                 .expect("enqueue"),
         );
+        by_partition.entry(partition).or_default().push(record);
+        if acks.len() >= 50_000 {
+            for ack in acks.drain(..) {
+                ack.await.expect("ack").expect("delivered");
+            }
+        }
     }
-    producer.flush(Duration::from_secs(60)).expect("flush");
+    producer.flush(Duration::from_secs(120)).expect("flush");
     for ack in acks {
         ack.await.expect("ack").expect("delivered");
     }
+    Workload {
+        name,
+        topic,
+        users,
+        records,
+        by_partition,
+    }
 }
 
-/// A bare consumer group reading every record (no decode, no store): the baseline.
-async fn bare_consumer(bootstrap: &str, topic: &str, group: &str) -> f64 {
-    use rdkafka::message::Message;
+fn consumer(bootstrap: &str, topic: &str, group: &str) -> StreamConsumer {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
@@ -101,30 +198,69 @@ async fn bare_consumer(bootstrap: &str, topic: &str, group: &str) -> f64 {
         .create()
         .expect("consumer");
     consumer.subscribe(&[topic]).expect("subscribe");
-    let mut started = None;
+    consumer
+}
+
+/// A measured rate with the CPU of each process.
+struct Rate {
+    per_sec: f64,
+    cpu: String,
+}
+
+/// The baseline: a bare consumer reading every record.
+async fn bare_consumer(bootstrap: &str, w: &Workload, pids: &[(&'static str, String)]) -> Rate {
+    let consumer = consumer(bootstrap, &w.topic, &format!("{}-bare", w.topic));
+    let mut meter = None;
     let mut seen = 0u64;
-    while seen < RECORDS {
+    while seen < w.records {
         let message = consumer.recv().await.expect("message");
-        started.get_or_insert_with(Instant::now);
+        meter.get_or_insert_with(|| CpuMeter::start(pids));
         std::hint::black_box(message.payload());
         seen += 1;
     }
-    let elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
-    RECORDS as f64 / elapsed.as_secs_f64()
+    let meter = meter.expect("records");
+    Rate {
+        per_sec: w.records as f64 / meter.started.elapsed().as_secs_f64(),
+        cpu: meter.stop(),
+    }
 }
 
-/// The daemon, from its first final record to the last.
+/// The baseline: consume, decode and append in one sequential loop, no daemon.
+async fn sequential_loop(bootstrap: &str, w: &Workload, pids: &[(&'static str, String)]) -> Rate {
+    let consumer = consumer(bootstrap, &w.topic, &format!("{}-loop", w.topic));
+    let store = MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock));
+    let mut meter = None;
+    let mut seen = 0u64;
+    while seen < w.records {
+        let message = consumer.recv().await.expect("message");
+        meter.get_or_insert_with(|| CpuMeter::start(pids));
+        let record =
+            decode_record(message.payload().unwrap_or_default(), 1 << 20).expect("valid record");
+        for delivery in record.deliveries() {
+            apply_delivery(&store, &delivery).await.expect("applied");
+        }
+        seen += 1;
+    }
+    let meter = meter.expect("records");
+    Rate {
+        per_sec: w.records as f64 / meter.started.elapsed().as_secs_f64(),
+        cpu: meter.stop(),
+    }
+}
+
+/// The daemon in this process, from its first final record to the last.
 async fn daemon_run(
     bootstrap: &str,
-    topic: &str,
+    w: &Workload,
     group: &str,
     store: Arc<dyn MailboxStore>,
-) -> f64 {
+    pids: &[(&'static str, String)],
+) -> Rate {
     let mut config = Config::default();
     config.store.backend = Backend::Memory;
     config.kafka.brokers = bootstrap.to_owned();
-    config.kafka.topic = topic.to_owned();
-    config.kafka.dlq_topic = format!("{topic}.dlq");
+    config.kafka.topic = w.topic.clone();
+    config.kafka.dlq_topic = format!("{}.dlq", w.topic);
     config.kafka.group_id = group.to_owned();
     let progress = Arc::new(Progress::default());
     let (tx, rx) = watch::channel(false);
@@ -138,14 +274,85 @@ async fn daemon_run(
     while progress.snapshot().final_records == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let started = Instant::now();
-    while progress.snapshot().final_records < RECORDS {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    let meter = CpuMeter::start(pids);
+    let first = progress.snapshot().final_records;
+    while progress.snapshot().final_records < w.records {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let rate = RECORDS as f64 / started.elapsed().as_secs_f64();
+    let rate = (w.records - first) as f64 / meter.started.elapsed().as_secs_f64();
+    let cpu = meter.stop();
+    let counts = progress.snapshot();
+    assert_eq!(
+        counts.records.get("applied").copied(),
+        Some(w.records),
+        "every record applied: {counts:?}"
+    );
     let _ = tx.send(true);
     task.await.expect("daemon task").expect("daemon");
-    rate
+    Rate { per_sec: rate, cpu }
+}
+
+/// `materializer` run once per entry of `runs` (each a string of arguments), one after the
+/// other, as child processes: the rate over `records` and their CPU (from bash's `times`, which
+/// reports the children's user and system seconds).
+fn cli_run(runs: &[String], records: u64, pids: &[(&'static str, String)]) -> Rate {
+    let binary = env!("CARGO_BIN_EXE_materializer");
+    let script: String = runs
+        .iter()
+        .map(|args| format!("{binary} {args} >/dev/null || exit $?\n"))
+        .collect::<String>()
+        + "times\n";
+    let meter = CpuMeter::start(pids);
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("run materializer");
+    let wall = meter.started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let others = meter.stop();
+    // `times` prints the shell's line, then the children's: "0m1.234s 0m0.456s".
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let children = stdout.lines().nth(1).unwrap_or_default();
+    let seconds: f64 = children
+        .split_whitespace()
+        .filter_map(|t| {
+            let (m, s) = t.trim_end_matches('s').split_once('m')?;
+            Some(m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+        })
+        .sum();
+    Rate {
+        per_sec: records as f64 / wall,
+        cpu: format!("materializer {:.2}, {others}", seconds / wall),
+    }
+}
+
+/// The pid of a Redis server, from `INFO server`.
+fn redis_pid(server: &RedisServer) -> Option<String> {
+    server
+        .raw("INFO server")
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:").map(|p| p.trim().to_owned()))
+}
+
+fn kafka_pid() -> Option<String> {
+    let path = std::env::var("KAFKA_PID_FILE").unwrap_or_else(|_| "target/kafka-run/pid".into());
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|p| p.trim().to_owned())
+}
+
+fn row(name: &str, rate: &Rate, baseline: f64) -> String {
+    format!(
+        "| {name} | {:.0} | {:.2} | {} |",
+        rate.per_sec,
+        rate.per_sec / baseline,
+        rate.cpu
+    )
 }
 
 #[tokio::main]
@@ -155,41 +362,148 @@ async fn main() {
     }
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP")
         .expect("KAFKA_BOOTSTRAP must point at a broker (scripts/kafka start)");
-    let topic = format!("bench-{}", now_ms());
-    prepare(&bootstrap, &topic).await;
+    let records = records_wanted();
+    let me = std::process::id().to_string();
+    let mut pids = vec![("bench", me)];
+    if let Some(kafka) = kafka_pid() {
+        pids.push(("kafka", kafka));
+    }
 
-    let baseline = bare_consumer(&bootstrap, &topic, &format!("{topic}-bare")).await;
-    let memory = daemon_run(
-        &bootstrap,
-        &topic,
-        &format!("{topic}-memory"),
-        Arc::new(MemoryStore::new(
-            RetentionPolicy::default(),
-            Arc::new(SystemClock),
-        )),
-    )
-    .await;
-    let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
-    let redis = Arc::new(
-        RedisStore::connect(
-            RedisSettings::new(server.url(), "mm"),
-            RetentionPolicy::default(),
+    let warm = prepare(&bootstrap, "warm", records, records / 10).await;
+    let fresh = prepare(&bootstrap, "fresh", records, records).await;
+    let mut report = Vec::new();
+    for w in [&warm, &fresh] {
+        report.push(format!(
+            "\n### {} ({} records, {} users, {PARTITIONS} partitions)\n",
+            w.name, w.records, w.users
+        ));
+        report.push("| path | records/s | ratio | CPU (cores: process) |".to_owned());
+        report.push("|---|---|---|---|".to_owned());
+        let bare = bare_consumer(&bootstrap, w, &pids).await;
+        report.push(row("bare consumer (baseline A)", &bare, bare.per_sec));
+        let sequential = sequential_loop(&bootstrap, w, &pids).await;
+        report.push(row(
+            "sequential loop: consume, decode, MemoryStore::append (baseline B; ratio to A)",
+            &sequential,
+            bare.per_sec,
+        ));
+        let memory = daemon_run(
+            &bootstrap,
+            w,
+            &format!("{}-memory", w.topic),
+            Arc::new(MemoryStore::new(
+                RetentionPolicy::default(),
+                Arc::new(SystemClock),
+            )),
+            &pids,
         )
-        .await
-        .expect("redis"),
-    );
-    let redis_rate = daemon_run(&bootstrap, &topic, &format!("{topic}-redis"), redis).await;
+        .await;
+        report.push(row(
+            "daemon, memory store (ratio to B)",
+            &memory,
+            sequential.per_sec,
+        ));
+        report.push(format!(
+            "| daemon, memory store (ratio to A) | {:.0} | {:.2} | |",
+            memory.per_sec,
+            memory.per_sec / bare.per_sec
+        ));
 
-    println!("## Daemon throughput ({RECORDS} records, {USERS} mailboxes, {PARTITIONS} partitions, groups of 2 events)\n");
-    println!("| path | records/s | ratio to the bare consumer |");
-    println!("|---|---|---|");
-    println!("| bare librdkafka consumer (baseline, no decode, no store) | {baseline:.0} | 1.00 |");
+        let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+        let mut redis_pids = pids.clone();
+        if let Some(pid) = redis_pid(&server) {
+            redis_pids.push(("redis-server", pid));
+        }
+        let redis = Arc::new(
+            RedisStore::connect(
+                RedisSettings::new(server.url(), "mm"),
+                RetentionPolicy::default(),
+            )
+            .await
+            .expect("redis"),
+        );
+        let redis_rate = daemon_run(
+            &bootstrap,
+            w,
+            &format!("{}-redis", w.topic),
+            redis.clone(),
+            &redis_pids,
+        )
+        .await;
+        report.push(row(
+            "daemon, Redis on a unix socket (ratio to A)",
+            &redis_rate,
+            bare.per_sec,
+        ));
+        // The same records from files through apply (partition by partition, like a backfill).
+        let dir = tempdir(&w.topic);
+        let mut files = Vec::new();
+        for partition in 0..PARTITIONS {
+            let path = dir.join(format!("p{partition}.jsonl"));
+            let mut file = std::fs::File::create(&path).expect("file");
+            for line in w.by_partition.get(&partition).into_iter().flatten() {
+                writeln!(file, "{line}").expect("write");
+            }
+            files.push(path);
+        }
+        server.raw("FLUSHALL");
+        let apply_args: Vec<String> = files
+            .iter()
+            .map(|f| {
+                format!(
+                    "--store redis --redis-url {} apply {}",
+                    server.url(),
+                    f.display()
+                )
+            })
+            .collect();
+        let apply = cli_run(&apply_args, w.records, &redis_pids);
+        report.push(row(
+            "apply (files of the same records), Redis (ratio to the daemon into Redis)",
+            &apply,
+            redis_rate.per_sec,
+        ));
+        server.raw("FLUSHALL");
+        let replay_args: Vec<String> = (0..PARTITIONS)
+            .map(|p| {
+                format!(
+                    "--store redis --redis-url {} replay --config {} --partition {p} --from-offset 0 --progress off",
+                    server.url(),
+                    config_file(&dir, &bootstrap, &w.topic).display()
+                )
+            })
+            .collect();
+        let replay = cli_run(&replay_args, w.records, &redis_pids);
+        report.push(row(
+            "replay (every partition), Redis (ratio to the daemon into Redis)",
+            &replay,
+            redis_rate.per_sec,
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     println!(
-        "| daemon into the memory store | {memory:.0} | {:.2} |",
-        memory / baseline
+        "## Daemon throughput ({records} records a workload, {PARTITIONS} partitions, groups of 2 events)"
     );
-    println!(
-        "| daemon into Redis (unix socket) | {redis_rate:.0} | {:.2} |",
-        redis_rate / baseline
-    );
+    for line in report {
+        println!("{line}");
+    }
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mm-bench-{name}"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn config_file(dir: &Path, bootstrap: &str, topic: &str) -> std::path::PathBuf {
+    let path = dir.join("replay.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbrokers = \"{bootstrap}\"\ntopic = \"{topic}\"\ndlq_topic = \"{topic}.dlq\"\ngroup_id = \"{topic}-replay-bench\"\n"
+        ),
+    )
+    .expect("config");
+    path
 }

@@ -185,8 +185,14 @@ impl Engine {
                     match event {
                         Some(event) => {
                             self.on_intake(event);
-                            // Take what else is waiting: one wake-up per burst, not per batch.
+                            // Take what else is waiting (one wake-up per burst, not per batch),
+                            // settling what finished in between so the windows do not fill
+                            // with work that is already done.
                             for _ in 0..8 {
+                                self.drain_finished();
+                                if self.partitions.values().any(|p| p.paused) {
+                                    break;
+                                }
                                 match intake.as_mut().map(|rx| rx.try_recv()) {
                                     Some(Ok(event)) => self.on_intake(event),
                                     _ => break,
@@ -198,9 +204,7 @@ impl Engine {
                 }
                 attempt = self.runner.next() => {
                     self.on_attempt(attempt);
-                    while let Some(attempt) = self.runner.try_next() {
-                        self.on_attempt(attempt);
-                    }
+                    self.drain_finished();
                 }
                 Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
                 _ = tick.tick() => self.housekeeping(),
@@ -233,6 +237,14 @@ impl Engine {
         report
     }
 
+    /// Handles every store call that has already finished, then moves the windows.
+    fn drain_finished(&mut self) {
+        while let Some(attempt) = self.runner.try_next() {
+            self.on_attempt(attempt);
+        }
+        self.advance();
+    }
+
     fn on_intake(&mut self, event: IntakeEvent) {
         match event {
             IntakeEvent::Group(GroupEvent::Assigned(partitions)) => {
@@ -259,7 +271,7 @@ impl Engine {
                 for record in records {
                     self.admit(record);
                 }
-                self.apply_backpressure();
+                self.drain_finished();
             }
             IntakeEvent::Error(error) => {
                 let code = error

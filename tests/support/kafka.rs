@@ -171,6 +171,10 @@ pub struct DaemonSetup {
     /// `None`: the memory store, persisted to `dir/snapshot.json` on a graceful exit.
     pub redis_url: Option<String>,
     pub max_in_flight: usize,
+    /// Extra lines for the `[kafka]` section (`key = value`).
+    pub kafka_extra: Vec<String>,
+    /// Extra librdkafka properties (`"name" = "value"` lines).
+    pub properties_extra: Vec<String>,
 }
 
 impl DaemonSetup {
@@ -184,6 +188,8 @@ impl DaemonSetup {
             group: unique(&format!("{name}-group")),
             redis_url,
             max_in_flight: 64,
+            kafka_extra: Vec::new(),
+            properties_extra: Vec::new(),
         }
     }
 
@@ -213,10 +219,12 @@ retry_initial_ms = 50
 retry_max_ms = 500
 shutdown_deadline_ms = 5000
 statistics_interval_ms = 500
+{kafka_extra}
 [kafka.properties]
 \"session.timeout.ms\" = \"6000\"
 \"heartbeat.interval.ms\" = \"500\"
 \"topic.metadata.refresh.interval.ms\" = \"1000\"
+{properties_extra}
 [http]
 listen = \"127.0.0.1:{http_port}\"
 ",
@@ -225,6 +233,8 @@ listen = \"127.0.0.1:{http_port}\"
             group = self.group,
             dlq = self.dlq_topic,
             max_in_flight = self.max_in_flight,
+            kafka_extra = self.kafka_extra.join("\n"),
+            properties_extra = self.properties_extra.join("\n"),
         );
         let path = self.dir.join(format!("materializer-{http_port}.toml"));
         std::fs::write(&path, text).expect("write config");
