@@ -869,6 +869,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn secret_properties_are_recognised_and_their_values_redacted_from_text() {
+        for key in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.config",
+            "ssl.key.pem",
+            "my.api.token",
+            "some.passphrase",
+        ] {
+            assert!(is_secret_key(key), "{key}");
+        }
+        assert!(!is_secret_key("security.protocol"));
+        let mut kafka = KafkaConfig::default();
+        kafka
+            .properties
+            .insert("ssl.key.password".into(), "hunter2".into());
+        assert_eq!(
+            redact_secrets("Invalid value \"hunter2\" for property", &kafka),
+            "Invalid value \"***\" for property"
+        );
+    }
+
+    #[test]
     fn empty_config_is_the_memory_default() {
         let c = Config::from_toml("").unwrap();
         c.validate().unwrap();

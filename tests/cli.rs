@@ -345,3 +345,45 @@ fn check_config_validates_kafka_properties_and_masks_env_secrets() {
     assert!(!out.contains("hunter2"), "the secret is masked: {out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `check-config` masks every librdkafka property that carries a secret, whatever its name's
+/// shape (`*.password`, `*.secret`, OAuth bearer configuration, tokens), from the file or the
+/// environment.
+#[test]
+fn check_config_masks_every_secret_property() {
+    let dir = std::env::temp_dir().join(format!("mm-secret-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        "[kafka.properties]\n\"sasl.oauthbearer.config\" = \"principal=svc secret-s1\"\n\"ssl.key.password\" = \"secret-s2\"\n\"ssl.keystore.password\" = \"secret-s3\"\n",
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .env(
+            "MATERIALIZER_KAFKA_PROPERTY_SASL_OAUTHBEARER_CLIENT_SECRET",
+            "secret-s4",
+        )
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for key in [
+        "sasl.oauthbearer.config",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "sasl.oauthbearer.client.secret",
+    ] {
+        assert!(stdout.contains(key), "{key} listed: {stdout}");
+    }
+    for secret in ["secret-s1", "secret-s2", "secret-s3", "secret-s4"] {
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "{secret} must never be printed: {stdout} {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

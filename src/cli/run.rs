@@ -157,7 +157,9 @@ pub async fn daemon(config: &Config) -> ExitCode {
     match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e, "daemon failed");
+            // A client creation error may quote a property's value: never a secret.
+            let error = crate::config::redact_secrets(&e.to_string(), &config.kafka);
+            tracing::error!(%error, "daemon failed");
             ExitCode::FAILURE
         }
     }
