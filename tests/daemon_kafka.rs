@@ -5,167 +5,21 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailbox_materializer::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
-use mailbox_materializer::ingest::{apply_record, decode_record};
 use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
 use mailbox_materializer::store::memory::MemoryStore;
-use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
 use mailbox_materializer::store::{MailboxStore, SystemClock};
 use support::kafka::{
     committed, create_topic, produce, promtool_check, read_all, wait_for, Daemon, DaemonSetup,
 };
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
-
-const PARTITIONS: i32 = DEMO_SHARDS as i32;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A generated stream: fresh groups, identical and different replays, cross-day conflicts,
-/// expired input, stale epochs, a truncate and malformed records, each with its partition.
-fn stream(users: u64, rounds: u64, seed: u64) -> Vec<(i32, Vec<u8>)> {
-    synthetic_workload(users, rounds, now_ms(), seed)
-        .records
-        .into_iter()
-        .map(|r| (demo_shard(&r), r))
-        .collect()
-}
-
-/// What the memory reference computes from the records, partition by partition in order.
-struct Reference {
-    store: MemoryStore,
-    /// `(partition, offset)` -> dead-letter reason.
-    dead_letters: BTreeMap<(i32, i64), String>,
-    groups: BTreeMap<&'static str, u64>,
-    records: BTreeMap<&'static str, u64>,
-    users: Vec<String>,
-}
-
-async fn reference(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Reference {
-    let store = MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock));
-    let mut dead_letters = BTreeMap::new();
-    let mut groups = BTreeMap::new();
-    let mut outcomes = BTreeMap::new();
-    let mut users = BTreeSet::new();
-    for ((partition, raw), offset) in records.iter().zip(offsets) {
-        match decode_record(raw, 1 << 20) {
-            Err(_) => {
-                dead_letters.insert((*partition, *offset), "malformed".to_owned());
-                *outcomes.entry("malformed").or_default() += 1;
-            }
-            Ok(record) => {
-                let mut failed = None;
-                for delivery in apply_record(&store, &record).await {
-                    users.insert(delivery.mailbox.user_id.as_str().to_owned());
-                    let word = match &delivery.result {
-                        Ok(o) => o.as_str(),
-                        Err(e) => {
-                            failed.get_or_insert(e.outcome());
-                            e.outcome()
-                        }
-                    };
-                    *groups.entry(word).or_default() += 1;
-                }
-                match failed {
-                    Some(reason) => {
-                        dead_letters.insert((*partition, *offset), reason.to_owned());
-                        *outcomes.entry("dead_lettered").or_default() += 1;
-                    }
-                    None => *outcomes.entry("applied").or_default() += 1,
-                }
-            }
-        }
-    }
-    Reference {
-        store,
-        dead_letters,
-        groups,
-        records: outcomes,
-        users: users.into_iter().collect(),
-    }
-}
-
-/// Every mailbox of the reference's users, read back the way a client would, must be identical.
-async fn assert_same_state(reference: &Reference, actual: &dyn MailboxStore) {
-    for user in &reference.users {
-        for epoch in [0u32, 1] {
-            let mailbox = MailboxId::new(UserId::parse(user).expect("user id"), epoch);
-            let request = ScanRequest {
-                after_seq: 0,
-                until_seq: None,
-                limit_groups: 10_000,
-            };
-            let want = reference.store.range_scan(&mailbox, request).await;
-            let got = actual.range_scan(&mailbox, request).await;
-            assert_eq!(
-                got, want,
-                "mailbox {user} epoch {epoch} differs from the reference"
-            );
-            let want = reference.store.inspect(&mailbox).await.expect("inspect");
-            let got = actual.inspect(&mailbox).await.expect("inspect");
-            assert_eq!(
-                (
-                    got.current_epoch,
-                    got.user_trim_seq,
-                    got.expired_gap_boundary,
-                    got.seqbucket_max_seq
-                ),
-                (
-                    want.current_epoch,
-                    want.user_trim_seq,
-                    want.expired_gap_boundary,
-                    want.seqbucket_max_seq
-                ),
-                "meta of {user} epoch {epoch} differs from the reference"
-            );
-        }
-    }
-}
-
-fn end_offsets(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Vec<i64> {
-    let mut ends = vec![0i64; PARTITIONS as usize];
-    for ((partition, _), offset) in records.iter().zip(offsets) {
-        let end = &mut ends[*partition as usize];
-        *end = (*end).max(offset + 1);
-    }
-    ends
-}
-
-fn wait_committed(setup: &DaemonSetup, ends: &[i64], daemons: &[&Daemon], timeout: Duration) {
-    wait_for(
-        "every record committed",
-        timeout,
-        || committed(&setup.group, &setup.topic, PARTITIONS) == ends,
-        || {
-            format!(
-                "committed {:?}, expected {ends:?}\n{}",
-                committed(&setup.group, &setup.topic, PARTITIONS),
-                daemons
-                    .iter()
-                    .map(|d| d.log())
-                    .collect::<Vec<_>>()
-                    .join("\n----\n")
-            )
-        },
-    );
-}
-
-fn redis_store_settings(url: &str) -> RedisSettings {
-    RedisSettings::new(url, "mm")
-}
-
-async fn redis_store(url: &str) -> RedisStore {
-    RedisStore::connect(redis_store_settings(url), RetentionPolicy::default())
-        .await
-        .expect("connect to the test redis")
-}
+use support::reference::{
+    assert_same_state, end_offsets, now_ms, redis_store, reference, stream, wait_committed,
+    PARTITIONS,
+};
 
 /// (a) on both stores: the final state, the dead-letter topic and the counters all match the
 /// reference.

@@ -148,9 +148,19 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let found = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .expect("committed offsets");
+    // A coordinator that is moving or starting (a broker restart) answers with a retriable
+    // error for a while: ask again, within a bound.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let found = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Ok(found) => break found,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("committed offsets not available yet ({e}); asking again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("committed offsets: {e}"),
+        }
+    };
     (0..partitions)
         .map(
             |p| match found.find_partition(topic, p).map(|e| e.offset()) {

@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod kafka;
 pub mod redis_server;
+pub mod reference;

@@ -1,0 +1,111 @@
+//! The Kafka broker crashes (kill -9) and comes back while the daemon runs: nothing is lost, no
+//! group is written twice, nothing extra is dead-lettered. The broker is this test's own (its own
+//! ports and data), so it is the only test of this binary: it points the helpers at that broker.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use support::kafka::{create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+use support::reference::{
+    assert_same_state, end_offsets, redis_store, reference, stream, wait_committed, PARTITIONS,
+};
+
+/// A broker started by `scripts/kafka` on private ports, stopped (and its data deleted) on drop.
+struct OwnBroker {
+    env: Vec<(&'static str, String)>,
+}
+
+impl OwnBroker {
+    fn script() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka")
+    }
+
+    fn run(&self, verb: &str) -> String {
+        let out = Command::new(Self::script())
+            .arg(verb)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .expect("scripts/kafka");
+        assert!(
+            out.status.success(),
+            "scripts/kafka {verb}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn start() -> (Self, String) {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("kafka-restart-{}", std::process::id()));
+        let broker = Self {
+            env: vec![
+                ("KAFKA_PORT", free_port().to_string()),
+                ("KAFKA_CONTROLLER_PORT", free_port().to_string()),
+                ("KAFKA_DIR", dir.display().to_string()),
+            ],
+        };
+        let bootstrap = broker.run("start");
+        (broker, bootstrap)
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = Command::new(Self::script())
+            .arg("stop")
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_crash_mid_stream_loses_nothing() {
+    let (broker, bootstrap) = OwnBroker::start();
+    // The only test of this binary: every helper now talks to the private broker.
+    std::env::set_var("KAFKA_BOOTSTRAP", &bootstrap);
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("brokercrash", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(40, 4, 23);
+    let half = records.len() / 2;
+    let mut offsets = produce(&setup.topic, &records[..half]).await;
+    let daemon = Daemon::start(&setup);
+    wait_for(
+        "the daemon to commit part of the stream",
+        Duration::from_secs(60),
+        || {
+            support::kafka::committed(&setup.group, &setup.topic, PARTITIONS)
+                .iter()
+                .any(|c| *c > 0)
+        },
+        || daemon.log(),
+    );
+
+    broker.run("restart");
+    offsets.extend(produce(&setup.topic, &records[half..]).await);
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(180));
+
+    let expected = reference(&records, &offsets).await;
+    let store = redis_store(&redis.url()).await;
+    assert_same_state(&expected, &store).await;
+    let letters = read_all(&setup.dlq_topic);
+    let mut got: Vec<(i32, i64)> = letters
+        .iter()
+        .map(|l| {
+            (
+                l.headers["source_partition"].parse().expect("partition"),
+                l.headers["source_offset"].parse().expect("offset"),
+            )
+        })
+        .collect();
+    got.sort();
+    got.dedup();
+    let want: Vec<(i32, i64)> = expected.dead_letters.keys().copied().collect();
+    assert_eq!(got, want, "the dead letters are exactly the reference's");
+}
