@@ -1,18 +1,23 @@
 --[[
   Append one event group to a mailbox (SPEC 4.2, steps 2 to 8, in that order).
 
+  The same script writes the live copy of a user or a repair's staging copy: KEYS[1..5] name
+  one copy (live `P:epoch:{user}` ... or staging `P:stgepoch:{user}` ..., see
+  src/store/redis/keys.rs) and ARGV[10] says which (see `fence_gate`).
+
   KEYS[1]  P:epoch:{user}                 current epoch of the user
   KEYS[2]  P:mbmeta:{user}:<epoch>        V4 meta hash
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   identity index: member seq16, score expires_at(day)
   KEYS[4]  P:mbdays:{user}:<epoch>        day set: member day, score expires_at(day)
   KEYS[5]  P:mbday:{user}:<epoch>:        prefix of the day bucket keys (a day is appended)
-  KEYS[6]  P:repair:{user}                repair fence: the id of the writer rebuilding the user
+  KEYS[6]  P:repair:{user}                repair fence: the holder id of the repair of the user
 
-  ARGV[1]  key prefix P                   ARGV[2]  hash tag {user}
+  ARGV[1]  key stem of the copy, `P:` or `P:stg` (names another epoch's keys)
+  ARGV[2]  hash tag {user}
   ARGV[3]  epoch                          ARGV[4]  mailbox_seq, plain decimal
   ARGV[5]  day                            ARGV[6]  expires_at(day)
   ARGV[7]  future_window_days             ARGV[8]  max_active_span_days
-  ARGV[9]  retention_days               ARGV[10] this writer's id (checked against the fence)
+  ARGV[9]  retention_days                 ARGV[10] '' (live write) or the repair's holder id
   ARGV[11..] the group's bucket members, sorted by ordinal:
              seq16 '|' ordinal10 '|' created_at '|' canonical payload
 
@@ -20,14 +25,15 @@
     1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed, 6 stale_epoch
     ERR_FUTURE, ERR_SPAN low high, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
     ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
-    ERR_UNDER_REPAIR holder
+    ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
+    fence is not this repair's)
 
   Nothing is written before the outcome is known: a rejected input for a cold user leaves no key,
   and every error leaves the mailbox byte-identical.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local base, tag = ARGV[1], ARGV[2]
+local stem, tag = ARGV[1], ARGV[2]
 local epoch = tonumber(ARGV[3])
 local seq = ARGV[4]
 local seq16 = member16(seq)
@@ -38,7 +44,7 @@ local members = {}
 for i = 11, #ARGV do members[#members + 1] = ARGV[i] end
 local day_key = day_prefix .. ARGV[5]
 
-local fenced = check_fence(KEYS[6], ARGV[10])
+local fenced = fence_gate(KEYS[6], ARGV[10])
 if fenced then return fenced end
 
 local now = now_seconds()
@@ -57,7 +63,7 @@ if current then
   if epoch > current then move_from = current end
 end
 local function establish_epoch()
-  if move_from then delete_epoch(epoch_keys(base, tag, move_from)) end
+  if move_from then delete_epoch(epoch_keys(stem, tag, move_from)) end
   if move_from or not current then rcall('SET', epoch_key, ARGV[3]) end
 end
 

@@ -2,12 +2,14 @@
   TruncateBefore (SPEC 4.3): raise user_trim_seq (never lower it) and delete every group and
   identity below it.
 
-  KEYS[1..6] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence)
-  ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal     ARGV[3]  this writer's id
+  KEYS[1..6] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence), of
+  the live or the staging copy
+  ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal
+  ARGV[3]  '' (live write) or the repair's holder id (staged write; see `fence_gate`)
 
   Returns {0, user_trim_seq, removed_groups}, or ERR_EPOCH_MISMATCH current,
   ERR_UNSUPPORTED_FORMAT found, ERR_INDEX_LOST, ERR_META_LOST, ERR_BAD_PROOF detail,
-  ERR_UNDER_REPAIR holder.
+  ERR_UNDER_REPAIR holder, ERR_FENCE_LOST.
 
   A user never written is established at this epoch with the trim, so the trim is durable.
   Work is proportional to the active days and the live identities, both bounded.
@@ -17,7 +19,7 @@ local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
 local epoch = ARGV[1]
 local before = ARGV[2]
 
-local fenced = check_fence(KEYS[6], ARGV[3])
+local fenced = fence_gate(KEYS[6], ARGV[3])
 if fenced then return fenced end
 
 local now = now_seconds()

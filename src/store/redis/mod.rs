@@ -31,9 +31,9 @@ use crate::model::{
     PromoteOutcome, RetentionPolicy, ScanPage, ScanRequest, ScannedGroup, StoreError,
     TruncateOutcome, UserId, MAX_MAILBOX_SEQ,
 };
-use crate::store::{MailboxStore, PhaseHook};
+use crate::store::{MailboxStore, PhaseHook, RepairToken, SwapReport};
 
-use keys::{event_member, parse_event_member, MailboxKeys};
+use keys::{event_member, parse_event_member, KeySet, MailboxKeys};
 use scripts::{ScriptCode, Scripts};
 
 const BACKEND: &str = "redis";
@@ -118,38 +118,7 @@ pub struct RedisStore {
     policy: RetentionPolicy,
     scripts: Scripts,
     after_scan_read: Mutex<Option<PhaseHook>>,
-    /// This handle's writer id, compared with a user's repair fence by every write script: a
-    /// process rebuilding a user writes through the fence it holds, everyone else waits.
-    writer: String,
 }
-
-/// A writer id unique enough across processes and hosts: pid, start time and a counter.
-fn new_writer_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "writer-{}-{nanos:x}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Takes or renews a repair fence. KEYS[1] the fence; ARGV[1] writer id, ARGV[2] lease seconds.
-/// Returns false when taken or renewed, or the other holder's id.
-const BEGIN_REPAIR_LUA: &str = r"
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return holder end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return false";
-
-/// Lifts a repair fence if this writer holds it. KEYS[1] the fence; ARGV[1] writer id.
-/// Returns 1 when lifted, 0 when it was not held by this writer.
-const END_REPAIR_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0";
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,7 +213,6 @@ impl RedisStore {
             policy,
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
-            writer: new_writer_id(),
         };
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())
@@ -343,53 +311,68 @@ impl RedisStore {
                 cursor: CursorExpired::ExpiredGap { boundary: n(1) },
             },
             Some(ScriptCode::UnderRepair) => StoreError::UnderRepair { holder: arg(1) },
+            Some(ScriptCode::FenceLost) => StoreError::FenceLost {
+                detail: match arg(1).as_str() {
+                    "" => "the repair fence lapsed (no fence exists)".to_owned(),
+                    other => format!("the repair fence is held by {other}"),
+                },
+            },
             None => protocol(format!("code {code}")),
         }
     }
 
-    /// Every key of `user` (all epochs, on every master), sorted, found with SCAN.
-    async fn user_keys(&self, user: &UserId) -> Result<Vec<String>, StoreError> {
-        let pattern = keys::user_pattern(&self.settings.key_prefix, user);
-        let mut found = Vec::new();
-        for mut node in self.scan_targets().await? {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
-                found.extend(batch);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
+    /// Every key name `user` may hold (fence, both epoch keys, and every key of the epoch each
+    /// copy names plus `extra_epochs`), named exactly (`lua/user_keys.lua`), never by a pattern
+    /// that could match another deployment's keys. Some names may not exist.
+    pub async fn user_key_names(
+        &self,
+        user: &UserId,
+        extra_epochs: &[u32],
+    ) -> Result<Vec<String>, StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, user);
+        let mut invocation = self.scripts.user_keys.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.live_epoch)
+            .key(&keys.staging_epoch)
+            .arg(&keys.live_stem)
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        for epoch in extra_epochs {
+            invocation.arg(*epoch);
         }
-        found.sort();
-        found.dedup();
-        Ok(found)
+        let names: Vec<String> = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(names)
     }
 
-    /// Every key of `user` with its serialized value (`DUMP`) and absolute expiry in ms
-    /// (`PEXPIRETIME`), sorted by key: a byte-exact fingerprint of the user's state.
+    /// Every existing key of `user` (see [`RedisStore::user_key_names`]) with its serialized value
+    /// (`DUMP`) and absolute expiry in ms (`PEXPIRETIME`), sorted by key: a byte-exact fingerprint
+    /// of the user's state in both copies, fence included.
     pub async fn dump_user(
         &self,
         user: &UserId,
+        extra_epochs: &[u32],
     ) -> Result<Vec<(String, Vec<u8>, i64)>, StoreError> {
-        let found = self.user_keys(user).await?;
-        let mut conn = self.conn();
-        let mut out = Vec::with_capacity(found.len());
-        for key in found {
-            let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            let expire: i64 = redis::cmd("PEXPIRETIME")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            // -2: the key expired between the SCAN and now; it no longer exists.
-            if let (Some(dump), true) = (dump, expire != -2) {
-                out.push((key, dump, expire));
+        let mut names = self.user_key_names(user, extra_epochs).await?;
+        names.sort();
+        names.dedup();
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("DUMP").arg(name).cmd("PEXPIRETIME").arg(name);
+        }
+        let replies: Vec<Value> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::new();
+        for (name, pair) in names.into_iter().zip(replies.chunks(2)) {
+            if let [Value::BulkString(dump), expire] = pair {
+                out.push((name, dump.clone(), int(expire).unwrap_or(-2)));
             }
         }
         Ok(out)
@@ -497,7 +480,8 @@ impl RedisStore {
     }
 
     /// Promotes every mailbox whose meta key matches, walking every master with SCAN, at most
-    /// `per_second` mailboxes a second. Returns (mailboxes visited, days compacted, failures).
+    /// `per_second` mailboxes a second, then removes the staging copies of crashed repairs
+    /// ([`MailboxStore::repair_collect_garbage`]).
     pub async fn patrol(&self, per_second: u32) -> Result<PatrolReport, StoreError> {
         let pattern = keys::meta_pattern(&self.settings.key_prefix);
         let mut report = PatrolReport::default();
@@ -527,6 +511,7 @@ impl RedisStore {
                 cursor = next;
             }
         }
+        report.staging_collected = self.collect_staging_garbage().await?;
         Ok(report)
     }
 
@@ -600,88 +585,26 @@ fn node_url(configured: &str, address: &str) -> String {
     format!("{scheme}://{credentials}{address}")
 }
 
-/// The repair fence of the first daemon version, kept until the staged repair replaces it.
+/// The write paths shared by the live copy and a repair's staging copy: the same scripts, bound
+/// to the copy's keys, with the fence check of `fence_gate` (`lua/includes/common.lua`).
 impl RedisStore {
-    pub async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
-        let key = keys::repair_key(&self.settings.key_prefix, user);
-        let reply: Value = redis::Script::new(BEGIN_REPAIR_LUA)
-            .key(&key)
-            .arg(&self.writer)
-            .arg(lease_secs.max(1))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        match reply {
-            Value::Nil | Value::Boolean(false) | Value::Int(0) => Ok(()),
-            other => Err(StoreError::UnderRepair {
-                holder: text(&other),
-            }),
-        }
-    }
-
-    pub async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
-        let fence = keys::repair_key(&self.settings.key_prefix, user);
-        let held: Option<String> = redis::cmd("GET")
-            .arg(&fence)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        if held.as_deref() != Some(self.writer.as_str()) {
-            return Err(StoreError::UnderRepair {
-                holder: held.unwrap_or_else(|| "nobody: take the fence first".to_owned()),
-            });
-        }
-        // Under the fence no other writer touches the user, so SCAN then DEL is safe.
-        let found = self.user_keys(user).await?;
-        let mut removed = 0u64;
-        for key in found.iter().filter(|k| **k != fence) {
-            let n: u64 = redis::cmd("DEL")
-                .arg(key)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-            removed += n;
-        }
-        Ok(removed)
-    }
-
-    pub async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
-        let key = keys::repair_key(&self.settings.key_prefix, user);
-        let _: i64 = redis::Script::new(END_REPAIR_LUA)
-            .key(&key)
-            .arg(&self.writer)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-}
-
-/// What one patrol pass did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct PatrolReport {
-    pub visited: u64,
-    pub expired_days: u64,
-    pub corrupt: u64,
-    pub unavailable: u64,
-}
-
-#[async_trait]
-impl MailboxStore for RedisStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+    /// Appends `group` to one copy. `holder` is empty for a live write (refused under any fence)
+    /// or the repair's holder id for a staged write (refused unless that repair holds the fence).
+    async fn append_to(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
         validate_group(group)?;
-        let keys = self.keys(&group.mailbox);
+        let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
         let day = group.day();
         let mut events: Vec<&Event> = group.events.iter().collect();
         events.sort_by_key(|e| e.event_ordinal);
         let mut invocation = self.scripts.append.prepare_invoke();
         keys.bind(&mut invocation);
         invocation
-            .arg(&self.settings.key_prefix)
+            .arg(&keys.stem)
             .arg(keys::tag(&group.mailbox.user_id))
             .arg(group.mailbox.epoch)
             .arg(group.mailbox_seq)
@@ -690,7 +613,7 @@ impl MailboxStore for RedisStore {
             .arg(self.policy.future_window_days)
             .arg(self.policy.max_active_span_days)
             .arg(self.policy.retention_days)
-            .arg(&self.writer);
+            .arg(holder);
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,
@@ -722,19 +645,19 @@ impl MailboxStore for RedisStore {
         }
     }
 
-    async fn truncate_before(
+    /// `truncate_before` on one copy; `holder` as in [`RedisStore::append_to`].
+    async fn truncate_in(
         &self,
+        copy: KeySet,
+        holder: &str,
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
         validate_before_seq(before_seq)?;
-        let keys = self.keys(mailbox);
+        let keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
         let mut invocation = self.scripts.truncate.prepare_invoke();
         keys.bind(&mut invocation);
-        invocation
-            .arg(mailbox.epoch)
-            .arg(before_seq)
-            .arg(&self.writer);
+        invocation.arg(mailbox.epoch).arg(before_seq).arg(holder);
         let reply = self.invoke(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(TruncateOutcome {
@@ -743,6 +666,80 @@ impl MailboxStore for RedisStore {
             }),
             _ => Err(self.script_error(&reply)),
         }
+    }
+
+    /// Lease of a fence in whole milliseconds, at least one.
+    fn lease_ms(lease: Duration) -> u64 {
+        u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Removes the staging copies of users without a fence, walking `P:stgepoch:{*` with SCAN on
+    /// every master; one script per user decides atomically (`lua/repair_collect.lua`).
+    async fn collect_staging_garbage(&self) -> Result<u64, StoreError> {
+        let prefix = &self.settings.key_prefix;
+        let pattern = keys::staging_epoch_pattern(prefix);
+        let mut collected = 0;
+        for mut node in self.scan_targets().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
+                for key in batch {
+                    let Some(user) = keys::parse_staging_epoch_key(prefix, &key) else {
+                        continue;
+                    };
+                    let keys = keys::UserKeys::new(prefix, &user);
+                    let mut invocation = self.scripts.repair_collect.prepare_invoke();
+                    invocation
+                        .key(&keys.repair)
+                        .key(&keys.staging_epoch)
+                        .arg(&keys.staging_stem)
+                        .arg(keys::tag(&user))
+                        .arg(self.policy.retention_days)
+                        .arg(self.policy.future_window_days);
+                    let reply = self.invoke(invocation).await?;
+                    if reply.first().and_then(int) == Some(1) {
+                        tracing::info!(user = %user.as_str(), removed_keys = num(reply.get(1)), "removed the staging copy of a crashed repair");
+                        collected += 1;
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(collected)
+    }
+}
+
+/// What one patrol pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PatrolReport {
+    pub visited: u64,
+    pub expired_days: u64,
+    pub corrupt: u64,
+    pub unavailable: u64,
+    /// Staging copies of crashed repairs (no fence left) removed by this pass.
+    pub staging_collected: u64,
+}
+
+#[async_trait]
+impl MailboxStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        self.append_to(KeySet::Live, "", group).await
+    }
+
+    async fn truncate_before(
+        &self,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        self.truncate_in(KeySet::Live, "", mailbox, before_seq)
+            .await
     }
 
     async fn range_scan(
@@ -891,6 +888,121 @@ impl MailboxStore for RedisStore {
             identity_count,
             identity_index_present,
         })
+    }
+
+    async fn repair_begin(
+        &self,
+        user: &UserId,
+        lease: Duration,
+    ) -> Result<RepairToken, StoreError> {
+        let token = RepairToken::new(user.clone());
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, user);
+        let mut invocation = self.scripts.repair_begin.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.staging_epoch)
+            .arg(&token.holder)
+            .arg(Self::lease_ms(lease))
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        let reply = self.invoke(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => {
+                let removed = num(reply.get(1));
+                if removed > 0 {
+                    tracing::info!(user = %user.as_str(), removed_keys = removed, "removed the staging copy of an earlier repair");
+                }
+                Ok(token)
+            }
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+
+    async fn repair_renew(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, &token.user);
+        let mut invocation = self.scripts.repair_renew.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .arg(&token.holder)
+            .arg(Self::lease_ms(lease));
+        let reply = self.invoke(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => Ok(()),
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+
+    async fn repair_append(
+        &self,
+        token: &RepairToken,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        if group.mailbox.user_id != token.user {
+            return Err(StoreError::Unsupported {
+                backend: BACKEND,
+                operation: "writing another user into a repair's staging copy",
+            });
+        }
+        self.append_to(KeySet::Staging, &token.holder, group).await
+    }
+
+    async fn repair_truncate(
+        &self,
+        token: &RepairToken,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        if mailbox.user_id != token.user {
+            return Err(StoreError::Unsupported {
+                backend: BACKEND,
+                operation: "writing another user into a repair's staging copy",
+            });
+        }
+        self.truncate_in(KeySet::Staging, &token.holder, mailbox, before_seq)
+            .await
+    }
+
+    async fn repair_swap(&self, token: &RepairToken) -> Result<SwapReport, StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, &token.user);
+        let mut invocation = self.scripts.repair_swap.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.live_epoch)
+            .key(&keys.staging_epoch)
+            .arg(&token.holder)
+            .arg(&keys.live_stem)
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(&token.user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        let reply = self.invoke(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => Ok(SwapReport {
+                staged_groups: num(reply.get(1)),
+                replaced: num(reply.get(2)),
+            }),
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+
+    async fn repair_abort(&self, token: &RepairToken) -> Result<(), StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, &token.user);
+        let mut invocation = self.scripts.repair_abort.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.staging_epoch)
+            .arg(&token.holder)
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(&token.user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        self.invoke(invocation).await.map(|_| ())
+    }
+
+    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
+        self.collect_staging_garbage().await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
