@@ -100,8 +100,8 @@ if existing then
     end
   end
   if same then return {2} end
-  if #old > 0 then rcall('ZREM', day_key, unpack(old)) end
-  for _, m in ipairs(members) do rcall('ZADD', day_key, score, m) end
+  zrem_all(day_key, old)
+  zadd_all(day_key, score, members)
   rcall('EXPIREAT', day_key, expires_at)
   return {3}
 end
@@ -139,7 +139,7 @@ end
 establish_epoch()
 ensure_meta(meta_key)
 local score = tonumber(seq)
-for _, m in ipairs(members) do rcall('ZADD', day_key, score, m) end
+zadd_all(day_key, score, members)
 rcall('EXPIREAT', day_key, expires_at)
 rcall('ZADD', seqbucket_key, expires_at, seq16)
 if rcall('TTL', seqbucket_key) == -1 then

@@ -502,3 +502,194 @@ async fn a_new_repair_starts_from_nothing_after_a_crash() {
     }
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+// ---- error classes (SPEC 7): every Redis error goes through `store::classify::redis` ----
+
+/// A Lua runtime error is deterministic: the same input fails the same way every time, so it is
+/// `Refused` (dead-lettered as `store_refused`), never retried forever. Here an epoch key that
+/// holds no number makes the append script compare nil with a number; a script that raises and
+/// a command on a key of the wrong type inside a script are refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_runtime_errors_are_refused() {
+    use mailbox_materializer::model::StoreError;
+    use mailbox_materializer::store::classify;
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let s = f.store.clone();
+    let mb = mailbox("u-damaged-epoch", 1);
+    let keys = MailboxKeys::new("mm", &mb);
+    let _: () = f.cmd(redis::cmd("SET").arg(&keys.epoch).arg("x")).await;
+    let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
+    assert!(
+        matches!(&result, Err(StoreError::Refused { backend: "redis", detail }) if detail.contains("user_script")),
+        "{result:?}"
+    );
+    assert_eq!(result.unwrap_err().kind(), "store_refused");
+
+    let mut conn = s.conn();
+    let raised = redis::cmd("EVAL")
+        .arg("error('refused by design')")
+        .arg(0)
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        classify::redis::classify(&raised),
+        StoreError::Refused { .. }
+    ));
+    let _: () = f.cmd(redis::cmd("HSET").arg("h").arg("f").arg("v")).await;
+    let wrong_type = redis::cmd("EVAL")
+        .arg("return redis.call('INCR', KEYS[1])")
+        .arg(1)
+        .arg("h")
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            classify::redis::classify(&wrong_type),
+            StoreError::Refused { .. }
+        ),
+        "{wrong_type}"
+    );
+}
+
+/// Writes `command` on a fresh unix socket and leaves the reply unread (the connection stays
+/// busy with it).
+fn send_and_leave(
+    server: &support::redis_server::RedisServer,
+    command: &str,
+) -> std::os::unix::net::UnixStream {
+    use std::io::Write;
+    let mut stream = std::os::unix::net::UnixStream::connect(server.socket()).expect("connect");
+    stream
+        .write_all(format!("{command}\r\n").as_bytes())
+        .expect("write");
+    stream
+}
+
+fn is_transient<T: std::fmt::Debug>(
+    result: &Result<T, mailbox_materializer::model::StoreError>,
+) -> bool {
+    matches!(
+        result,
+        Err(mailbox_materializer::model::StoreError::Unavailable {
+            backend: "redis",
+            ..
+        })
+    )
+}
+
+/// A server busy with a long script answers `BUSY`: transient, and the same append goes through
+/// once the script is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_server_is_transient() {
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start(Clock::Real, Listen::Unix, &["--busy-reply-threshold", "50"])
+    })
+    .await
+    .unwrap();
+    let s = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await
+    .unwrap();
+    let mb = mailbox("u-busy", 1);
+    let today = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / DAY_SECS;
+    let g = group(&mb, 1, today, 1, "a");
+    let _spinner = send_and_leave(&server, "EVAL \"while true do end\" 0");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let result = s.append(&g).await;
+    assert!(is_transient(&result), "{result:?}");
+    assert!(format!("{result:?}").contains("BUSY"), "{result:?}");
+    assert!(server.raw("SCRIPT KILL").starts_with("+OK"));
+    // The kill lands at the script's next interrupt check: retry as the daemon would.
+    let mut outcome = s.append(&g).await;
+    for _ in 0..50 {
+        if !is_transient(&outcome) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        outcome = s.append(&g).await;
+    }
+    assert_eq!(outcome, Ok(AppendOutcome::Inserted));
+}
+
+/// A server loading its dataset answers `LOADING`: transient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loading_server_is_transient() {
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start(
+            Clock::Real,
+            Listen::Unix,
+            &[
+                "--enable-debug-command",
+                "yes",
+                "--key-load-delay",
+                "100",
+                "--loading-process-events-interval-bytes",
+                "1024",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let s = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await
+    .unwrap();
+    assert!(server.raw("DEBUG POPULATE 30000").starts_with("+OK"));
+    // 30,000 keys at 100 µs each: the reload keeps the server loading for about 3 s.
+    let _reload = send_and_leave(&server, "DEBUG RELOAD");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mb = mailbox("u-loading", 1);
+    let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
+    assert!(is_transient(&result), "{result:?}");
+    assert!(
+        format!("{result:?}").to_lowercase().contains("loading"),
+        "{result:?}"
+    );
+}
+
+/// A server that is gone refuses connections: transient, for a connected store and for a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_transient() {
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let port = support::redis_server::free_port();
+    let mut server = tokio::task::spawn_blocking(move || {
+        RedisServer::start(Clock::Real, Listen::Tcp(port), &[])
+    })
+    .await
+    .unwrap();
+    let s = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await
+    .unwrap();
+    server.stop();
+    let mb = mailbox("u-gone", 1);
+    let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
+    assert!(is_transient(&result), "{result:?}");
+    assert!(is_transient(&s.ping().await));
+    let fresh = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await;
+    assert!(is_transient(&fresh), "{fresh:?}");
+}

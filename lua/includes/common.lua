@@ -93,6 +93,26 @@ local function delete_epoch(keys)
   rcall('DEL', keys.meta, keys.seqbucket, keys.days)
 end
 
+-- ZADDs every member of `members` with one score, in calls of at most 1,000 pairs: Lua 5.1's
+-- unpack stops near 8,000 values, and a group may hold 10,000 events (MAX_EVENTS_PER_GROUP).
+local function zadd_all(key, score, members)
+  for i = 1, #members, 1000 do
+    local args = {}
+    for j = i, math.min(i + 999, #members) do
+      args[#args + 1] = score
+      args[#args + 1] = members[j]
+    end
+    rcall('ZADD', key, unpack(args))
+  end
+end
+
+-- ZREMs every member of `members`, in calls of at most 1,000 members (see `zadd_all`).
+local function zrem_all(key, members)
+  for i = 1, #members, 1000 do
+    rcall('ZREM', key, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
 -- DELs `names` in calls of at most 1,000 keys (Lua's unpack stops near 8,000 values); returns
 -- how many existed.
 local function del_all(names)

@@ -129,19 +129,14 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// I/O, timeouts and server errors are transient: the daemon retries them with backoff.
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable {
-        backend: BACKEND,
-        detail: e.to_string(),
-    }
+/// Every error of the Redis client is classified in one place (SPEC 7, error classes).
+fn classified(e: RedisError) -> StoreError {
+    crate::store::classify::redis::classify(&e)
 }
 
+/// A script reply this code does not understand (see `classify::redis::unexpected_reply`).
 fn protocol(detail: impl Into<String>) -> StoreError {
-    StoreError::Unavailable {
-        backend: BACKEND,
-        detail: format!("unexpected script reply: {}", detail.into()),
-    }
+    crate::store::classify::redis::unexpected_reply(detail.into())
 }
 
 fn int(value: &Value) -> Option<i64> {
@@ -183,10 +178,10 @@ impl RedisStore {
                 .connection_timeout(settings.connect_timeout)
                 .response_timeout(settings.command_timeout)
                 .build()
-                .map_err(unavailable)?;
-            Connection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
+                .map_err(classified)?;
+            Connection::Cluster(client.get_async_connection().await.map_err(classified)?)
         } else {
-            let client = redis::Client::open(settings.url.as_str()).map_err(unavailable)?;
+            let client = redis::Client::open(settings.url.as_str()).map_err(classified)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(Some(settings.command_timeout))
@@ -204,7 +199,7 @@ impl RedisStore {
                     settings.connect_timeout
                 ),
             })?
-            .map_err(unavailable)?;
+            .map_err(classified)?;
             Connection::Single(manager)
         };
         let store = Self {
@@ -217,7 +212,7 @@ impl RedisStore {
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         Ok(store)
     }
 
@@ -250,7 +245,7 @@ impl RedisStore {
         let reply: Value = invocation
             .invoke_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         match reply {
             Value::Array(items) => Ok(items),
             other => Err(protocol(format!("{other:?}"))),
@@ -346,7 +341,7 @@ impl RedisStore {
         let names: Vec<String> = invocation
             .invoke_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         Ok(names)
     }
 
@@ -368,7 +363,7 @@ impl RedisStore {
         let replies: Vec<Value> = pipe
             .query_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         let mut out = Vec::new();
         for (name, pair) in names.into_iter().zip(replies.chunks(2)) {
             if let [Value::BulkString(dump), expire] = pair {
@@ -411,7 +406,7 @@ impl RedisStore {
             let replies: Vec<Vec<String>> = pipe
                 .query_async(&mut self.conn())
                 .await
-                .map_err(unavailable)?;
+                .map_err(classified)?;
             let mut again = Vec::new();
             for ((day, count), members) in pending.iter().zip(replies) {
                 let truncated = members.len() >= *count;
@@ -443,7 +438,8 @@ impl RedisStore {
                 if truncated {
                     let last = parsed.last().map_or(request.after_seq, |p| p.0);
                     let complete_below = last.saturating_sub(1);
-                    if complete_below <= request.after_seq && *count <= MAX_EVENTS_PER_GROUP {
+                    let no_whole_group = parsed.first().is_none_or(|p| p.0 == last);
+                    if no_whole_group && *count <= MAX_EVENTS_PER_GROUP {
                         // Not one whole group fit: read this day again with room for the
                         // largest group there can be.
                         again.push((*day, MAX_EVENTS_PER_GROUP + chunk));
@@ -524,7 +520,7 @@ impl RedisStore {
             .arg("NODES")
             .query_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         let mut targets = Vec::new();
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -536,7 +532,7 @@ impl RedisStore {
             }
             let address = fields[1].split('@').next().unwrap_or_default();
             let url = node_url(&self.settings.url, address);
-            let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
+            let client = redis::Client::open(url.as_str()).map_err(classified)?;
             let manager = client
                 .get_connection_manager_with_config(
                     ConnectionManagerConfig::new()
@@ -544,7 +540,7 @@ impl RedisStore {
                         .set_response_timeout(Some(self.settings.command_timeout)),
                 )
                 .await
-                .map_err(unavailable)?;
+                .map_err(classified)?;
             targets.push(Connection::Single(manager));
         }
         Ok(targets)
@@ -567,7 +563,7 @@ async fn scan_batch(
         .arg(500)
         .query_async(node)
         .await
-        .map_err(unavailable)
+        .map_err(classified)
 }
 
 /// The URL of one cluster node: the configured URL with its host and port replaced, so scheme
@@ -1009,7 +1005,7 @@ impl MailboxStore for RedisStore {
         let _: String = redis::cmd("PING")
             .query_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         Ok(())
     }
 }
