@@ -37,6 +37,18 @@ local function fence_gate(repair_key, holder)
   return nil
 end
 
+-- Durable before commit (store.redis.wait_replicas > 0): the caller sends `WAIT` right after the
+-- script, on the same connection. WAIT covers this connection's last write that was propagated
+-- to replicas; a script that wrote nothing (an identical replay, a trim, a refusal) propagates
+-- nothing, so on a fresh connection its WAIT would prove nothing about the write its answer
+-- relies on. Rewriting the epoch key with its own value always propagates (SET does), and being
+-- later in the replication stream than every write the answer read, its acknowledgement covers
+-- them all. A user without an epoch key has nothing stored to cover.
+local function propagate_for_wait(epoch_key)
+  local current = rcall('GET', epoch_key)
+  if current then rcall('SET', epoch_key, current) end
+end
+
 local FORMAT_VERSION = '4'
 
 -- Current Unix second from the server's own clock: the only "now" a script uses.

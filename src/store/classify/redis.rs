@@ -73,6 +73,19 @@ pub fn unexpected_reply(detail: String) -> StoreError {
     refused(BACKEND, format!("unexpected script reply: {detail}"))
 }
 
+/// A write that fewer replicas acknowledged (`WAIT`) than `store.redis.wait_replicas` asks for:
+/// transient. The write may or may not survive a failover, so it never counts as final; the
+/// retry is an idempotent replay.
+pub fn too_few_replicas(acks: i64, wanted: u32, timeout_ms: u64) -> StoreError {
+    transient(
+        BACKEND,
+        format!(
+            "WAIT: {acks} of {wanted} replicas acknowledged the write within {timeout_ms} ms; \
+             it may not be durable"
+        ),
+    )
+}
+
 /// Convenience for `map_err`.
 pub fn from(e: RedisError) -> StoreError {
     classify(&e)

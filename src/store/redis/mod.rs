@@ -51,6 +51,10 @@ pub struct RedisSettings {
     pub key_prefix: String,
     pub connect_timeout: Duration,
     pub command_timeout: Duration,
+    /// Replicas that must acknowledge a write before it counts as done (`WAIT`); 0: none.
+    pub wait_replicas: u32,
+    /// How long `WAIT` may block; must stay below `command_timeout`.
+    pub wait_timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -59,6 +63,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("url", &crate::config::redact_url(&self.url))
             .field("cluster", &self.cluster)
             .field("key_prefix", &self.key_prefix)
+            .field("wait_replicas", &self.wait_replicas)
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +77,8 @@ impl RedisSettings {
             key_prefix: key_prefix.into(),
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(5),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -249,6 +256,60 @@ impl RedisStore {
         match reply {
             Value::Array(items) => Ok(items),
             other => Err(protocol(format!("{other:?}"))),
+        }
+    }
+
+    /// Runs a write script and, with `wait_replicas > 0`, makes it durable before answering: the
+    /// script and `WAIT wait_replicas wait_timeout` go in ONE pipeline, so both reach the server
+    /// on the same connection, back to back. (A multiplexed connection may reconnect between two
+    /// separate calls, and a `WAIT` on a new connection covers none of the old one's writes.)
+    /// The scripts rewrite the epoch key when asked (`propagate_for_wait`), so the `WAIT` covers
+    /// what the answer was read from even when the script itself changed nothing.
+    ///
+    /// Fewer acknowledgements than `wait_replicas` is transient `Unavailable`: the write may or
+    /// may not survive a failover, so the caller retries, and the replay is idempotent.
+    async fn invoke_durable(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let wanted = self.settings.wait_replicas;
+        if wanted == 0 {
+            return self.invoke(invocation).await;
+        }
+        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout_ms);
+        let mut conn = self.conn();
+        let result: Result<(Value, i64), RedisError> = pipe.query_async(&mut conn).await;
+        let (reply, acks) = match result {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                invocation.load_async(&mut conn).await.map_err(classified)?;
+                pipe.query_async(&mut conn).await.map_err(classified)?
+            }
+            other => other.map_err(classified)?,
+        };
+        if acks < i64::from(wanted) {
+            return Err(crate::store::classify::redis::too_few_replicas(
+                acks, wanted, timeout_ms,
+            ));
+        }
+        match reply {
+            Value::Array(items) => Ok(items),
+            other => Err(protocol(format!("{other:?}"))),
+        }
+    }
+
+    /// The durability flag the write scripts take (`'1'` when a `WAIT` follows them).
+    fn wait_flag(&self) -> &'static str {
+        if self.settings.wait_replicas > 0 {
+            "1"
+        } else {
+            "0"
         }
     }
 
@@ -609,7 +670,8 @@ impl RedisStore {
             .arg(self.policy.future_window_days)
             .arg(self.policy.max_active_span_days)
             .arg(self.policy.retention_days)
-            .arg(holder);
+            .arg(holder)
+            .arg(self.wait_flag());
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,
@@ -618,7 +680,7 @@ impl RedisStore {
                 event.payload.as_str(),
             ));
         }
-        let reply = self.invoke(invocation).await?;
+        let reply = self.invoke_durable(invocation).await?;
         match reply.first().and_then(int) {
             Some(1) => Ok(AppendOutcome::Inserted),
             Some(2) => Ok(AppendOutcome::Unchanged),
@@ -653,8 +715,12 @@ impl RedisStore {
         let keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
         let mut invocation = self.scripts.truncate.prepare_invoke();
         keys.bind(&mut invocation);
-        invocation.arg(mailbox.epoch).arg(before_seq).arg(holder);
-        let reply = self.invoke(invocation).await?;
+        invocation
+            .arg(mailbox.epoch)
+            .arg(before_seq)
+            .arg(holder)
+            .arg(self.wait_flag());
+        let reply = self.invoke_durable(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(TruncateOutcome {
                 user_trim_seq: num(reply.get(1)),
@@ -973,7 +1039,7 @@ impl MailboxStore for RedisStore {
             .arg(keys::tag(&token.user))
             .arg(self.policy.retention_days)
             .arg(self.policy.future_window_days);
-        let reply = self.invoke(invocation).await?;
+        let reply = self.invoke_durable(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(SwapReport {
                 staged_groups: num(reply.get(1)),
