@@ -98,6 +98,11 @@ pub async fn memory_epoch_check_and_reverse_range(h: &H) {
     for wrong in [2, 4] {
         let r = scan(&*s, &mailbox("u-epoch", wrong), 0, None, 10).await;
         assert_eq!(r, Err(StoreError::EpochMismatch { current: Some(3) }));
+        // The epoch check comes first, before the reverse-range answer (SPEC 4.4 steps 1, 2).
+        for until in [5, 2] {
+            let r = scan(&*s, &mailbox("u-epoch", wrong), 5, Some(until), 10).await;
+            assert_eq!(r, Err(StoreError::EpochMismatch { current: Some(3) }));
+        }
     }
 
     assert_eq!(scan(&*s, &mb, 5, Some(5), 10).await, Ok(ScanPage::empty(5)));

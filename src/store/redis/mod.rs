@@ -810,10 +810,24 @@ impl MailboxStore for RedisStore {
         request: ScanRequest,
     ) -> Result<ScanPage, StoreError> {
         validate_scan(&request)?;
-        if request.until_seq.is_some_and(|u| u <= request.after_seq) {
-            return Ok(ScanPage::empty(request.after_seq));
-        }
         let keys = self.keys(mailbox);
+        if request.until_seq.is_some_and(|u| u <= request.after_seq) {
+            // SPEC 4.4: the epoch check (step 1) comes before the reverse-range answer (step 2),
+            // which reads no bucket, meta or index: one GET of the epoch key.
+            let current: Option<String> = redis::cmd("GET")
+                .arg(&keys.epoch)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(classified)?;
+            return match current {
+                Some(current) if current != mailbox.epoch.to_string() => {
+                    Err(StoreError::EpochMismatch {
+                        current: current.parse().ok(),
+                    })
+                }
+                _ => Ok(ScanPage::empty(request.after_seq)),
+            };
+        }
         let cursor_args = |invocation: &mut redis::ScriptInvocation<'_>| {
             keys.bind(invocation);
             invocation
