@@ -134,6 +134,10 @@ pub struct MemoryConfig {
     pub fixed_now: Option<u64>,
 }
 
+/// Most replicas `store.redis.wait_replicas` may ask for: far beyond any real deployment, low
+/// enough to catch a typo.
+pub const MAX_WAIT_REPLICAS: u32 = 64;
+
 /// `[store.redis]`.
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -152,6 +156,12 @@ pub struct RedisConfig {
     pub command_timeout_ms: u64,
     /// Most mailboxes the patrol promotes per second.
     pub patrol_rate_per_second: u32,
+    /// Durable before commit (SPEC 7): replicas that must acknowledge every write (`WAIT`)
+    /// before its record counts as final; 0 trusts the master alone.
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may block, in milliseconds; fewer acknowledgements by then is a
+    /// transient error. Must stay below `command_timeout_ms`.
+    pub wait_timeout_ms: u64,
 }
 
 impl Default for RedisConfig {
@@ -164,6 +174,8 @@ impl Default for RedisConfig {
             connect_timeout_ms: 5_000,
             command_timeout_ms: 5_000,
             patrol_rate_per_second: 200,
+            wait_replicas: 0,
+            wait_timeout_ms: 1_000,
         }
     }
 }
@@ -182,6 +194,8 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("patrol_rate_per_second", &self.patrol_rate_per_second)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout_ms", &self.wait_timeout_ms)
             .finish()
     }
 }
@@ -562,6 +576,26 @@ impl Config {
                 return Err(invalid(key, format!("{value} is outside 1..=600000")));
             }
         }
+        if redis.wait_replicas > MAX_WAIT_REPLICAS {
+            return Err(invalid(
+                "store.redis.wait_replicas",
+                format!(
+                    "{} is more than {MAX_WAIT_REPLICAS} replicas",
+                    redis.wait_replicas
+                ),
+            ));
+        }
+        if redis.wait_timeout_ms == 0 || redis.wait_timeout_ms >= redis.command_timeout_ms {
+            // 0 would make WAIT block forever; at or above the command timeout the client
+            // would give up first and never read the acknowledgement count.
+            return Err(invalid(
+                "store.redis.wait_timeout_ms",
+                format!(
+                    "{} must be at least 1 and below store.redis.command_timeout_ms ({})",
+                    redis.wait_timeout_ms, redis.command_timeout_ms
+                ),
+            ));
+        }
         if redis.patrol_rate_per_second == 0 {
             return Err(invalid(
                 "store.redis.patrol_rate_per_second",
@@ -906,6 +940,36 @@ mod tests {
         let text = include_str!("../config/materializer.example.toml");
         let c = Config::from_toml(text).unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn redis_wait_is_off_by_default_and_validated() {
+        let c =
+            Config::from_toml("[store.redis]\nwait_replicas = 2\nwait_timeout_ms = 250\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            (c.store.redis.wait_replicas, c.store.redis.wait_timeout_ms),
+            (2, 250)
+        );
+        let d = Config::default();
+        assert_eq!(
+            (d.store.redis.wait_replicas, d.store.redis.wait_timeout_ms),
+            (0, 1_000)
+        );
+        for (toml, key) in [
+            ("wait_timeout_ms = 0", "store.redis.wait_timeout_ms"),
+            (
+                "wait_timeout_ms = 5000\ncommand_timeout_ms = 5000",
+                "store.redis.wait_timeout_ms",
+            ),
+            ("wait_replicas = 65", "store.redis.wait_replicas"),
+        ] {
+            let c = Config::from_toml(&format!("[store.redis]\n{toml}\n")).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+        let e = Config::from_toml("[store.redis]\nwait_replicas = -1\n").unwrap_err();
+        assert!(e.to_string().contains("wait_replicas"), "{e}");
     }
 
     #[test]

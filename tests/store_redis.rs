@@ -277,75 +277,419 @@ async fn acl_user_and_password_from_the_url() {
 /// The repair fence of `replay --reset-mailboxes`: while one handle holds it, another handle's
 /// appends and truncates of that user are refused with nothing written; the holder writes,
 /// resets the user, and lifting the fence lets the others through again.
+/// Every key on the server with its `DUMP`, sorted.
+async fn all_keys(f: &RedisFixture) -> Vec<(String, Vec<u8>)> {
+    let mut keys: Vec<String> = f.cmd(redis::cmd("KEYS").arg("*")).await;
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let dump: Option<Vec<u8>> = f.cmd(redis::cmd("DUMP").arg(&key)).await;
+        if let Some(dump) = dump {
+            out.push((key, dump));
+        }
+    }
+    out
+}
+
+/// `(prefix, kind)` of a key: the text before its first `{` is `<prefix>:<kind>:`, because a
+/// prefix never holds a `{`.
+fn prefix_and_kind(key: &str) -> (String, String) {
+    let head = &key[..key.find('{').expect("every key carries a hash tag")];
+    let (prefix, kind) = head
+        .strip_suffix(':')
+        .and_then(|h| h.rsplit_once(':'))
+        .expect("<prefix>:<kind>:");
+    (prefix.to_owned(), kind.to_owned())
+}
+
+/// A repair's staging copy, fence, swap, abort and garbage collection under prefix `mm` never
+/// read, match or touch the keys of deployments on the same server whose prefixes look like a
+/// staging namespace (`mm:stg`, `mm:stgepoch`), even for the same user id; the patrol and the
+/// garbage collection of `mm` neither visit nor count them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repair_fence_holds_off_other_writers_until_lifted() {
-    use mailbox_materializer::model::{RetentionPolicy, StoreError};
+async fn staging_keys_never_match_another_prefixs_keys() {
     use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use std::time::Duration;
 
-    let f = RedisFixture::start(policy(), NOW0).await;
-    let daemon = f.store.clone();
+    let p = policy();
+    let f = RedisFixture::start(p, NOW0).await;
     let url = f.server.as_ref().expect("own server").url();
-    let repairer = RedisStore::connect(RedisSettings::new(url, "mm"), RetentionPolicy::default())
+    let open = |prefix: &'static str| {
+        let url = url.clone();
+        async move {
+            RedisStore::connect(RedisSettings::new(url, prefix), p)
+                .await
+                .expect("connect")
+        }
+    };
+    let a = f.store.clone();
+    let b = open("mm:stg").await;
+    let c = open("mm:stgepoch").await;
+    let mb = mailbox("u-shared", 1);
+    let lease = Duration::from_secs(60);
+
+    // Neighbours: live data for the same user, and a crashed repair of `mm:stg` whose staging
+    // copy is garbage once its fence lapses.
+    for seq in 1..=2 {
+        b.append(&group(&mb, seq, TODAY0, 1, "b")).await.unwrap();
+        c.append(&group(&mb, seq, TODAY0, 1, "c")).await.unwrap();
+    }
+    let crashed = b.repair_begin(&mb.user_id, lease).await.unwrap();
+    b.repair_append(&crashed, &group(&mb, 5, TODAY0, 1, "b-staged"))
         .await
-        .expect("second handle");
-    let mb = mailbox("u-fenced", 1);
-    let other = mailbox("u-free", 1);
-    assert_eq!(
-        daemon.append(&group(&mb, 1, TODAY0, 1, "a")).await,
-        Ok(AppendOutcome::Inserted)
-    );
+        .unwrap();
+    f.set_now_sync(NOW0 + 120);
+    let neighbours = all_keys(&f).await;
+    assert!(neighbours.len() >= 10, "{neighbours:?}");
 
-    repairer
-        .begin_repair(&mb.user_id, 60)
+    let check = |stage: &'static str| {
+        let neighbours = neighbours.clone();
+        let f = &f;
+        async move {
+            let now = all_keys(f).await;
+            for kept in &neighbours {
+                assert!(now.contains(kept), "{stage}: {} was touched", kept.0);
+            }
+            for (key, _) in now.iter().filter(|k| !neighbours.contains(k)) {
+                assert_eq!(
+                    prefix_and_kind(key).0,
+                    "mm",
+                    "{stage}: {key} is not a key of prefix mm"
+                );
+            }
+        }
+    };
+
+    // Prefix `mm`: live data, an aborted repair, a swapped repair, a crashed repair.
+    for seq in 1..=3 {
+        a.append(&group(&mb, seq, TODAY0, 1, "a")).await.unwrap();
+    }
+    check("live writes").await;
+    let token = a.repair_begin(&mb.user_id, lease).await.unwrap();
+    a.repair_append(&token, &group(&mb, 1, TODAY0, 1, "x"))
         .await
-        .expect("fence taken");
-    let before: Vec<String> = f.cmd(redis::cmd("KEYS").arg("*u-fenced*")).await;
-    let refused = daemon.append(&group(&mb, 2, TODAY0, 1, "b")).await;
-    assert!(
-        matches!(refused, Err(StoreError::UnderRepair { .. })),
-        "{refused:?}"
-    );
-    assert!(matches!(
-        daemon.truncate_before(&mb, 2).await,
-        Err(StoreError::UnderRepair { .. })
-    ));
-    let mut after: Vec<String> = f.cmd(redis::cmd("KEYS").arg("*u-fenced*")).await;
-    let mut before = before;
-    before.sort();
-    after.sort();
-    assert_eq!(before, after, "a refused write leaves nothing behind");
-    // Another user is not affected; a second fence on the same user is refused.
+        .unwrap();
+    check("staged write").await;
+    a.repair_abort(&token).await.unwrap();
+    check("abort").await;
+    let token = a.repair_begin(&mb.user_id, lease).await.unwrap();
+    a.repair_append(&token, &group(&mb, 1, TODAY0, 1, "y"))
+        .await
+        .unwrap();
+    let report = a.repair_swap(&token).await.unwrap();
+    assert_eq!(report.staged_groups, 1);
+    check("swap").await;
+    let token = a.repair_begin(&mb.user_id, lease).await.unwrap();
+    a.repair_append(&token, &group(&mb, 2, TODAY0, 1, "z"))
+        .await
+        .unwrap();
+    drop(token);
+    f.set_now_sync(NOW0 + 240);
     assert_eq!(
-        daemon.append(&group(&other, 1, TODAY0, 1, "x")).await,
-        Ok(AppendOutcome::Inserted)
+        a.repair_collect_garbage().await,
+        Ok(1),
+        "only mm's own crashed repair is garbage of mm"
     );
-    assert!(matches!(
-        daemon.begin_repair(&mb.user_id, 60).await,
-        Err(StoreError::UnderRepair { .. })
-    ));
+    check("garbage collection").await;
+    let patrol = a.patrol(1000).await.unwrap();
+    assert_eq!(
+        patrol.visited, 1,
+        "the patrol of mm visits mm's mailbox only"
+    );
+    assert_eq!(patrol.staging_collected, 0);
+    check("patrol").await;
+    for (key, _, _) in a.dump_user(&mb.user_id, &[0, 1, 2]).await.unwrap() {
+        assert_eq!(prefix_and_kind(&key).0, "mm", "{key} in mm's fingerprint");
+    }
 
-    // The holder resets and rebuilds.
-    let removed = repairer.reset_user(&mb.user_id).await.expect("reset");
-    assert!(
-        removed >= 3,
-        "meta, identity index, days and buckets removed: {removed}"
-    );
-    assert_eq!(
-        repairer.append(&group(&mb, 1, TODAY0, 1, "a")).await,
-        Ok(AppendOutcome::Inserted)
-    );
-    assert!(matches!(
-        daemon.reset_user(&mb.user_id).await,
-        Err(StoreError::UnderRepair { .. })
-    ));
+    // The neighbour's garbage was there all along, for its own collection.
+    assert_eq!(b.repair_collect_garbage().await, Ok(1));
+    assert_eq!(c.repair_collect_garbage().await, Ok(0));
+}
 
-    repairer.end_repair(&mb.user_id).await.expect("lifted");
-    assert_eq!(
-        daemon.append(&group(&mb, 2, TODAY0, 1, "b")).await,
-        Ok(AppendOutcome::Inserted)
-    );
-    let fence: i64 = f
-        .cmd(redis::cmd("EXISTS").arg("mm:repair:{u-fenced}"))
+/// A live mailbox whose day set and proofs were lost still holds a bucket no metadata names. The
+/// swap deletes it anyway (every day of the retention window is a candidate), so a later append
+/// into that day cannot bring the orphaned events back to life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swap_deletes_buckets_that_no_metadata_names() {
+    use std::time::Duration;
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let s = f.store.clone();
+    let mb = mailbox("u-orphan", 1);
+    let keys = MailboxKeys::new("mm", &mb);
+    let old_day = TODAY0 - 3;
+    s.append(&group(&mb, 1, old_day, 2, "orphan"))
+        .await
+        .unwrap();
+    s.append(&group(&mb, 2, TODAY0, 1, "kept")).await.unwrap();
+    let _: i64 = f.cmd(redis::cmd("DEL").arg(&keys.days)).await;
+    let _: i64 = f
+        .cmd(
+            redis::cmd("HDEL")
+                .arg(&keys.meta)
+                .arg(format!("bucket_max_seq:{old_day}"))
+                .arg(format!("bucket_expires_at:{old_day}")),
+        )
         .await;
-    assert_eq!(fence, 0);
+
+    let token = s
+        .repair_begin(&mb.user_id, Duration::from_secs(60))
+        .await
+        .unwrap();
+    s.repair_append(&token, &group(&mb, 2, TODAY0, 1, "kept"))
+        .await
+        .unwrap();
+    s.repair_swap(&token).await.unwrap();
+    let exists: i64 = f.cmd(redis::cmd("EXISTS").arg(keys.day(old_day))).await;
+    assert_eq!(exists, 0, "the orphan bucket went with the swap");
+    assert_eq!(
+        s.append(&group(&mb, 3, old_day, 1, "new")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    let page = s
+        .range_scan(
+            &mb,
+            mailbox_materializer::model::ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10,
+            },
+        )
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = page.groups.iter().map(|g| g.mailbox_seq).collect();
+    assert_eq!(seqs, vec![2, 3], "seq 1 stays gone");
+}
+
+/// A repair that crashed leaves a staging copy; once its fence lapsed, the next repair of the
+/// user starts from nothing (its begin removes the leftovers by their exact names).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_repair_starts_from_nothing_after_a_crash() {
+    use std::time::Duration;
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let s = f.store.clone();
+    let mb = mailbox("u-rerun", 1);
+    let lease = Duration::from_secs(60);
+    s.append(&group(&mb, 1, TODAY0, 1, "live")).await.unwrap();
+    let crashed = s.repair_begin(&mb.user_id, lease).await.unwrap();
+    for seq in [7, 8] {
+        s.repair_append(&crashed, &group(&mb, seq, TODAY0, 1, "old"))
+            .await
+            .unwrap();
+    }
+    s.repair_truncate(&crashed, &mb, 7).await.unwrap();
+    drop(crashed);
+    f.set_now_sync(NOW0 + 61);
+    let token = s.repair_begin(&mb.user_id, lease).await.unwrap();
+    assert_eq!(
+        s.repair_append(&token, &group(&mb, 5, TODAY0, 1, "new"))
+            .await,
+        Ok(AppendOutcome::Inserted),
+        "no trim or seqbucket_max_seq of the crashed repair survives"
+    );
+    let report = s.repair_swap(&token).await.unwrap();
+    assert_eq!(report.staged_groups, 1);
+    let inspected = s.inspect(&mb).await.unwrap();
+    assert_eq!(inspected.user_trim_seq, 0);
+    assert_eq!(inspected.seqbucket_max_seq, 5);
+    let names = s.user_key_names(&mb.user_id, &[]).await.unwrap();
+    let mut leftovers = Vec::new();
+    for name in names.iter().filter(|n| n.contains(":stg")) {
+        let exists: i64 = f.cmd(redis::cmd("EXISTS").arg(name)).await;
+        if exists == 1 {
+            leftovers.push(name.clone());
+        }
+    }
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+// ---- error classes (SPEC 7): every Redis error goes through `store::classify::redis` ----
+
+/// A Lua runtime error is deterministic: the same input fails the same way every time, so it is
+/// `Refused` (dead-lettered as `store_refused`), never retried forever. Here an epoch key that
+/// holds no number makes the append script compare nil with a number; a script that raises and
+/// a command on a key of the wrong type inside a script are refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_runtime_errors_are_refused() {
+    use mailbox_materializer::model::StoreError;
+    use mailbox_materializer::store::classify;
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let s = f.store.clone();
+    let mb = mailbox("u-damaged-epoch", 1);
+    let keys = MailboxKeys::new("mm", &mb);
+    let _: () = f.cmd(redis::cmd("SET").arg(&keys.epoch).arg("x")).await;
+    let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
+    assert!(
+        matches!(&result, Err(StoreError::Refused { backend: "redis", detail }) if detail.contains("user_script")),
+        "{result:?}"
+    );
+    assert_eq!(result.unwrap_err().kind(), "store_refused");
+
+    let mut conn = s.conn();
+    let raised = redis::cmd("EVAL")
+        .arg("error('refused by design')")
+        .arg(0)
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        classify::redis::classify(&raised),
+        StoreError::Refused { .. }
+    ));
+    let _: () = f.cmd(redis::cmd("HSET").arg("h").arg("f").arg("v")).await;
+    let wrong_type = redis::cmd("EVAL")
+        .arg("return redis.call('INCR', KEYS[1])")
+        .arg(1)
+        .arg("h")
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            classify::redis::classify(&wrong_type),
+            StoreError::Refused { .. }
+        ),
+        "{wrong_type}"
+    );
+}
+
+/// Writes `command` on a fresh unix socket and leaves the reply unread (the connection stays
+/// busy with it).
+fn send_and_leave(
+    server: &support::redis_server::RedisServer,
+    command: &str,
+) -> std::os::unix::net::UnixStream {
+    use std::io::Write;
+    let mut stream = std::os::unix::net::UnixStream::connect(server.socket()).expect("connect");
+    stream
+        .write_all(format!("{command}\r\n").as_bytes())
+        .expect("write");
+    stream
+}
+
+fn is_transient<T: std::fmt::Debug>(
+    result: &Result<T, mailbox_materializer::model::StoreError>,
+) -> bool {
+    matches!(
+        result,
+        Err(mailbox_materializer::model::StoreError::Unavailable {
+            backend: "redis",
+            ..
+        })
+    )
+}
+
+/// A server busy with a long script answers `BUSY`: transient, and the same append goes through
+/// once the script is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_server_is_transient() {
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start(Clock::Real, Listen::Unix, &["--busy-reply-threshold", "50"])
+    })
+    .await
+    .unwrap();
+    let s = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await
+    .unwrap();
+    let mb = mailbox("u-busy", 1);
+    let today = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / DAY_SECS;
+    let g = group(&mb, 1, today, 1, "a");
+    let _spinner = send_and_leave(&server, "EVAL \"while true do end\" 0");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let result = s.append(&g).await;
+    assert!(is_transient(&result), "{result:?}");
+    assert!(format!("{result:?}").contains("BUSY"), "{result:?}");
+    assert!(server.raw("SCRIPT KILL").starts_with("+OK"));
+    // The kill lands at the script's next interrupt check: retry as the daemon would.
+    let mut outcome = s.append(&g).await;
+    for _ in 0..50 {
+        if !is_transient(&outcome) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        outcome = s.append(&g).await;
+    }
+    assert_eq!(outcome, Ok(AppendOutcome::Inserted));
+}
+
+/// A server loading its dataset answers `LOADING`: transient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loading_server_is_transient() {
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start(
+            Clock::Real,
+            Listen::Unix,
+            &[
+                "--enable-debug-command",
+                "yes",
+                "--key-load-delay",
+                "100",
+                "--loading-process-events-interval-bytes",
+                "1024",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let s = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await
+    .unwrap();
+    assert!(server.raw("DEBUG POPULATE 30000").starts_with("+OK"));
+    // 30,000 keys at 100 µs each: the reload keeps the server loading for about 3 s.
+    let _reload = send_and_leave(&server, "DEBUG RELOAD");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mb = mailbox("u-loading", 1);
+    let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
+    assert!(is_transient(&result), "{result:?}");
+    assert!(
+        format!("{result:?}").to_lowercase().contains("loading"),
+        "{result:?}"
+    );
+}
+
+/// A server that is gone refuses connections: transient, for a connected store and for a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_transient() {
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use support::redis_server::{Clock, Listen, RedisServer};
+    let port = support::redis_server::free_port();
+    let mut server = tokio::task::spawn_blocking(move || {
+        RedisServer::start(Clock::Real, Listen::Tcp(port), &[])
+    })
+    .await
+    .unwrap();
+    let s = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await
+    .unwrap();
+    server.stop();
+    let mb = mailbox("u-gone", 1);
+    let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
+    assert!(is_transient(&result), "{result:?}");
+    assert!(is_transient(&s.ping().await));
+    let fresh = RedisStore::connect(
+        RedisSettings::new(server.url(), "mm"),
+        RetentionPolicy::default(),
+    )
+    .await;
+    assert!(is_transient(&fresh), "{fresh:?}");
 }

@@ -35,6 +35,7 @@ async fn conformance_cases_on_a_three_master_cluster() {
         duplicate_ordinal_rejected,
         same_day_replacement_of_the_whole_group,
         identical_replay_is_unchanged,
+        largest_group_inserts_replaces_and_scans_whole,
         cross_day_conflict,
         cross_day_conflict_for_expired_input,
         expired_replay_merges_the_gap,
@@ -50,6 +51,12 @@ async fn conformance_cases_on_a_three_master_cluster() {
         trim_outcome_and_trim_never_lowers,
         truncate_on_unknown_user_is_durable,
         concurrent_appends_to_one_mailbox,
+        repair_fence_holds_live_writes_and_swap_replaces,
+        repair_abort_leaves_the_live_mailbox_untouched,
+        repair_second_repair_is_refused,
+        repair_heals_a_corrupt_mailbox,
+        repair_rebuilds_epoch_moves_and_replaces_every_epoch,
+        repair_staging_follows_the_append_rules,
     );
 }
 
@@ -126,5 +133,80 @@ async fn patrol_walks_every_master() {
             .unwrap();
         assert!(inspected.active_days.is_empty());
         assert_eq!(inspected.expired_gap_boundary, 5);
+    }
+}
+
+/// Crashed repairs of users spread over every master: once their (short) leases lapse, one
+/// garbage collection finds and removes every staging copy, on every master, and the live
+/// mailboxes are as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_garbage_is_collected_on_every_master() {
+    use conformance::group;
+    use mailbox_materializer::model::AppendOutcome;
+    use std::time::Duration;
+
+    let cluster = tokio::task::spawn_blocking(|| ClusterHarness::start(NOW0))
+        .await
+        .expect("cluster start");
+    let f = cluster
+        .fixture_with_prefix(RetentionPolicy::default())
+        .await;
+    let users = 24;
+    for i in 0..users {
+        let mb = mailbox(&format!("crashed-{i}"), 1);
+        assert_eq!(
+            f.store.append(&group(&mb, 1, TODAY0, 1, "live")).await,
+            Ok(AppendOutcome::Inserted)
+        );
+        // The cluster's clock ticks in real time from its start: a 300 ms lease lapses soon.
+        let token = f
+            .store
+            .repair_begin(&mb.user_id, Duration::from_millis(300))
+            .await
+            .expect("fence");
+        f.store
+            .repair_append(&token, &group(&mb, 9, TODAY0, 1, "staged"))
+            .await
+            .expect("staged");
+    }
+    let staged: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            n.raw(&format!("KEYS {}:stgepoch:*", f.prefix))
+                .matches("stgepoch")
+                .count()
+        })
+        .collect();
+    assert!(
+        staged.iter().filter(|&&n| n > 0).count() >= 2,
+        "the staging copies should spread over several masters: {staged:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(f.store.repair_collect_garbage().await, Ok(users));
+    for node in &cluster.nodes {
+        let left = node.raw(&format!("KEYS {}:stg*", f.prefix));
+        assert!(left.starts_with("*0"), "staging keys left: {left}");
+    }
+    for i in 0..users {
+        let page = f
+            .store
+            .range_scan(
+                &mailbox(&format!("crashed-{i}"), 1),
+                mailbox_materializer::model::ScanRequest {
+                    after_seq: 0,
+                    until_seq: None,
+                    limit_groups: 10,
+                },
+            )
+            .await
+            .expect("scan");
+        assert_eq!(
+            page.groups
+                .iter()
+                .map(|g| g.mailbox_seq)
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
     }
 }

@@ -21,15 +21,32 @@ local ERR_EPOCH_MISMATCH = -20
 local ERR_CURSOR_TRIMMED = -30
 local ERR_CURSOR_GAP = -31
 local ERR_UNDER_REPAIR = -40
+local ERR_FENCE_LOST = -41
 
--- The repair fence of `replay --reset-mailboxes`: a write through any other writer than the
--- fence holder is refused before anything is read or written. Returns nil when the write may go.
-local function check_fence(repair_key, writer)
-  local holder = rcall('GET', repair_key)
-  if holder and holder ~= writer then
-    return {ERR_UNDER_REPAIR, holder}
+-- The repair fence (SPEC 7.1) guards both copies of a user. A live write (`holder` empty) is
+-- refused while ANY fence exists; a staged write (`holder` = the repair's id) goes only while
+-- that repair still holds the fence. Checked before anything is read or written. Returns nil
+-- when the write may go, else the reply to return as it is.
+local function fence_gate(repair_key, holder)
+  local current = rcall('GET', repair_key)
+  if holder == '' then
+    if current then return {ERR_UNDER_REPAIR, current} end
+  elseif current ~= holder then
+    return {ERR_FENCE_LOST, current or ''}
   end
   return nil
+end
+
+-- Durable before commit (store.redis.wait_replicas > 0): the caller sends `WAIT` right after the
+-- script, on the same connection. WAIT covers this connection's last write that was propagated
+-- to replicas; a script that wrote nothing (an identical replay, a trim, a refusal) propagates
+-- nothing, so on a fresh connection its WAIT would prove nothing about the write its answer
+-- relies on. Rewriting the epoch key with its own value always propagates (SET does), and being
+-- later in the replication stream than every write the answer read, its acknowledgement covers
+-- them all. A user without an epoch key has nothing stored to cover.
+local function propagate_for_wait(epoch_key)
+  local current = rcall('GET', epoch_key)
+  if current then rcall('SET', epoch_key, current) end
 end
 
 local FORMAT_VERSION = '4'
@@ -67,15 +84,15 @@ local function is_seq(s)
   return type(s) == 'string' and #s >= 1 and #s <= 16 and string.match(s, '^%d+$') ~= nil
 end
 
--- Keys of another epoch of the same user (same hash tag, so the same slot).
-local function epoch_keys(base, tag, epoch)
-  local p = base .. ':'
+-- Keys of one epoch of a copy of the user (same hash tag, so the same slot). `stem` is `P:` for
+-- the live copy and `P:stg` for a repair's staging copy (see src/store/redis/keys.rs).
+local function epoch_keys(stem, tag, epoch)
   local suffix = tag .. ':' .. epoch
   return {
-    meta = p .. 'mbmeta:' .. suffix,
-    seqbucket = p .. 'mbseqbucket:' .. suffix,
-    days = p .. 'mbdays:' .. suffix,
-    day_prefix = p .. 'mbday:' .. suffix .. ':',
+    meta = stem .. 'mbmeta:' .. suffix,
+    seqbucket = stem .. 'mbseqbucket:' .. suffix,
+    days = stem .. 'mbdays:' .. suffix,
+    day_prefix = stem .. 'mbday:' .. suffix .. ':',
   }
 end
 
@@ -86,6 +103,80 @@ local function delete_epoch(keys)
     rcall('DEL', keys.day_prefix .. day)
   end
   rcall('DEL', keys.meta, keys.seqbucket, keys.days)
+end
+
+-- ZADDs every member of `members` with one score, in calls of at most 1,000 pairs: Lua 5.1's
+-- unpack stops near 8,000 values, and a group may hold 10,000 events (MAX_EVENTS_PER_GROUP).
+local function zadd_all(key, score, members)
+  for i = 1, #members, 1000 do
+    local args = {}
+    for j = i, math.min(i + 999, #members) do
+      args[#args + 1] = score
+      args[#args + 1] = members[j]
+    end
+    rcall('ZADD', key, unpack(args))
+  end
+end
+
+-- ZREMs every member of `members`, in calls of at most 1,000 members (see `zadd_all`).
+local function zrem_all(key, members)
+  for i = 1, #members, 1000 do
+    rcall('ZREM', key, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
+-- DELs `names` in calls of at most 1,000 keys (Lua's unpack stops near 8,000 values); returns
+-- how many existed.
+local function del_all(names)
+  local removed = 0
+  for i = 1, #names, 1000 do
+    removed = removed + rcall('DEL', unpack(names, i, math.min(i + 999, #names)))
+  end
+  return removed
+end
+
+-- Every key one epoch of a copy may hold, named without trusting its meta or day set: the meta,
+-- identity index and day set, and a day bucket for every day the day set or the meta's proofs
+-- name AND every day of the retention window around today (`today - retention - 1` to
+-- `today + future_window`). A day set or proof lost to damage can therefore not leave an orphan
+-- bucket behind that a later ZADD would bring back to life. Bounded: <= 31 listed days plus
+-- retention + future window + 2 window days.
+local function epoch_key_names(keys, today, retention_days, future_window)
+  local names = {keys.meta, keys.seqbucket, keys.days}
+  local seen = {}
+  local function add_day(day)
+    if not seen[day] then
+      seen[day] = true
+      names[#names + 1] = keys.day_prefix .. day
+    end
+  end
+  for day = today - retention_days - 1, today + future_window do
+    add_day(string.format('%d', day))
+  end
+  if rcall('TYPE', keys.days)['ok'] == 'zset' then
+    for _, day in ipairs(rcall('ZRANGE', keys.days, 0, -1)) do add_day(day) end
+  end
+  if rcall('TYPE', keys.meta)['ok'] == 'hash' then
+    for _, field in ipairs(rcall('HKEYS', keys.meta)) do
+      local day = string.match(field, '^bucket_max_seq:(.+)$') or
+        string.match(field, '^bucket_expires_at:(.+)$')
+      if day then add_day(day) end
+    end
+  end
+  return names
+end
+
+-- Deletes a whole copy of a user: its epoch key and every key of the epoch it names (see
+-- `epoch_key_names`). Returns how many keys existed.
+local function delete_copy(stem, tag, epoch_key, today, retention_days, future_window)
+  local epoch = false
+  if rcall('TYPE', epoch_key)['ok'] == 'string' then epoch = rcall('GET', epoch_key) end
+  local removed = 0
+  if epoch then
+    removed = del_all(epoch_key_names(epoch_keys(stem, tag, epoch), today, retention_days,
+      future_window))
+  end
+  return removed + rcall('DEL', epoch_key)
 end
 
 -- Creates a V4 meta if the mailbox has none.

@@ -274,6 +274,8 @@ fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
         key_prefix: redis.key_prefix.clone(),
         connect_timeout: Duration::from_millis(redis.connect_timeout_ms),
         command_timeout: Duration::from_millis(redis.command_timeout_ms),
+        wait_replicas: redis.wait_replicas,
+        wait_timeout: Duration::from_millis(redis.wait_timeout_ms),
     }
 }
 

@@ -98,6 +98,11 @@ pub async fn memory_epoch_check_and_reverse_range(h: &H) {
     for wrong in [2, 4] {
         let r = scan(&*s, &mailbox("u-epoch", wrong), 0, None, 10).await;
         assert_eq!(r, Err(StoreError::EpochMismatch { current: Some(3) }));
+        // The epoch check comes first, before the reverse-range answer (SPEC 4.4 steps 1, 2).
+        for until in [5, 2] {
+            let r = scan(&*s, &mailbox("u-epoch", wrong), 5, Some(until), 10).await;
+            assert_eq!(r, Err(StoreError::EpochMismatch { current: Some(3) }));
+        }
     }
 
     assert_eq!(scan(&*s, &mb, 5, Some(5), 10).await, Ok(ScanPage::empty(5)));
@@ -282,6 +287,37 @@ pub async fn same_day_replacement_of_the_whole_group(h: &H) {
     assert_eq!(s.append(&later).await, Ok(AppendOutcome::Replaced));
     let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
     assert_eq!(page.groups[0].created_at, later.created_at);
+    assert_eq!(s.inspect(&mb).await.unwrap().identity_count, 1);
+}
+
+/// The largest group validation allows (`MAX_EVENTS_PER_GROUP` events) is inserted, replayed,
+/// replaced by another of the same size and then by a small one, and scanned whole, on every
+/// backend: no backend may refuse what the shared validation accepts.
+pub async fn largest_group_inserts_replaces_and_scans_whole(h: &H) {
+    use mailbox_materializer::model::validate::MAX_EVENTS_PER_GROUP;
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-largest", 1);
+    let n = MAX_EVENTS_PER_GROUP as u32;
+    let first = group(&mb, 7, TODAY0, n, "a");
+    assert_eq!(s.append(&first).await, Ok(AppendOutcome::Inserted));
+    assert_eq!(s.append(&first).await, Ok(AppendOutcome::Unchanged));
+    let second = group(&mb, 7, TODAY0, n, "b");
+    assert_eq!(s.append(&second).await, Ok(AppendOutcome::Replaced));
+    let page = scan(&*s, &mb, 0, None, 1).await.unwrap();
+    assert_eq!(seqs(&page), vec![7]);
+    assert_eq!(page.groups[0].events.len(), MAX_EVENTS_PER_GROUP);
+    assert!(
+        *page.groups[0].events == second.events[..],
+        "the whole replacement, in ordinal order"
+    );
+    let small = group(&mb, 7, TODAY0, 3, "c");
+    assert_eq!(s.append(&small).await, Ok(AppendOutcome::Replaced));
+    let page = scan(&*s, &mb, 0, None, 1).await.unwrap();
+    assert_eq!(&*page.groups[0].events, &small.events[..]);
+    assert_eq!(s.append(&second).await, Ok(AppendOutcome::Replaced));
+    let page = scan(&*s, &mb, 6, Some(7), 10).await.unwrap();
+    assert_eq!(page.groups[0].events.len(), MAX_EVENTS_PER_GROUP);
     assert_eq!(s.inspect(&mb).await.unwrap().identity_count, 1);
 }
 

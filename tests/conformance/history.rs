@@ -6,13 +6,18 @@
 //! resolved to concrete groups by the runner from its own bookkeeping of what it sent, never from
 //! store results. The same history therefore produces the same concrete calls on every backend,
 //! which is what makes [`compare_backends`] meaningful.
+//!
+//! Besides the common paths, histories reach the edges where backends have disagreed before:
+//! scans with a stale or future epoch (the epoch check comes first, SPEC 4.4 step 1), reverse and
+//! empty ranges (`until <= after`), limits of 1, cursors and seqs around 2^53 (where a Redis
+//! score stops being exact) and at `MAX_MAILBOX_SEQ` and `u64::MAX`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use mailbox_materializer::model::{
     AppendOutcome, CursorExpired, EventGroup, MailboxId, RetentionPolicy, ScanRequest, StoreError,
-    DAY_SECS,
+    DAY_SECS, MAX_MAILBOX_SEQ,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
@@ -48,14 +53,93 @@ pub enum Op {
     Truncate { user: u8, seq_back: u8 },
     /// Move the clock forward.
     Advance { secs: u64 },
-    /// A reader scans from its cursor (or from 0), paging to the end.
+    /// A reader scans, paging until the page says there is no more.
     Scan {
         user: u8,
-        from_zero: bool,
+        from: ScanFrom,
+        until: ScanUntil,
         limit: u8,
+        epoch: EpochPick,
     },
+    /// The user's next seqs continue from just below an edge (see [`SEQ_EDGES`]).
+    SeqJump { user: u8, edge: u8 },
     /// Background compaction of one mailbox.
     Promote { user: u8 },
+}
+
+/// Seqs and cursors where arithmetic or a backend's number type changes: around 2^53 (the last
+/// integer a double holds exactly), the largest valid seq, and the largest cursor a caller can
+/// send.
+pub const SEQ_EDGES: [u64; 9] = [
+    (1 << 53) - 1,
+    1 << 53,
+    (1 << 53) + 1,
+    MAX_MAILBOX_SEQ - 1,
+    MAX_MAILBOX_SEQ,
+    MAX_MAILBOX_SEQ + 1,
+    u64::MAX - 1,
+    u64::MAX,
+    0,
+];
+
+/// Where a scan starts.
+#[derive(Debug, Clone, Copy)]
+pub enum ScanFrom {
+    Zero,
+    /// The reader's cursor (where its last page ended).
+    Cursor,
+    /// One of [`SEQ_EDGES`].
+    Edge(u8),
+}
+
+/// Where a scan ends.
+#[derive(Debug, Clone, Copy)]
+pub enum ScanUntil {
+    Open,
+    /// `until == after`: an empty range.
+    Empty,
+    /// `until = after - k` (saturating): a reverse range.
+    Below(u8),
+    /// `until = after + k` (saturating).
+    Above(u8),
+    /// One of [`SEQ_EDGES`].
+    Edge(u8),
+}
+
+/// Which epoch a scan names, relative to the user's current one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochPick {
+    Current,
+    Previous,
+    Next,
+}
+
+fn scan_strategy() -> impl Strategy<Value = Op> {
+    let from = prop_oneof![
+        2 => Just(ScanFrom::Zero),
+        3 => Just(ScanFrom::Cursor),
+        1 => any::<u8>().prop_map(ScanFrom::Edge),
+    ];
+    let until = prop_oneof![
+        5 => Just(ScanUntil::Open),
+        1 => Just(ScanUntil::Empty),
+        1 => (1..4u8).prop_map(ScanUntil::Below),
+        1 => (1..6u8).prop_map(ScanUntil::Above),
+        1 => any::<u8>().prop_map(ScanUntil::Edge),
+    ];
+    let epoch = prop_oneof![
+        6 => Just(EpochPick::Current),
+        1 => Just(EpochPick::Previous),
+        1 => Just(EpochPick::Next),
+    ];
+    let limit = prop_oneof![2 => Just(1u8), 3 => 2..6u8];
+    (0..USERS, from, until, limit, epoch).prop_map(|(user, from, until, limit, epoch)| Op::Scan {
+        user,
+        from,
+        until,
+        limit,
+        epoch,
+    })
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -74,7 +158,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             2 => DAY_SECS..10 * DAY_SECS,
             1 => 30 * DAY_SECS..120 * DAY_SECS,
         ].prop_map(|secs| Op::Advance { secs }),
-        4 => (user.clone(), any::<bool>(), 1..6u8).prop_map(|(user, from_zero, limit)| Op::Scan { user, from_zero, limit }),
+        5 => scan_strategy(),
+        1 => (user.clone(), 0..2u8).prop_map(|(user, edge)| Op::SeqJump { user, edge }),
         1 => user.prop_map(|user| Op::Promote { user }),
     ]
 }
@@ -110,6 +195,10 @@ struct UserBook {
     trim: u64,
     /// The reader's cursor.
     cursor: u64,
+    /// The user's current epoch in the store: the epoch of the last accepted write (an append
+    /// outcome other than `StaleEpoch`, or a truncate). `None`: never written. A scan of any
+    /// other epoch must answer `EpochMismatch`; a user never written scans empty.
+    store_epoch: Option<u32>,
 }
 
 /// Plays one history on a fixture, asserting the invariants, and returns one observation line per
@@ -153,6 +242,7 @@ pub async fn run_history(
                 let result = store.truncate_before(&mb, before).await;
                 if let Ok(t) = &result {
                     prop_assert_eq!(t.user_trim_seq, book.trim.max(before));
+                    book.store_epoch = Some(mb.epoch);
                     book.trim = t.user_trim_seq;
                     book.live.retain(|&seq, _| seq >= t.user_trim_seq);
                 }
@@ -161,15 +251,50 @@ pub async fn run_history(
                     observe(&result.map(|t| t.user_trim_seq))
                 )
             }
+            Op::SeqJump { user, edge } => {
+                let book = &mut books[*user as usize];
+                // Just below 2^53 or below MAX_MAILBOX_SEQ, so the next fresh seqs cross it.
+                let target = [(1u64 << 53) - 2, MAX_MAILBOX_SEQ - 3][usize::from(*edge % 2)];
+                book.last_seq = book.last_seq.max(target);
+                format!("jump {}", book.last_seq)
+            }
             Op::Scan {
                 user,
-                from_zero,
+                from,
+                until,
                 limit,
+                epoch,
             } => {
                 let book = &mut books[*user as usize];
-                let mb = mailbox(&name(*user), book.epoch);
-                let after = if *from_zero { 0 } else { book.cursor };
-                scan_and_check(&*store, &mb, book, after, u32::from(*limit), now).await?
+                let edge = |i: u8| SEQ_EDGES[usize::from(i) % SEQ_EDGES.len()];
+                let after = match from {
+                    ScanFrom::Zero => 0,
+                    ScanFrom::Cursor => book.cursor,
+                    ScanFrom::Edge(i) => edge(*i),
+                };
+                let until = match until {
+                    ScanUntil::Open => None,
+                    ScanUntil::Empty => Some(after),
+                    ScanUntil::Below(k) => Some(after.saturating_sub(u64::from(*k))),
+                    ScanUntil::Above(k) => Some(after.saturating_add(u64::from(*k))),
+                    ScanUntil::Edge(i) => Some(edge(*i)),
+                };
+                let scan_epoch = match epoch {
+                    EpochPick::Current => book.epoch,
+                    EpochPick::Previous => book.epoch.saturating_sub(1),
+                    EpochPick::Next => book.epoch + 1,
+                };
+                let plan = ScanPlan {
+                    mailbox: mailbox(&name(*user), scan_epoch),
+                    after,
+                    until,
+                    limit: u32::from(*limit),
+                    // Only a reader's ordinary scan moves its cursor.
+                    moves_cursor: matches!(from, ScanFrom::Zero | ScanFrom::Cursor)
+                        && until.is_none()
+                        && scan_epoch == book.epoch,
+                };
+                scan_and_check(&*store, &plan, book, now).await?
             }
             _ => {
                 let Some((g, user)) = resolve(op, &mut books, today, policy, &name) else {
@@ -279,6 +404,7 @@ fn resolve(
             let book = &mut books[user as usize];
             *book = UserBook {
                 epoch: book.epoch + 1,
+                store_epoch: book.store_epoch,
                 ..Default::default()
             };
             book.last_seq = 1;
@@ -310,8 +436,19 @@ fn record_append(
     policy: &RetentionPolicy,
     now: u64,
 ) {
+    if matches!(
+        result,
+        Ok(AppendOutcome::Inserted
+            | AppendOutcome::Replaced
+            | AppendOutcome::Unchanged
+            | AppendOutcome::ExpiredMerged
+            | AppendOutcome::Trimmed)
+    ) {
+        // Accepted, so its epoch is (now) the user's current one.
+        book.store_epoch = Some(g.mailbox.epoch);
+    }
     if g.mailbox.epoch != book.epoch {
-        // A stale-epoch append: whatever it did belongs to another mailbox.
+        // An append with an older epoch: whatever it did belongs to another mailbox.
         return;
     }
     match result {
@@ -329,16 +466,29 @@ fn record_append(
     }
 }
 
-/// Scans from `after`, paging to the end, and checks every invariant of a page.
+/// One scan of a history: the request and whether it is the reader's ordinary scan (its cursor
+/// follows the pages).
+struct ScanPlan {
+    mailbox: MailboxId,
+    after: u64,
+    until: Option<u64>,
+    limit: u32,
+    moves_cursor: bool,
+}
+
+/// Scans as `plan` says, paging until a page says there is no more, and checks every invariant
+/// of a page.
 async fn scan_and_check(
     store: &dyn mailbox_materializer::store::MailboxStore,
-    mb: &MailboxId,
+    plan: &ScanPlan,
     book: &mut UserBook,
-    after: u64,
-    limit: u32,
     now: u64,
 ) -> Result<String, TestCaseError> {
-    let mut after = after;
+    let mb = &plan.mailbox;
+    // The book knows the content of the user's current epoch only.
+    let other_epoch = mb.epoch != book.epoch;
+    let mismatch_expected = book.store_epoch.is_some_and(|current| current != mb.epoch);
+    let mut after = plan.after;
     let mut seen = BTreeSet::new();
     let mut lines = Vec::new();
     for _page in 0..1000 {
@@ -347,11 +497,30 @@ async fn scan_and_check(
                 mb,
                 ScanRequest {
                     after_seq: after,
-                    until_seq: None,
-                    limit_groups: limit,
+                    until_seq: plan.until,
+                    limit_groups: plan.limit,
                 },
             )
             .await;
+        // SPEC 4.4 step 1 comes before everything, the reverse-range answer included.
+        if mismatch_expected {
+            prop_assert_eq!(
+                &result,
+                &Err(StoreError::EpochMismatch {
+                    current: book.store_epoch
+                }),
+                "scan of epoch {} while the user is at {:?}",
+                mb.epoch,
+                book.store_epoch
+            );
+        } else if book.store_epoch.is_none() {
+            prop_assert_eq!(
+                &result,
+                &Ok(mailbox_materializer::model::ScanPage::empty(after)),
+                "a user never written scans empty"
+            );
+        }
+        let reverse = plan.until.is_some_and(|u| u <= after);
         // A seq the reader could have missed: it lived above the cursor, at or above the trim,
         // and its coverage has expired (or it was merged as expired input).
         let crossed = book
@@ -361,13 +530,22 @@ async fn scan_and_check(
         match &result {
             Ok(page) => {
                 prop_assert!(
-                    !crossed,
+                    !crossed || reverse || other_epoch,
                     "expiry crossed cursor {} but the scan succeeded",
                     after
                 );
+                if reverse {
+                    prop_assert!(page.groups.is_empty() && !page.has_more);
+                    prop_assert_eq!(page.up_to, after);
+                }
                 let mut previous = after;
                 for g in &page.groups {
                     prop_assert!(g.mailbox_seq > previous, "seqs increase past the cursor");
+                    prop_assert!(
+                        plan.until.is_none_or(|u| g.mailbox_seq <= u),
+                        "seq {} beyond until",
+                        g.mailbox_seq
+                    );
                     prop_assert!(g.mailbox_seq >= book.trim, "nothing below the trim");
                     prop_assert!(
                         seen.insert(g.mailbox_seq),
@@ -376,21 +554,25 @@ async fn scan_and_check(
                     );
                     previous = g.mailbox_seq;
                 }
-                prop_assert!(page.groups.len() <= limit as usize);
+                prop_assert!(page.groups.len() <= plan.limit as usize);
                 prop_assert!(page.up_to >= after);
+                prop_assert!(plan.until.is_none_or(|u| page.up_to <= u.max(after)));
                 // Completeness: every group the store accepted and that is still live appears.
-                for (seq, g) in book.live.range(after + 1..=page.up_to.max(after + 1)) {
-                    if *seq > page.up_to {
-                        break;
+                if !other_epoch {
+                    let low = after.saturating_add(1);
+                    for (seq, g) in book.live.range(low..=page.up_to.max(low)) {
+                        if *seq > page.up_to {
+                            break;
+                        }
+                        if book.gone_at.get(seq).is_some_and(|&gone| gone <= now) {
+                            continue;
+                        }
+                        let found = page.groups.iter().find(|p| p.mailbox_seq == *seq);
+                        prop_assert!(found.is_some(), "live seq {} missing from the page", seq);
+                        let found = found.unwrap();
+                        prop_assert_eq!(found.created_at, g.created_at);
+                        prop_assert_eq!(&*found.events, &g.events[..]);
                     }
-                    if book.gone_at.get(seq).is_some_and(|&gone| gone <= now) {
-                        continue;
-                    }
-                    let found = page.groups.iter().find(|p| p.mailbox_seq == *seq);
-                    prop_assert!(found.is_some(), "live seq {} missing from the page", seq);
-                    let found = found.unwrap();
-                    prop_assert_eq!(found.created_at, g.created_at);
-                    prop_assert_eq!(&*found.events, &g.events[..]);
                 }
                 lines.push(format!(
                     "{:?} up_to={} more={}",
@@ -401,27 +583,46 @@ async fn scan_and_check(
                     page.up_to,
                     page.has_more
                 ));
+                prop_assert!(
+                    !page.has_more || page.up_to > after || !page.groups.is_empty(),
+                    "a page with more to come must make progress"
+                );
                 after = page.up_to;
-                book.cursor = page.up_to;
+                if plan.moves_cursor {
+                    book.cursor = page.up_to;
+                }
                 if !page.has_more {
                     break;
                 }
             }
             Err(StoreError::CursorExpired { cursor }) => {
                 lines.push(observe(&result.clone().map(|_| ())));
+                prop_assert!(
+                    !reverse,
+                    "a reverse range reads nothing, so nothing expires"
+                );
                 match *cursor {
                     CursorExpired::Trimmed { resume_after } => {
                         prop_assert_eq!(resume_after + 1, book.trim);
-                        book.cursor = resume_after;
+                        if plan.moves_cursor {
+                            book.cursor = resume_after;
+                        }
                     }
                     CursorExpired::ExpiredGap { boundary } => {
                         prop_assert!(boundary > after);
-                        book.cursor = boundary;
+                        if plan.moves_cursor {
+                            book.cursor = boundary;
+                        }
                     }
                 }
                 break;
             }
             Err(StoreError::EpochMismatch { .. }) => {
+                prop_assert!(
+                    mismatch_expected,
+                    "epoch mismatch for the user's own epoch {}",
+                    mb.epoch
+                );
                 lines.push(observe(&result.clone().map(|_| ())));
                 break;
             }
@@ -430,7 +631,13 @@ async fn scan_and_check(
             }
         }
     }
-    Ok(format!("scan {mb} {}", lines.join(" | ")))
+    Ok(format!(
+        "scan {mb} after={} until={:?} limit={} {}",
+        plan.after,
+        plan.until,
+        plan.limit,
+        lines.join(" | ")
+    ))
 }
 
 /// An outcome without free-text details, comparable across backends.

@@ -61,6 +61,7 @@ macro_rules! conformance_tests {
             duplicate_ordinal_rejected,
             same_day_replacement_of_the_whole_group,
             identical_replay_is_unchanged,
+            largest_group_inserts_replaces_and_scans_whole,
             cross_day_conflict,
             cross_day_conflict_for_expired_input,
             expired_replay_merges_the_gap,

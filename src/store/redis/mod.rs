@@ -31,9 +31,9 @@ use crate::model::{
     PromoteOutcome, RetentionPolicy, ScanPage, ScanRequest, ScannedGroup, StoreError,
     TruncateOutcome, UserId, MAX_MAILBOX_SEQ,
 };
-use crate::store::{MailboxStore, PhaseHook};
+use crate::store::{MailboxStore, PhaseHook, RepairToken, SwapReport};
 
-use keys::{event_member, parse_event_member, MailboxKeys};
+use keys::{event_member, parse_event_member, KeySet, MailboxKeys};
 use scripts::{ScriptCode, Scripts};
 
 const BACKEND: &str = "redis";
@@ -51,6 +51,10 @@ pub struct RedisSettings {
     pub key_prefix: String,
     pub connect_timeout: Duration,
     pub command_timeout: Duration,
+    /// Replicas that must acknowledge a write before it counts as done (`WAIT`); 0: none.
+    pub wait_replicas: u32,
+    /// How long `WAIT` may block; must stay below `command_timeout`.
+    pub wait_timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -59,6 +63,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("url", &crate::config::redact_url(&self.url))
             .field("cluster", &self.cluster)
             .field("key_prefix", &self.key_prefix)
+            .field("wait_replicas", &self.wait_replicas)
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +77,8 @@ impl RedisSettings {
             key_prefix: key_prefix.into(),
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(5),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -118,38 +125,7 @@ pub struct RedisStore {
     policy: RetentionPolicy,
     scripts: Scripts,
     after_scan_read: Mutex<Option<PhaseHook>>,
-    /// This handle's writer id, compared with a user's repair fence by every write script: a
-    /// process rebuilding a user writes through the fence it holds, everyone else waits.
-    writer: String,
 }
-
-/// A writer id unique enough across processes and hosts: pid, start time and a counter.
-fn new_writer_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "writer-{}-{nanos:x}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Takes or renews a repair fence. KEYS[1] the fence; ARGV[1] writer id, ARGV[2] lease seconds.
-/// Returns false when taken or renewed, or the other holder's id.
-const BEGIN_REPAIR_LUA: &str = r"
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return holder end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return false";
-
-/// Lifts a repair fence if this writer holds it. KEYS[1] the fence; ARGV[1] writer id.
-/// Returns 1 when lifted, 0 when it was not held by this writer.
-const END_REPAIR_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0";
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -160,19 +136,14 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// I/O, timeouts and server errors are transient: the daemon retries them with backoff.
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable {
-        backend: BACKEND,
-        detail: e.to_string(),
-    }
+/// Every error of the Redis client is classified in one place (SPEC 7, error classes).
+fn classified(e: RedisError) -> StoreError {
+    crate::store::classify::redis::classify(&e)
 }
 
+/// A script reply this code does not understand (see `classify::redis::unexpected_reply`).
 fn protocol(detail: impl Into<String>) -> StoreError {
-    StoreError::Unavailable {
-        backend: BACKEND,
-        detail: format!("unexpected script reply: {}", detail.into()),
-    }
+    crate::store::classify::redis::unexpected_reply(detail.into())
 }
 
 fn int(value: &Value) -> Option<i64> {
@@ -214,10 +185,10 @@ impl RedisStore {
                 .connection_timeout(settings.connect_timeout)
                 .response_timeout(settings.command_timeout)
                 .build()
-                .map_err(unavailable)?;
-            Connection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
+                .map_err(classified)?;
+            Connection::Cluster(client.get_async_connection().await.map_err(classified)?)
         } else {
-            let client = redis::Client::open(settings.url.as_str()).map_err(unavailable)?;
+            let client = redis::Client::open(settings.url.as_str()).map_err(classified)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(Some(settings.command_timeout))
@@ -235,7 +206,7 @@ impl RedisStore {
                     settings.connect_timeout
                 ),
             })?
-            .map_err(unavailable)?;
+            .map_err(classified)?;
             Connection::Single(manager)
         };
         let store = Self {
@@ -244,12 +215,11 @@ impl RedisStore {
             policy,
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
-            writer: new_writer_id(),
         };
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         Ok(store)
     }
 
@@ -282,10 +252,64 @@ impl RedisStore {
         let reply: Value = invocation
             .invoke_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         match reply {
             Value::Array(items) => Ok(items),
             other => Err(protocol(format!("{other:?}"))),
+        }
+    }
+
+    /// Runs a write script and, with `wait_replicas > 0`, makes it durable before answering: the
+    /// script and `WAIT wait_replicas wait_timeout` go in ONE pipeline, so both reach the server
+    /// on the same connection, back to back. (A multiplexed connection may reconnect between two
+    /// separate calls, and a `WAIT` on a new connection covers none of the old one's writes.)
+    /// The scripts rewrite the epoch key when asked (`propagate_for_wait`), so the `WAIT` covers
+    /// what the answer was read from even when the script itself changed nothing.
+    ///
+    /// Fewer acknowledgements than `wait_replicas` is transient `Unavailable`: the write may or
+    /// may not survive a failover, so the caller retries, and the replay is idempotent.
+    async fn invoke_durable(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let wanted = self.settings.wait_replicas;
+        if wanted == 0 {
+            return self.invoke(invocation).await;
+        }
+        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout_ms);
+        let mut conn = self.conn();
+        let result: Result<(Value, i64), RedisError> = pipe.query_async(&mut conn).await;
+        let (reply, acks) = match result {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                invocation.load_async(&mut conn).await.map_err(classified)?;
+                pipe.query_async(&mut conn).await.map_err(classified)?
+            }
+            other => other.map_err(classified)?,
+        };
+        if acks < i64::from(wanted) {
+            return Err(crate::store::classify::redis::too_few_replicas(
+                acks, wanted, timeout_ms,
+            ));
+        }
+        match reply {
+            Value::Array(items) => Ok(items),
+            other => Err(protocol(format!("{other:?}"))),
+        }
+    }
+
+    /// The durability flag the write scripts take (`'1'` when a `WAIT` follows them).
+    fn wait_flag(&self) -> &'static str {
+        if self.settings.wait_replicas > 0 {
+            "1"
+        } else {
+            "0"
         }
     }
 
@@ -343,53 +367,68 @@ impl RedisStore {
                 cursor: CursorExpired::ExpiredGap { boundary: n(1) },
             },
             Some(ScriptCode::UnderRepair) => StoreError::UnderRepair { holder: arg(1) },
+            Some(ScriptCode::FenceLost) => StoreError::FenceLost {
+                detail: match arg(1).as_str() {
+                    "" => "the repair fence lapsed (no fence exists)".to_owned(),
+                    other => format!("the repair fence is held by {other}"),
+                },
+            },
             None => protocol(format!("code {code}")),
         }
     }
 
-    /// Every key of `user` (all epochs, on every master), sorted, found with SCAN.
-    async fn user_keys(&self, user: &UserId) -> Result<Vec<String>, StoreError> {
-        let pattern = keys::user_pattern(&self.settings.key_prefix, user);
-        let mut found = Vec::new();
-        for mut node in self.scan_targets().await? {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
-                found.extend(batch);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
+    /// Every key name `user` may hold (fence, both epoch keys, and every key of the epoch each
+    /// copy names plus `extra_epochs`), named exactly (`lua/user_keys.lua`), never by a pattern
+    /// that could match another deployment's keys. Some names may not exist.
+    pub async fn user_key_names(
+        &self,
+        user: &UserId,
+        extra_epochs: &[u32],
+    ) -> Result<Vec<String>, StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, user);
+        let mut invocation = self.scripts.user_keys.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.live_epoch)
+            .key(&keys.staging_epoch)
+            .arg(&keys.live_stem)
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        for epoch in extra_epochs {
+            invocation.arg(*epoch);
         }
-        found.sort();
-        found.dedup();
-        Ok(found)
+        let names: Vec<String> = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(classified)?;
+        Ok(names)
     }
 
-    /// Every key of `user` with its serialized value (`DUMP`) and absolute expiry in ms
-    /// (`PEXPIRETIME`), sorted by key: a byte-exact fingerprint of the user's state.
+    /// Every existing key of `user` (see [`RedisStore::user_key_names`]) with its serialized value
+    /// (`DUMP`) and absolute expiry in ms (`PEXPIRETIME`), sorted by key: a byte-exact fingerprint
+    /// of the user's state in both copies, fence included.
     pub async fn dump_user(
         &self,
         user: &UserId,
+        extra_epochs: &[u32],
     ) -> Result<Vec<(String, Vec<u8>, i64)>, StoreError> {
-        let found = self.user_keys(user).await?;
-        let mut conn = self.conn();
-        let mut out = Vec::with_capacity(found.len());
-        for key in found {
-            let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            let expire: i64 = redis::cmd("PEXPIRETIME")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            // -2: the key expired between the SCAN and now; it no longer exists.
-            if let (Some(dump), true) = (dump, expire != -2) {
-                out.push((key, dump, expire));
+        let mut names = self.user_key_names(user, extra_epochs).await?;
+        names.sort();
+        names.dedup();
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("DUMP").arg(name).cmd("PEXPIRETIME").arg(name);
+        }
+        let replies: Vec<Value> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(classified)?;
+        let mut out = Vec::new();
+        for (name, pair) in names.into_iter().zip(replies.chunks(2)) {
+            if let [Value::BulkString(dump), expire] = pair {
+                out.push((name, dump.clone(), int(expire).unwrap_or(-2)));
             }
         }
         Ok(out)
@@ -428,7 +467,7 @@ impl RedisStore {
             let replies: Vec<Vec<String>> = pipe
                 .query_async(&mut self.conn())
                 .await
-                .map_err(unavailable)?;
+                .map_err(classified)?;
             let mut again = Vec::new();
             for ((day, count), members) in pending.iter().zip(replies) {
                 let truncated = members.len() >= *count;
@@ -460,7 +499,8 @@ impl RedisStore {
                 if truncated {
                     let last = parsed.last().map_or(request.after_seq, |p| p.0);
                     let complete_below = last.saturating_sub(1);
-                    if complete_below <= request.after_seq && *count <= MAX_EVENTS_PER_GROUP {
+                    let no_whole_group = parsed.first().is_none_or(|p| p.0 == last);
+                    if no_whole_group && *count <= MAX_EVENTS_PER_GROUP {
                         // Not one whole group fit: read this day again with room for the
                         // largest group there can be.
                         again.push((*day, MAX_EVENTS_PER_GROUP + chunk));
@@ -497,7 +537,8 @@ impl RedisStore {
     }
 
     /// Promotes every mailbox whose meta key matches, walking every master with SCAN, at most
-    /// `per_second` mailboxes a second. Returns (mailboxes visited, days compacted, failures).
+    /// `per_second` mailboxes a second, then removes the staging copies of crashed repairs
+    /// ([`MailboxStore::repair_collect_garbage`]).
     pub async fn patrol(&self, per_second: u32) -> Result<PatrolReport, StoreError> {
         let pattern = keys::meta_pattern(&self.settings.key_prefix);
         let mut report = PatrolReport::default();
@@ -527,6 +568,7 @@ impl RedisStore {
                 cursor = next;
             }
         }
+        report.staging_collected = self.collect_staging_garbage().await?;
         Ok(report)
     }
 
@@ -539,7 +581,7 @@ impl RedisStore {
             .arg("NODES")
             .query_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         let mut targets = Vec::new();
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -551,7 +593,7 @@ impl RedisStore {
             }
             let address = fields[1].split('@').next().unwrap_or_default();
             let url = node_url(&self.settings.url, address);
-            let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
+            let client = redis::Client::open(url.as_str()).map_err(classified)?;
             let manager = client
                 .get_connection_manager_with_config(
                     ConnectionManagerConfig::new()
@@ -559,7 +601,7 @@ impl RedisStore {
                         .set_response_timeout(Some(self.settings.command_timeout)),
                 )
                 .await
-                .map_err(unavailable)?;
+                .map_err(classified)?;
             targets.push(Connection::Single(manager));
         }
         Ok(targets)
@@ -582,7 +624,7 @@ async fn scan_batch(
         .arg(500)
         .query_async(node)
         .await
-        .map_err(unavailable)
+        .map_err(classified)
 }
 
 /// The URL of one cluster node: the configured URL with its host and port replaced, so scheme
@@ -600,88 +642,26 @@ fn node_url(configured: &str, address: &str) -> String {
     format!("{scheme}://{credentials}{address}")
 }
 
-/// The repair fence of the first daemon version, kept until the staged repair replaces it.
+/// The write paths shared by the live copy and a repair's staging copy: the same scripts, bound
+/// to the copy's keys, with the fence check of `fence_gate` (`lua/includes/common.lua`).
 impl RedisStore {
-    pub async fn begin_repair(&self, user: &UserId, lease_secs: u64) -> Result<(), StoreError> {
-        let key = keys::repair_key(&self.settings.key_prefix, user);
-        let reply: Value = redis::Script::new(BEGIN_REPAIR_LUA)
-            .key(&key)
-            .arg(&self.writer)
-            .arg(lease_secs.max(1))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        match reply {
-            Value::Nil | Value::Boolean(false) | Value::Int(0) => Ok(()),
-            other => Err(StoreError::UnderRepair {
-                holder: text(&other),
-            }),
-        }
-    }
-
-    pub async fn reset_user(&self, user: &UserId) -> Result<u64, StoreError> {
-        let fence = keys::repair_key(&self.settings.key_prefix, user);
-        let held: Option<String> = redis::cmd("GET")
-            .arg(&fence)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        if held.as_deref() != Some(self.writer.as_str()) {
-            return Err(StoreError::UnderRepair {
-                holder: held.unwrap_or_else(|| "nobody: take the fence first".to_owned()),
-            });
-        }
-        // Under the fence no other writer touches the user, so SCAN then DEL is safe.
-        let found = self.user_keys(user).await?;
-        let mut removed = 0u64;
-        for key in found.iter().filter(|k| **k != fence) {
-            let n: u64 = redis::cmd("DEL")
-                .arg(key)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-            removed += n;
-        }
-        Ok(removed)
-    }
-
-    pub async fn end_repair(&self, user: &UserId) -> Result<(), StoreError> {
-        let key = keys::repair_key(&self.settings.key_prefix, user);
-        let _: i64 = redis::Script::new(END_REPAIR_LUA)
-            .key(&key)
-            .arg(&self.writer)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-}
-
-/// What one patrol pass did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct PatrolReport {
-    pub visited: u64,
-    pub expired_days: u64,
-    pub corrupt: u64,
-    pub unavailable: u64,
-}
-
-#[async_trait]
-impl MailboxStore for RedisStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+    /// Appends `group` to one copy. `holder` is empty for a live write (refused under any fence)
+    /// or the repair's holder id for a staged write (refused unless that repair holds the fence).
+    async fn append_to(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
         validate_group(group)?;
-        let keys = self.keys(&group.mailbox);
+        let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
         let day = group.day();
         let mut events: Vec<&Event> = group.events.iter().collect();
         events.sort_by_key(|e| e.event_ordinal);
         let mut invocation = self.scripts.append.prepare_invoke();
         keys.bind(&mut invocation);
         invocation
-            .arg(&self.settings.key_prefix)
+            .arg(&keys.stem)
             .arg(keys::tag(&group.mailbox.user_id))
             .arg(group.mailbox.epoch)
             .arg(group.mailbox_seq)
@@ -690,7 +670,8 @@ impl MailboxStore for RedisStore {
             .arg(self.policy.future_window_days)
             .arg(self.policy.max_active_span_days)
             .arg(self.policy.retention_days)
-            .arg(&self.writer);
+            .arg(holder)
+            .arg(self.wait_flag());
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,
@@ -699,7 +680,7 @@ impl MailboxStore for RedisStore {
                 event.payload.as_str(),
             ));
         }
-        let reply = self.invoke(invocation).await?;
+        let reply = self.invoke_durable(invocation).await?;
         match reply.first().and_then(int) {
             Some(1) => Ok(AppendOutcome::Inserted),
             Some(2) => Ok(AppendOutcome::Unchanged),
@@ -722,20 +703,24 @@ impl MailboxStore for RedisStore {
         }
     }
 
-    async fn truncate_before(
+    /// `truncate_before` on one copy; `holder` as in [`RedisStore::append_to`].
+    async fn truncate_in(
         &self,
+        copy: KeySet,
+        holder: &str,
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
         validate_before_seq(before_seq)?;
-        let keys = self.keys(mailbox);
+        let keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
         let mut invocation = self.scripts.truncate.prepare_invoke();
         keys.bind(&mut invocation);
         invocation
             .arg(mailbox.epoch)
             .arg(before_seq)
-            .arg(&self.writer);
-        let reply = self.invoke(invocation).await?;
+            .arg(holder)
+            .arg(self.wait_flag());
+        let reply = self.invoke_durable(invocation).await?;
         match reply.first().and_then(int) {
             Some(0) => Ok(TruncateOutcome {
                 user_trim_seq: num(reply.get(1)),
@@ -745,16 +730,104 @@ impl MailboxStore for RedisStore {
         }
     }
 
+    /// Lease of a fence in whole milliseconds, at least one.
+    fn lease_ms(lease: Duration) -> u64 {
+        u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Removes the staging copies of users without a fence, walking `P:stgepoch:{*` with SCAN on
+    /// every master; one script per user decides atomically (`lua/repair_collect.lua`).
+    async fn collect_staging_garbage(&self) -> Result<u64, StoreError> {
+        let prefix = &self.settings.key_prefix;
+        let pattern = keys::staging_epoch_pattern(prefix);
+        let mut collected = 0;
+        for mut node in self.scan_targets().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch) = scan_batch(&mut node, cursor, &pattern).await?;
+                for key in batch {
+                    let Some(user) = keys::parse_staging_epoch_key(prefix, &key) else {
+                        continue;
+                    };
+                    let keys = keys::UserKeys::new(prefix, &user);
+                    let mut invocation = self.scripts.repair_collect.prepare_invoke();
+                    invocation
+                        .key(&keys.repair)
+                        .key(&keys.staging_epoch)
+                        .arg(&keys.staging_stem)
+                        .arg(keys::tag(&user))
+                        .arg(self.policy.retention_days)
+                        .arg(self.policy.future_window_days);
+                    let reply = self.invoke(invocation).await?;
+                    if reply.first().and_then(int) == Some(1) {
+                        tracing::info!(user = %user.as_str(), removed_keys = num(reply.get(1)), "removed the staging copy of a crashed repair");
+                        collected += 1;
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(collected)
+    }
+}
+
+/// What one patrol pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PatrolReport {
+    pub visited: u64,
+    pub expired_days: u64,
+    pub corrupt: u64,
+    pub unavailable: u64,
+    /// Staging copies of crashed repairs (no fence left) removed by this pass.
+    pub staging_collected: u64,
+}
+
+#[async_trait]
+impl MailboxStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        self.append_to(KeySet::Live, "", group).await
+    }
+
+    async fn truncate_before(
+        &self,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        self.truncate_in(KeySet::Live, "", mailbox, before_seq)
+            .await
+    }
+
     async fn range_scan(
         &self,
         mailbox: &MailboxId,
         request: ScanRequest,
     ) -> Result<ScanPage, StoreError> {
         validate_scan(&request)?;
-        if request.until_seq.is_some_and(|u| u <= request.after_seq) {
-            return Ok(ScanPage::empty(request.after_seq));
-        }
         let keys = self.keys(mailbox);
+        if request.until_seq.is_some_and(|u| u <= request.after_seq) {
+            // SPEC 4.4: the epoch check (step 1) comes before the reverse-range answer (step 2),
+            // which reads no bucket, meta or index: one GET of the epoch key.
+            let current: Option<String> = redis::cmd("GET")
+                .arg(&keys.epoch)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(classified)?;
+            return match current {
+                Some(current) if current != mailbox.epoch.to_string() => {
+                    Err(StoreError::EpochMismatch {
+                        current: current.parse().ok(),
+                    })
+                }
+                _ => Ok(ScanPage::empty(request.after_seq)),
+            };
+        }
         let cursor_args = |invocation: &mut redis::ScriptInvocation<'_>| {
             keys.bind(invocation);
             invocation
@@ -893,11 +966,126 @@ impl MailboxStore for RedisStore {
         })
     }
 
+    async fn repair_begin(
+        &self,
+        user: &UserId,
+        lease: Duration,
+    ) -> Result<RepairToken, StoreError> {
+        let token = RepairToken::new(user.clone());
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, user);
+        let mut invocation = self.scripts.repair_begin.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.staging_epoch)
+            .arg(&token.holder)
+            .arg(Self::lease_ms(lease))
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        let reply = self.invoke(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => {
+                let removed = num(reply.get(1));
+                if removed > 0 {
+                    tracing::info!(user = %user.as_str(), removed_keys = removed, "removed the staging copy of an earlier repair");
+                }
+                Ok(token)
+            }
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+
+    async fn repair_renew(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, &token.user);
+        let mut invocation = self.scripts.repair_renew.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .arg(&token.holder)
+            .arg(Self::lease_ms(lease));
+        let reply = self.invoke(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => Ok(()),
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+
+    async fn repair_append(
+        &self,
+        token: &RepairToken,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        if group.mailbox.user_id != token.user {
+            return Err(StoreError::Unsupported {
+                backend: BACKEND,
+                operation: "writing another user into a repair's staging copy",
+            });
+        }
+        self.append_to(KeySet::Staging, &token.holder, group).await
+    }
+
+    async fn repair_truncate(
+        &self,
+        token: &RepairToken,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        if mailbox.user_id != token.user {
+            return Err(StoreError::Unsupported {
+                backend: BACKEND,
+                operation: "writing another user into a repair's staging copy",
+            });
+        }
+        self.truncate_in(KeySet::Staging, &token.holder, mailbox, before_seq)
+            .await
+    }
+
+    async fn repair_swap(&self, token: &RepairToken) -> Result<SwapReport, StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, &token.user);
+        let mut invocation = self.scripts.repair_swap.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.live_epoch)
+            .key(&keys.staging_epoch)
+            .arg(&token.holder)
+            .arg(&keys.live_stem)
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(&token.user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        let reply = self.invoke_durable(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => Ok(SwapReport {
+                staged_groups: num(reply.get(1)),
+                replaced: num(reply.get(2)),
+            }),
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+
+    async fn repair_abort(&self, token: &RepairToken) -> Result<(), StoreError> {
+        let keys = keys::UserKeys::new(&self.settings.key_prefix, &token.user);
+        let mut invocation = self.scripts.repair_abort.prepare_invoke();
+        invocation
+            .key(&keys.repair)
+            .key(&keys.staging_epoch)
+            .arg(&token.holder)
+            .arg(&keys.staging_stem)
+            .arg(keys::tag(&token.user))
+            .arg(self.policy.retention_days)
+            .arg(self.policy.future_window_days);
+        self.invoke(invocation).await.map(|_| ())
+    }
+
+    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
+        self.collect_staging_garbage().await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let _: String = redis::cmd("PING")
             .query_async(&mut self.conn())
             .await
-            .map_err(unavailable)?;
+            .map_err(classified)?;
         Ok(())
     }
 }

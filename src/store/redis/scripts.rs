@@ -14,6 +14,12 @@ pub struct Scripts {
     pub scan_begin: Script,
     pub scan_end: Script,
     pub inspect: Script,
+    pub repair_begin: Script,
+    pub repair_renew: Script,
+    pub repair_swap: Script,
+    pub repair_abort: Script,
+    pub repair_collect: Script,
+    pub user_keys: Script,
 }
 
 fn with_includes(body: &str) -> Script {
@@ -29,6 +35,12 @@ impl Scripts {
             scan_begin: with_includes(include_str!("../../../lua/scan_begin.lua")),
             scan_end: with_includes(include_str!("../../../lua/scan_end.lua")),
             inspect: Script::new(include_str!("../../../lua/inspect.lua")),
+            repair_begin: with_includes(include_str!("../../../lua/repair_begin.lua")),
+            repair_renew: with_includes(include_str!("../../../lua/repair_renew.lua")),
+            repair_swap: with_includes(include_str!("../../../lua/repair_swap.lua")),
+            repair_abort: with_includes(include_str!("../../../lua/repair_abort.lua")),
+            repair_collect: with_includes(include_str!("../../../lua/repair_collect.lua")),
+            user_keys: with_includes(include_str!("../../../lua/user_keys.lua")),
         }
     }
 }
@@ -54,6 +66,7 @@ pub enum ScriptCode {
     CursorTrimmed,
     CursorGap,
     UnderRepair,
+    FenceLost,
 }
 
 impl ScriptCode {
@@ -71,6 +84,7 @@ impl ScriptCode {
             -30 => Self::CursorTrimmed,
             -31 => Self::CursorGap,
             -40 => Self::UnderRepair,
+            -41 => Self::FenceLost,
             _ => return None,
         })
     }

@@ -1,0 +1,214 @@
+//! Durable before commit on Redis (SPEC 7, `store.redis.wait_replicas`), against a real master and
+//! a real replica (`redis-server --replicaof`) on loopback, both started here.
+//!
+//! An append answers `Ok` only after `wait_replicas` replicas acknowledged it; a replica that does
+//! not answer turns every write into a transient `Unavailable`, also an identical replay on a
+//! fresh connection; and after the master dies (`kill -9`) and the replica is promoted, every
+//! append that answered `Ok` is there.
+
+mod conformance;
+mod support;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use conformance::{group, mailbox};
+use mailbox_materializer::model::{
+    AppendOutcome, EventGroup, RetentionPolicy, ScanRequest, StoreError, DAY_SECS,
+};
+use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+use mailbox_materializer::store::MailboxStore;
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+
+const WAIT_MS: u64 = 300;
+
+/// A master and its replica, replication link up.
+async fn master_and_replica() -> (RedisServer, RedisServer) {
+    tokio::task::spawn_blocking(|| {
+        let master = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
+        let master_port = master.port().expect("tcp").to_string();
+        let replica = RedisServer::start(
+            Clock::Real,
+            Listen::Tcp(free_port()),
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &master_port,
+                "--enable-debug-command",
+                "yes",
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !replica
+            .raw("INFO replication")
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica never synced");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (master, replica)
+    })
+    .await
+    .expect("servers start")
+}
+
+async fn store(server: &RedisServer, wait_replicas: u32) -> RedisStore {
+    let mut settings = RedisSettings::new(server.url(), "mm");
+    settings.wait_replicas = wait_replicas;
+    settings.wait_timeout = Duration::from_millis(WAIT_MS);
+    RedisStore::connect(settings, RetentionPolicy::default())
+        .await
+        .expect("connect")
+}
+
+fn today() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        / DAY_SECS
+}
+
+/// Sends `command` to a TCP server without reading the reply (the server may block on it).
+fn send_and_leave(server: &RedisServer, command: &str) -> std::net::TcpStream {
+    let port = server.port().expect("tcp");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .write_all(format!("{command}\r\n").as_bytes())
+        .expect("write");
+    stream
+}
+
+fn unavailable<T: std::fmt::Debug>(result: &Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::Unavailable { .. }))
+}
+
+/// While the only replica sleeps, no write is acknowledged: appends, truncates and identical
+/// replays (also through a fresh connection, which has written nothing itself) are `Unavailable`,
+/// never `Ok`. Once the replica is back, the same calls succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_replica_holds_every_write() {
+    let (master, replica) = master_and_replica().await;
+    let s = store(&master, 1).await;
+    let mb = mailbox("u-durable", 1);
+    let day = today();
+    let first = group(&mb, 1, day, 2, "a");
+    assert_eq!(s.append(&first).await, Ok(AppendOutcome::Inserted));
+
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 3");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = group(&mb, 2, day, 1, "b");
+    let result = s.append(&second).await;
+    assert!(
+        unavailable(&result),
+        "a write no replica acknowledged: {result:?}"
+    );
+    assert!(
+        unavailable(&s.append(&second).await),
+        "its replay, same connection"
+    );
+    let fresh = store(&master, 1).await;
+    let replay = fresh.append(&second).await;
+    assert!(
+        unavailable(&replay),
+        "an identical replay on a new connection must not vouch for an unacknowledged write: {replay:?}"
+    );
+    assert!(unavailable(&fresh.append(&first).await));
+    assert!(unavailable(&fresh.truncate_before(&mb, 1).await));
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let outcome = loop {
+        let outcome = fresh.append(&second).await;
+        if !unavailable(&outcome) || Instant::now() > deadline {
+            break outcome;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(outcome, Ok(AppendOutcome::Unchanged));
+    let unwaited = store(&master, 0).await;
+    assert_eq!(
+        unwaited.append(&group(&mb, 3, day, 1, "c")).await,
+        Ok(AppendOutcome::Inserted),
+        "wait_replicas = 0 never waits"
+    );
+}
+
+/// Appends run while the replica is healthy, then while it is cut off (asleep, its link killed
+/// by the master); the master is killed with SIGKILL and the replica promoted. Every append that
+/// answered `Ok` is on the promoted replica with its content; the cut-off ones answered
+/// `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_append_survives_a_failover() {
+    let (mut master, replica) = master_and_replica().await;
+    let s = std::sync::Arc::new(store(&master, 1).await);
+    let day = today();
+    let mut acknowledged: Vec<EventGroup> = Vec::new();
+
+    // Healthy: many mailboxes in flight at once on the one multiplexed connection.
+    let mut tasks = Vec::new();
+    for u in 0..16 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            for seq in 1..=5 {
+                let g = group(&mailbox(&format!("u-fail-{u}"), 1), seq, day, 2, "healthy");
+                if s.append(&g).await == Ok(AppendOutcome::Inserted) {
+                    done.push(g);
+                }
+            }
+            done
+        }));
+    }
+    for task in tasks {
+        acknowledged.extend(task.await.expect("task"));
+    }
+    assert_eq!(acknowledged.len(), 80, "a healthy replica acknowledges all");
+
+    // Cut off: the replica sleeps and its link is dropped, so what follows never reaches it.
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 4");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(master.raw("CLIENT KILL TYPE replica").starts_with(':'));
+    let mut refused = 0;
+    for u in 0..3 {
+        let g = group(&mailbox(&format!("u-fail-{u}"), 1), 6, day, 1, "cut-off");
+        match s.append(&g).await {
+            Ok(outcome) => {
+                assert_eq!(outcome, AppendOutcome::Inserted);
+                acknowledged.push(g);
+            }
+            Err(StoreError::Unavailable { .. }) => refused += 1,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(refused, 3, "no replica acknowledged the cut-off appends");
+
+    master.stop(); // SIGKILL
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !replica.raw("PING").starts_with("+PONG") {
+        assert!(Instant::now() < deadline, "the replica never woke");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(replica.raw("REPLICAOF NO ONE").starts_with("+OK"));
+    let promoted = store(&replica, 0).await;
+    for g in &acknowledged {
+        let page = promoted
+            .range_scan(
+                &g.mailbox,
+                ScanRequest {
+                    after_seq: g.mailbox_seq - 1,
+                    until_seq: Some(g.mailbox_seq),
+                    limit_groups: 1,
+                },
+            )
+            .await
+            .expect("scan the promoted replica");
+        assert_eq!(
+            page.groups.len(),
+            1,
+            "{} seq {} lost",
+            g.mailbox,
+            g.mailbox_seq
+        );
+        assert_eq!(&*page.groups[0].events, &g.events[..]);
+    }
+}
