@@ -585,7 +585,10 @@ impl Config {
                 ),
             ));
         }
-        if redis.wait_timeout_ms == 0 || redis.wait_timeout_ms >= redis.command_timeout_ms {
+        // Only a WAIT that is sent needs a timeout that fits the command timeout.
+        if redis.wait_replicas > 0
+            && (redis.wait_timeout_ms == 0 || redis.wait_timeout_ms >= redis.command_timeout_ms)
+        {
             // 0 would make WAIT block forever; at or above the command timeout the client
             // would give up first and never read the acknowledgement count.
             return Err(invalid(
@@ -957,9 +960,12 @@ mod tests {
             (0, 1_000)
         );
         for (toml, key) in [
-            ("wait_timeout_ms = 0", "store.redis.wait_timeout_ms"),
             (
-                "wait_timeout_ms = 5000\ncommand_timeout_ms = 5000",
+                "wait_replicas = 1\nwait_timeout_ms = 0",
+                "store.redis.wait_timeout_ms",
+            ),
+            (
+                "wait_replicas = 1\nwait_timeout_ms = 5000\ncommand_timeout_ms = 5000",
                 "store.redis.wait_timeout_ms",
             ),
             ("wait_replicas = 65", "store.redis.wait_replicas"),
