@@ -52,6 +52,10 @@ pub struct ReplayArgs {
     /// Swap a named user even when the range holds no record of it (its mailboxes end up empty).
     #[arg(long, requires = "reset_mailboxes")]
     pub allow_empty: bool,
+    /// Lease of the repair fences, in seconds: if this process dies mid-repair, the daemon's
+    /// writes to the named users wait at most this long. Renewed every third of it.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub fence_lease_secs: u64,
     /// Progress on stderr: a bar on a terminal, a line every 5 s otherwise, or none.
     #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
     pub progress: ProgressArg,
@@ -215,6 +219,7 @@ pub async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
             ProgressArg::Lines => ProgressMode::Lines,
             ProgressArg::Off => ProgressMode::Off,
         },
+        lease: Duration::from_secs(args.fence_lease_secs),
     };
     let (interrupt_tx, interrupt) = watch::channel(false);
     let signals = tokio::spawn(async move {

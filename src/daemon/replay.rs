@@ -7,9 +7,10 @@
 //! mailbox, and the safest command of the product:
 //!
 //! 1. **Refuse before touching anything**: an empty range, a `--from-time` in the future or past
-//!    the end, a log start above the requested start (retention deleted records; unless
-//!    `--allow-partial-history`), an end below the consumer group's committed offset (the rebuild
-//!    would miss records the daemon already committed).
+//!    the end, a log start above the requested start (retention deleted records) or a named user
+//!    with records between the log start and the requested start (both would leave the rebuilt
+//!    mailbox without groups; unless `--allow-partial-history`), an end below the consumer
+//!    group's committed offset (the rebuild would miss records the daemon already committed).
 //! 2. **Fence** each named user ([`crate::store::MailboxStore::repair_begin`]): the daemon's writes
 //!    to them wait. The end is read again *after* the fences are up, so every record the daemon
 //!    wrote before them is inside the range, and every record after them waits for the swap.
@@ -42,7 +43,7 @@ use crate::ingest::pipeline::{DeliveryRef, FinalRecord, PartitionPipeline};
 use crate::ingest::runner::{Attempt, Cancel, Runner};
 use crate::ingest::{decode_record, DeliveryOutcome};
 use crate::model::{StoreError, UserId};
-use crate::store::repair::{Renewal, REPAIR_LEASE};
+use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
 
 /// Transient store errors of one delivery are retried this many times before the replay gives up
@@ -97,13 +98,16 @@ pub struct ReplayRequest {
     /// Swap a named user even when the range holds no record of it (its mailboxes become empty).
     pub allow_empty: bool,
     pub progress: ProgressMode,
+    /// Lease of the repair fences: how long the daemon's writes to a user stay fenced if this
+    /// process dies mid-repair. Renewed every third of it.
+    pub lease: Duration,
 }
 
 /// Why a replay refused to start (nothing was touched).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Refusal {
     /// `empty_range`, `from_time_in_future`, `from_time_past_end`, `log_start_above_start`,
-    /// `end_below_committed`, `user_not_in_range`, `reset_without_user`.
+    /// `user_before_start`, `end_below_committed`, `user_not_in_range`, `reset_without_user`.
     pub reason: &'static str,
     pub detail: String,
 }
@@ -168,6 +172,29 @@ impl ReplaySummary {
     }
 }
 
+/// A fault-injection point for tests of the repair: with `MATERIALIZER_PAUSE_AT=<point>` (or
+/// `<point>:<ms>`) in the environment the replay prints `paused at <point>` on stderr and waits
+/// there (forever, or `ms`), so a test can kill it, stop it or let a lease lapse at exactly that
+/// step. Points: `replay.fenced` (fences taken, nothing staged), `replay.rebuilding` (the first
+/// delivery staged), `replay.before_swap` (everything staged, nothing swapped).
+async fn pause_point(point: &str) {
+    let Ok(spec) = std::env::var("MATERIALIZER_PAUSE_AT") else {
+        return;
+    };
+    let (name, ms) = match spec.split_once(':') {
+        Some((name, ms)) => (name, ms.parse::<u64>().ok()),
+        None => (spec.as_str(), None),
+    };
+    if name != point {
+        return;
+    }
+    eprintln!("paused at {point}");
+    match ms {
+        Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
 /// Milliseconds since the Unix epoch, now.
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -177,6 +204,8 @@ fn now_ms() -> i64 {
 
 /// The offsets of the partition, read from the broker.
 struct Range {
+    /// The partition's log start when the replay began.
+    low: i64,
     from: i64,
     end: i64,
 }
@@ -221,12 +250,38 @@ pub async fn replay(
     summary.from_offset = range.from;
     summary.end_offset = range.end;
 
+    // A rebuild replaces the whole mailbox: a named user with records before the start would
+    // lose them. Read (never apply) what the log holds before the start to be sure.
+    if request.reset_mailboxes && range.from > range.low && !request.allow_partial_history {
+        match clients
+            .first_record_of(&request.users, range.low, range.from, config)
+            .await
+        {
+            Ok(Some((offset, user))) => {
+                summary.refuse(
+                    "user_before_start",
+                    format!(
+                        "the log still holds a record of {} at offset {offset}, before the requested start {}: a rebuild from there would lose it; start at or before {offset} (or pass --allow-partial-history)",
+                        user.as_str(),
+                        range.from
+                    ),
+                );
+                return summary;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                summary.abort(e, true);
+                return summary;
+            }
+        }
+    }
+
     let fenced = request.reset_mailboxes && !request.dry_run;
     let mut tokens: Vec<RepairToken> = Vec::new();
     let mut range = range;
     if fenced {
         for user in &request.users {
-            match store.repair_begin(user, REPAIR_LEASE).await {
+            match store.repair_begin(user, request.lease).await {
                 Ok(token) => tokens.push(token),
                 Err(e) => {
                     abort_all(store.as_ref(), &tokens).await;
@@ -256,7 +311,15 @@ pub async fn replay(
         summary.end_offset = range.end;
     }
 
-    let mut renewal = fenced.then(|| Renewal::start(store.clone(), tokens.clone()));
+    pause_point("replay.fenced").await;
+    let mut renewal = fenced.then(|| {
+        Renewal::start_with(
+            store.clone(),
+            tokens.clone(),
+            request.lease,
+            request.lease / 3,
+        )
+    });
     let targets: HashMap<UserId, Arc<dyn MailboxStore>> = tokens
         .iter()
         .map(|t| {
@@ -277,6 +340,8 @@ pub async fn replay(
         seen_users: BTreeSet::new(),
         wanted: request.users.iter().cloned().collect(),
         progress: Progress::new(request.progress, request.partition, range.end - range.from),
+        staged_any: false,
+        pause_rebuilding: false,
     };
     let read = run
         .read(&clients.reader, &range, &mut interrupt, renewal.as_mut())
@@ -323,6 +388,7 @@ pub async fn replay(
         );
         return summary;
     }
+    pause_point("replay.before_swap").await;
     if let Some(reason) = renewal.as_ref().and_then(Renewal::is_lost) {
         if let Some(renewal) = renewal.take() {
             renewal.stop();
@@ -492,7 +558,56 @@ impl Clients {
                 return refuse("end_below_committed", end_below(end, committed));
             }
         }
-        Ok(Ok(Range { from, end }))
+        Ok(Ok(Range { low, from, end }))
+    }
+
+    /// The first record in `[low, from)` with a delivery to one of `users`, read and decoded but
+    /// never applied.
+    async fn first_record_of(
+        &self,
+        users: &[UserId],
+        low: i64,
+        from: i64,
+        config: &Config,
+    ) -> Result<Option<(i64, UserId)>, String> {
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&self.topic, self.partition, Offset::Offset(low))
+            .map_err(|e| format!("kafka: {e}"))?;
+        self.reader
+            .assign(&assignment)
+            .map_err(|e| format!("kafka: {e}"))?;
+        loop {
+            let message = match tokio::time::timeout(STALL, self.reader.recv()).await {
+                Err(_) => {
+                    return Err(format!(
+                        "no record arrived for {STALL:?} while reading offsets {low}..{from}; is the broker reachable?"
+                    ))
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "replay consumer error");
+                    continue;
+                }
+                Ok(Ok(message)) => message,
+            };
+            let offset = message.offset();
+            if offset >= from {
+                return Ok(None);
+            }
+            let payload = message.payload().unwrap_or_default();
+            if let Ok(record) = decode_record(payload, config.kafka.max_record_bytes) {
+                if let Some(delivery) = record
+                    .deliveries()
+                    .into_iter()
+                    .find(|d| users.contains(&d.mailbox().user_id))
+                {
+                    return Ok(Some((offset, delivery.mailbox().user_id.clone())));
+                }
+            }
+            if offset + 1 >= from {
+                return Ok(None);
+            }
+        }
     }
 
     /// With the fences up: the end moves to the high watermark now (unless `--to-offset` fixed
@@ -538,6 +653,9 @@ struct Rebuild<'a> {
     seen_users: BTreeSet<UserId>,
     wanted: BTreeSet<UserId>,
     progress: Progress,
+    /// The first staged delivery has landed (the `replay.rebuilding` pause point is due).
+    staged_any: bool,
+    pause_rebuilding: bool,
 }
 
 impl Rebuild<'_> {
@@ -572,7 +690,12 @@ impl Rebuild<'_> {
                 reason = async { match renewal.as_mut() { Some(r) => r.lost().await, None => std::future::pending().await } } => {
                     return Err((format!("repair fence lost: {reason}"), false));
                 }
-                attempt = self.runner.next() => self.on_attempt(attempt)?,
+                attempt = self.runner.next() => {
+                    self.on_attempt(attempt)?;
+                    if std::mem::take(&mut self.pause_rebuilding) {
+                        pause_point("replay.rebuilding").await;
+                    }
+                }
                 message = tokio::time::timeout(STALL, reader.recv()), if can_read => {
                     let message = match message {
                         Err(_) => return Err((format!("no record arrived for {STALL:?} while offsets {next_offset}..{} remained; is the broker reachable?", range.end), true)),
@@ -709,6 +832,10 @@ impl Rebuild<'_> {
             Err(e) => e.outcome(),
         };
         *self.summary.groups.entry(word).or_default() += 1;
+        if !self.staged_any && self.targets.contains_key(&user) {
+            self.staged_any = true;
+            self.pause_rebuilding = true;
+        }
         let (next, settled) = self.pipeline.complete(at, result);
         if let Some(next) = next {
             self.start(next, 0, Duration::ZERO);
