@@ -47,31 +47,54 @@ pub enum Disposition {
     AbortRepair,
 }
 
+/// The table: every outcome word (SPEC 8.1, and the error words of `StoreError::outcome`) with
+/// what it means. [`Disposition::of`] reads it; nothing else decides.
+pub const TABLE: &[(&str, Disposition)] = &[
+    ("inserted", Disposition::Advance),
+    ("unchanged", Disposition::Advance),
+    ("replaced", Disposition::Advance),
+    ("expired_merged", Disposition::Advance),
+    ("trimmed", Disposition::Advance),
+    ("stale_epoch", Disposition::Advance),
+    ("truncated", Disposition::Advance),
+    ("rejected", Disposition::DeadLetter),
+    ("conflict", Disposition::DeadLetter),
+    ("cursor_expired", Disposition::DeadLetter),
+    ("malformed", Disposition::DeadLetter),
+    ("corrupt", Disposition::Block),
+    (
+        "unavailable",
+        Disposition::Retry {
+            under_repair: false,
+        },
+    ),
+    ("under_repair", Disposition::Retry { under_repair: true }),
+    ("fence_lost", Disposition::AbortRepair),
+];
+
 impl Disposition {
     /// The disposition of one delivery's result.
     pub fn of(result: &Result<DeliveryOutcome, StoreError>) -> Self {
         match result {
-            Ok(_) => Self::Advance,
+            Ok(outcome) => Self::of_word(outcome.as_str()),
             Err(error) => Self::of_error(error),
         }
     }
 
     /// The disposition of a store error.
     pub fn of_error(error: &StoreError) -> Self {
-        match error {
-            StoreError::Rejected { .. }
-            | StoreError::Conflict { .. }
-            | StoreError::EpochMismatch { .. }
-            | StoreError::CursorExpired { .. }
-            | StoreError::Refused { .. }
-            | StoreError::Unsupported { .. } => Self::DeadLetter,
-            StoreError::Corrupt { .. } => Self::Block,
-            StoreError::Unavailable { .. } => Self::Retry {
+        Self::of_word(error.outcome())
+    }
+
+    /// The disposition of an outcome word. A word missing from the table (none is) would be held
+    /// and retried: never advanced past, never dropped.
+    pub fn of_word(word: &str) -> Self {
+        TABLE.iter().find(|(w, _)| *w == word).map_or(
+            Self::Retry {
                 under_repair: false,
             },
-            StoreError::UnderRepair { .. } => Self::Retry { under_repair: true },
-            StoreError::FenceLost { .. } => Self::AbortRepair,
-        }
+            |(_, d)| *d,
+        )
     }
 
     /// A malformed record is dead-lettered without any store call.
@@ -80,6 +103,20 @@ impl Disposition {
     /// Whether the delivery has reached its final outcome.
     pub fn is_final(self) -> bool {
         matches!(self, Self::Advance | Self::DeadLetter)
+    }
+
+    /// What the daemon does, in words (the demo's table, the docs).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Advance => "final; the offset advances",
+            Self::DeadLetter => "dead-letter topic; the offset advances once it is acknowledged",
+            Self::Block => "mailbox fails closed, retried until repaired; the offset waits",
+            Self::Retry {
+                under_repair: false,
+            } => "retried with backoff; the offset waits",
+            Self::Retry { under_repair: true } => "waits for the repair to swap; the offset waits",
+            Self::AbortRepair => "the repair aborts without swapping",
+        }
     }
 }
 
@@ -142,6 +179,23 @@ mod tests {
             assert_eq!(Disposition::of_error(&error), expected, "{error:?}");
         }
         assert!(Disposition::Advance.is_final() && Disposition::DeadLetter.is_final());
+        // Every error's outcome word is in the table (a missing one would be retried forever).
+        for error in [
+            StoreError::EpochMismatch { current: Some(1) },
+            StoreError::CursorExpired {
+                cursor: crate::model::CursorExpired::Trimmed { resume_after: 1 },
+            },
+            StoreError::Unsupported {
+                backend: "memory",
+                operation: "x",
+            },
+        ] {
+            assert!(
+                TABLE.iter().any(|(w, _)| *w == error.outcome()),
+                "{}",
+                error.outcome()
+            );
+        }
         assert!(!Disposition::Block.is_final());
     }
 }

@@ -9,13 +9,20 @@
 //!
 //! - [`model`]: identifiers, event groups, retention arithmetic, outcomes and errors. Imports
 //!   nothing else of the crate.
-//! - [`store`]: the [`store::MailboxStore`] trait (the contract of SPEC section 4), the
-//!   [`store::Clock`], and one module per backend: [`store::memory`] (the executable reference).
-//! - [`ingest`]: decoding dispatch records ([`ingest::decode`]) and applying them to a store
-//!   ([`ingest::apply`]); reaches a store only through the trait.
+//! - [`store`]: the [`store::MailboxStore`] trait (the contract of SPEC section 4, and the repair
+//!   of 7.1 in [`store::repair`]), the [`store::Clock`], one module per backend
+//!   ([`store::memory`], the executable reference; [`store::redis`]; [`store::scylla`]), and
+//!   [`store::classify`], the one place native store errors get their class.
+//! - [`ingest`]: decoding records, the ordering core (windows, lanes, watermark) and the store
+//!   calls in flight; reaches a store only through the trait.
+//! - [`disposition`]: the one table from a delivery's result to an action (advance, dead-letter,
+//!   block, retry).
+//! - [`retry`]: the one backoff (capped exponential with jitter).
+//! - [`daemon`]: `materializer run` (Kafka intake, engine, dead letters, offsets, telemetry,
+//!   health) and `materializer replay`.
 //! - [`demo`]: the synthetic dispatch log of `materializer demo`.
 //! - [`config`]: the TOML configuration with environment overrides and validation.
-//! - [`cli`]: the `materializer` commands; wires config, stores and ingest together.
+//! - [`cli`]: the `materializer` commands; builds config and store once and hands them on.
 //!
 //! `src/bin/materializer.rs` only parses the command line and calls [`cli::main`].
 

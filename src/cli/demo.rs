@@ -47,12 +47,7 @@ pub struct DemoArgs {
 
 /// What happens to a delivery with this outcome in the daemon.
 fn route(outcome: &str) -> &'static str {
-    match outcome {
-        "malformed" | "rejected" | "conflict" => "dead-letter topic, offset advances",
-        "corrupt" => "mailbox blocked until replayed",
-        "unchanged" | "trimmed" | "stale_epoch" => "nothing to write, offset advances",
-        _ => "written, offset advances",
-    }
+    crate::disposition::Disposition::of_word(outcome).describe()
 }
 
 /// Starts the mock cluster with the two topics; returns the producer owning it and its

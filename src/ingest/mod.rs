@@ -1,7 +1,15 @@
-//! Ingest: decoding dispatch records and applying them to a store.
+//! Ingest: from a record's bytes to its deliveries' outcomes, shared by every front end.
 //!
-//! The CLI's `apply` and the daemon share [`apply::apply_record`], so a record has one meaning
-//! whichever door it comes through.
+//! - [`decode`]: bytes to a [`DispatchRecord`] or a typed [`DecodeError`] naming the field.
+//! - [`apply`]: a record's [`Delivery`]s and the one function that runs a delivery against a store
+//!   ([`apply_delivery`]).
+//! - [`pipeline`]: the ordering core — a bounded window per source, a lane per user, the
+//!   watermark — and each record's lifecycle from admitted to committable.
+//! - [`runner`]: the store calls in flight, one attempt each.
+//!
+//! The daemon, `materializer apply`, `materializer replay` and the demo all use these four with
+//! [`crate::disposition`] deciding what each result means, so a record has one meaning whichever
+//! door it comes through.
 
 pub mod apply;
 pub mod decode;
