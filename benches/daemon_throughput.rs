@@ -362,6 +362,8 @@ async fn main() {
     }
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP")
         .expect("KAFKA_BOOTSTRAP must point at a broker (scripts/kafka start)");
+    // As in `materializer run`: every metric is recorded, so its cost is measured too.
+    daemon::metrics::install().expect("metrics recorder");
     let records = records_wanted();
     let me = std::process::id().to_string();
     let mut pids = vec![("bench", me)];

@@ -567,10 +567,8 @@ impl Engine {
         let mut store = TopicPartitionList::new();
         for (partition, state) in self.partitions.iter_mut() {
             let finals = state.pipeline.pop_final();
-            for record in &finals {
-                self.telemetry
-                    .record_final(*partition, record, record.meta.timestamp_ms);
-            }
+            self.telemetry
+                .records_final(*partition, &finals, |r| r.meta.timestamp_ms);
             if let Some(watermark) = state.pipeline.watermark() {
                 if state.stored != Some(watermark) {
                     state.stored = Some(watermark);

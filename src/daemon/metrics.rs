@@ -128,7 +128,11 @@ pub fn handle() -> Option<PrometheusHandle> {
 }
 
 pub fn record(outcome: &'static str) {
-    counter!(RECORDS_TOTAL, "outcome" => outcome).increment(1);
+    record_n(outcome, 1);
+}
+
+pub fn record_n(outcome: &'static str, n: u64) {
+    counter!(RECORDS_TOTAL, "outcome" => outcome).increment(n);
 }
 
 pub fn group(outcome: &'static str) {

@@ -8,7 +8,7 @@ use super::http::Health;
 use super::kafka::lock;
 use super::metrics;
 use crate::disposition::Disposition;
-use crate::ingest::pipeline::FinalRecord;
+use crate::ingest::pipeline::{FinalRecord, RecordOutcome};
 use crate::model::{StoreError, UserId};
 
 /// Outcome counts of a run, for the demo's table and for tests of the library.
@@ -138,21 +138,33 @@ impl Telemetry {
         metrics::partition_blocked(partition, now_blocked);
     }
 
-    /// A record left the window final, in source order.
-    pub fn record_final<M>(
+    /// Records left a partition's window final, in source order (one call per batch: the
+    /// counters move once per outcome, the timestamp gauge once, whatever the batch size).
+    pub fn records_final<M>(
         &self,
         partition: i32,
-        record: &FinalRecord<M>,
-        timestamp_ms: Option<i64>,
+        records: &[FinalRecord<M>],
+        timestamp_ms: impl Fn(&FinalRecord<M>) -> Option<i64>,
     ) {
-        let word = record.outcome.as_str();
-        metrics::record(word);
-        if let Some(ms) = timestamp_ms {
-            metrics::last_record_timestamp(partition, ms);
+        let Some(last) = records.last() else {
+            return;
+        };
+        let mut counts = [0u64; 3];
+        for record in records {
+            counts[record.outcome as usize] += 1;
         }
         let mut progress = lock(&self.progress.0);
-        *progress.records.entry(word).or_default() += 1;
-        progress.final_records += 1;
+        for (outcome, n) in RecordOutcome::ALL.iter().zip(counts) {
+            if n > 0 {
+                metrics::record_n(outcome.as_str(), n);
+                *progress.records.entry(outcome.as_str()).or_default() += n;
+            }
+        }
+        progress.final_records += records.len() as u64;
+        drop(progress);
+        if let Some(ms) = timestamp_ms(last) {
+            metrics::last_record_timestamp(partition, ms);
+        }
     }
 
     /// A dead letter was acknowledged.

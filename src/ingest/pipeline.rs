@@ -78,11 +78,11 @@ pub struct Settled {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordOutcome {
     /// Every delivery final and written, or a no-op.
-    Applied,
+    Applied = 0,
     /// Some delivery refused: the record went to the dead-letter topic.
-    DeadLettered,
+    DeadLettered = 1,
     /// Not decodable: the record went to the dead-letter topic.
-    Malformed,
+    Malformed = 2,
 }
 
 impl RecordOutcome {
