@@ -4,6 +4,7 @@
 //! invalid configuration); 2 the store was unreachable or the command line is wrong; 3 `apply`
 //! met a corrupt mailbox.
 
+mod check_config;
 mod demo;
 mod output;
 mod run;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Backend, Config, Overrides};
-use crate::ingest::{apply_record, decode_record};
+use crate::ingest::{apply_record, decode, DecodeOptions};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
@@ -90,8 +91,9 @@ impl From<BackendArg> for Backend {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Validate the configuration and print it (secrets masked) as JSON.
-    CheckConfig,
+    /// Validate the configuration and print it (secrets masked) as JSON; with --connect, reach
+    /// the store and the brokers and report each check instead.
+    CheckConfig(check_config::CheckConfigArgs),
     /// Apply dispatch records (one JSON object a line) straight to the store, printing one JSON
     /// line per delivery.
     Apply(ApplyArgs),
@@ -200,14 +202,7 @@ pub fn main() -> ExitCode {
 
 async fn run(command: Command, config: Config) -> ExitCode {
     match &command {
-        Command::CheckConfig => {
-            if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
-                eprintln!("error: invalid configuration: {e}");
-                return ExitCode::FAILURE;
-            }
-            println!("{}", config.redacted());
-            return ExitCode::SUCCESS;
-        }
+        Command::CheckConfig(args) => return check_config::run(&config, args).await,
         Command::Demo(args) => return demo::run(&config, args).await,
         Command::Run => return run::daemon(&config).await,
         Command::Replay(args) => return run::replay(&config, args).await,
@@ -225,12 +220,12 @@ async fn run(command: Command, config: Config) -> ExitCode {
     }
     let store = opened.store.as_ref();
     let code = match &command {
-        Command::CheckConfig
+        Command::CheckConfig(_)
         | Command::Demo(_)
         | Command::Patrol(_)
         | Command::Run
         | Command::Replay(_) => ExitCode::SUCCESS,
-        Command::Apply(args) => apply(store, args).await,
+        Command::Apply(args) => apply(store, args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
         Command::Truncate(args) => truncate(store, args).await,
@@ -280,6 +275,9 @@ fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
 
 /// Builds the configured backend.
 pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
+    // Names the backend in build_info before the first connection attempt, so a daemon waiting
+    // for its store already says what it runs (a no-op without the metrics recorder).
+    crate::daemon::metrics::backend(config.store.backend.as_str());
     let policy = config.retention.policy();
     match config.store.backend {
         Backend::Memory => {
@@ -380,7 +378,11 @@ fn fail(e: &StoreError) -> ExitCode {
     }
 }
 
-async fn apply(store: &dyn MailboxStore, args: &ApplyArgs) -> ExitCode {
+async fn apply(store: &dyn MailboxStore, args: &ApplyArgs, config: &Config) -> ExitCode {
+    let options = DecodeOptions {
+        max_record_bytes: args.max_record_bytes,
+        strict_fields: config.ingest.strict_fields,
+    };
     let reader: Box<dyn BufRead> = if args.input == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -411,8 +413,8 @@ async fn apply(store: &dyn MailboxStore, args: &ApplyArgs) -> ExitCode {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let record = match decode_record(line, args.max_record_bytes) {
-            Ok(record) => record,
+        let record = match decode(line, &options) {
+            Ok(decoded) => decoded.record,
             Err(e) => {
                 print_json(&ApplyLine::malformed(line_no, &e));
                 continue;
