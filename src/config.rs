@@ -47,6 +47,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// What a mailbox keeps.
     pub retention: RetentionConfig,
+    /// How dispatch records are decoded.
+    pub ingest: IngestConfig,
     /// The dispatch topic and the consumer group.
     pub kafka: KafkaConfig,
     /// Metrics and health endpoints.
@@ -298,6 +300,27 @@ impl RetentionConfig {
     }
 }
 
+/// `[ingest]`: how dispatch records are decoded (SPEC 3).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// `false` (default): a field the decoder does not know is ignored and counted in
+    /// `materializer_unknown_fields_total{field}`. `true`: it makes the record malformed
+    /// (`unknown_field`) and dead-lettered.
+    pub strict_fields: bool,
+}
+
+impl Config {
+    /// The decoder's options: `[ingest]` plus `kafka.max_record_bytes`. The daemon, `replay` and
+    /// `apply` decode with these, so a record means the same whichever door it comes through.
+    pub fn decode_options(&self) -> crate::ingest::DecodeOptions {
+        crate::ingest::DecodeOptions {
+            max_record_bytes: self.kafka.max_record_bytes,
+            strict_fields: self.ingest.strict_fields,
+        }
+    }
+}
+
 /// `[kafka]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -334,7 +357,7 @@ pub struct KafkaConfig {
     /// librdkafka statistics interval: how fresh `consumer_lag` and broker readiness are.
     pub statistics_interval_ms: u64,
     /// A partition with records waiting of which none could be read for this long is reported
-    /// stalled (`partition_stalled`, an error log) and the daemon turns not ready.
+    /// unreadable (`partition_unreadable`, an error log) and the daemon turns not ready.
     pub stalled_after_ms: u64,
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
@@ -426,6 +449,7 @@ pub const ENV_VARS: &[&str] = &[
     "MATERIALIZER_KAFKA_DLQ_TOPIC",
     "MATERIALIZER_HTTP_LISTEN",
     "MATERIALIZER_LOG_FORMAT",
+    "MATERIALIZER_INGEST_STRICT_FIELDS",
 ];
 
 /// Prefix of the environment variables that set `[kafka.properties]`:
@@ -509,6 +533,18 @@ impl Config {
         }
         if let Some(v) = get("MATERIALIZER_LOG_FORMAT") {
             self.log.format = v;
+        }
+        if let Some(v) = get("MATERIALIZER_INGEST_STRICT_FIELDS") {
+            self.ingest.strict_fields = match v.as_str() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                other => {
+                    return Err(invalid(
+                        "ingest.strict_fields",
+                        format!("MATERIALIZER_INGEST_STRICT_FIELDS={other:?} is not true or false"),
+                    ))
+                }
+            };
         }
         Ok(())
     }
@@ -1031,6 +1067,27 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(c.store.redis.url, "redis://flag:2");
+    }
+
+    #[test]
+    fn unknown_fields_are_lenient_unless_strict_fields() {
+        let c = Config::from_toml("").unwrap();
+        assert!(!c.decode_options().strict_fields);
+        let c = Config::from_toml("[ingest]\nstrict_fields = true\n").unwrap();
+        assert!(c.decode_options().strict_fields);
+        assert_eq!(
+            c.decode_options().max_record_bytes,
+            c.kafka.max_record_bytes
+        );
+        let mut c = Config::default();
+        c.apply_env(|name| (name == "MATERIALIZER_INGEST_STRICT_FIELDS").then(|| "true".into()))
+            .unwrap();
+        assert!(c.ingest.strict_fields);
+        let e = c
+            .apply_env(|name| (name == "MATERIALIZER_INGEST_STRICT_FIELDS").then(|| "yes".into()))
+            .unwrap_err();
+        assert!(e.to_string().starts_with("ingest.strict_fields"), "{e}");
+        assert!(Config::from_toml("[ingest]\nstrict = true\n").is_err());
     }
 
     #[test]

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use super::output::ApplyLine;
 use super::{print_json, ApplyArgs, EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{FinalRecord, PartitionPipeline};
 use crate::ingest::runner::{Attempt, Cancel, Runner};
-use crate::ingest::{decode_record, DeliveryResult};
+use crate::ingest::{decode, DecodeOptions, DeliveryResult};
 use crate::model::StoreError;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -35,7 +36,11 @@ struct Line {
     bytes: Vec<u8>,
 }
 
-pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs) -> ExitCode {
+pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config) -> ExitCode {
+    let options = DecodeOptions {
+        max_record_bytes: args.max_record_bytes,
+        strict_fields: config.ingest.strict_fields,
+    };
     let reader: Box<dyn BufRead + Send> = if args.input == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
@@ -71,7 +76,7 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs) -> ExitCode {
                 }
                 Some(Ok(line)) => {
                     let index = line.number as i64;
-                    let decoded = decode_record(&line.bytes, args.max_record_bytes);
+                    let decoded = decode(&line.bytes, &options).map(|d| d.record);
                     if let Some(admission) = pipeline.admit(index, (), 0, line.number, decoded) {
                         for at in admission.ready {
                             start(&mut runner, &pipeline, &store, &cancel, at, 0, Duration::ZERO);

@@ -93,6 +93,7 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
         eprintln!("error: metrics: {e}");
         return ExitCode::FAILURE;
     }
+    metrics::backend(crate::config::Backend::Memory.as_str());
     let mut config = config.clone();
     let (producer, brokers) = match start_mock_cluster(&config) {
         Ok(started) => started,
@@ -141,16 +142,22 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     }
 
     let health = Arc::new(Health::default());
-    let listen = match crate::daemon::http::serve(&config.http.listen, health.clone()).await {
-        Ok(addr) => addr,
-        // The default port may be taken (a daemon on this host): any free port will do.
-        Err(_) => match crate::daemon::http::serve("127.0.0.1:0", health.clone()).await {
-            Ok(addr) => addr,
-            Err(e) => {
-                eprintln!("error: cannot serve http: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    // HTTP only with --serve: without it the demo exits after the table, so an address printed
+    // then would already be dead.
+    let listen = if args.serve {
+        match crate::daemon::http::serve(&config.http.listen, health.clone()).await {
+            Ok(addr) => Some(addr),
+            // The default port may be taken (a daemon on this host): any free port will do.
+            Err(_) => match crate::daemon::http::serve("127.0.0.1:0", health.clone()).await {
+                Ok(addr) => Some(addr),
+                Err(e) => {
+                    eprintln!("error: cannot serve http: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        }
+    } else {
+        None
     };
 
     let store = Arc::new(MemoryStore::new(config.retention.policy(), clock));
@@ -179,10 +186,12 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     let elapsed = started.elapsed();
     let counts = progress.snapshot();
 
-    if args.serve {
-        print_table(&counts, total, users, elapsed, &brokers, listen, &*store).await;
+    if let Some(listen) = listen {
+        print_table(&counts, total, users, elapsed, &brokers, &*store).await;
         println!();
-        println!("serving http://{listen}/metrics until Ctrl-C");
+        println!(
+            "serving http://{listen}/metrics (health: /healthz, readiness: /readyz) until Ctrl-C"
+        );
         let _ = tokio::signal::ctrl_c().await;
     }
     let _ = shutdown_tx.send(true);
@@ -197,8 +206,8 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if !args.serve {
-        print_table(&counts, total, users, elapsed, &brokers, listen, &*store).await;
+    if listen.is_none() {
+        print_table(&counts, total, users, elapsed, &brokers, &*store).await;
     }
     println!(
         "committed offsets: {}",
@@ -209,6 +218,9 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    if listen.is_none() {
+        println!("(--serve keeps the demo running with /metrics, /healthz and /readyz served)");
+    }
     if counts.final_records < total {
         eprintln!(
             "error: only {} of {total} records reached a final outcome",
@@ -225,7 +237,6 @@ async fn print_table(
     users: u64,
     elapsed: Duration,
     brokers: &str,
-    listen: std::net::SocketAddr,
     store: &dyn MailboxStore,
 ) {
     println!(
@@ -296,5 +307,4 @@ async fn print_table(
             Err(e) => println!("scan demo-user-1 epoch 1 after 0: {e}"),
         }
     }
-    println!("metrics: http://{listen}/metrics   (health: /healthz, readiness: /readyz)");
 }

@@ -5,6 +5,7 @@
 //! met a corrupt mailbox.
 
 mod apply;
+mod check_config;
 mod demo;
 mod output;
 mod run;
@@ -89,8 +90,9 @@ impl From<BackendArg> for Backend {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Validate the configuration and print it (secrets masked) as JSON.
-    CheckConfig,
+    /// Validate the configuration and print it (secrets masked) as JSON; with --connect, reach
+    /// the store and the brokers and report each check instead.
+    CheckConfig(check_config::CheckConfigArgs),
     /// Apply dispatch records (one JSON object a line) straight to the store, printing one JSON
     /// line per delivery.
     Apply(ApplyArgs),
@@ -199,14 +201,7 @@ pub fn main() -> ExitCode {
 
 async fn run(command: Command, config: Config) -> ExitCode {
     match &command {
-        Command::CheckConfig => {
-            if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
-                eprintln!("error: invalid configuration: {e}");
-                return ExitCode::FAILURE;
-            }
-            println!("{}", config.redacted());
-            return ExitCode::SUCCESS;
-        }
+        Command::CheckConfig(args) => return check_config::run(&config, args).await,
         Command::Demo(args) => return demo::run(&config, args).await,
         Command::Run => return run::daemon(&config).await,
         Command::Replay(args) => return run::replay(&config, args).await,
@@ -224,12 +219,12 @@ async fn run(command: Command, config: Config) -> ExitCode {
     }
     let store = opened.store.as_ref();
     let code = match &command {
-        Command::CheckConfig
+        Command::CheckConfig(_)
         | Command::Demo(_)
         | Command::Patrol(_)
         | Command::Run
         | Command::Replay(_) => ExitCode::SUCCESS,
-        Command::Apply(args) => apply::run(opened.store.clone(), args).await,
+        Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
         Command::Truncate(args) => truncate(store, args).await,
@@ -281,6 +276,9 @@ fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
 
 /// Builds the configured backend.
 pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
+    // Names the backend in build_info before the first connection attempt, so a daemon waiting
+    // for its store already says what it runs (a no-op without the metrics recorder).
+    crate::daemon::metrics::backend(config.store.backend.as_str());
     let policy = config.retention.policy();
     match config.store.backend {
         Backend::Memory => {

@@ -33,7 +33,7 @@ use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{DeliveryRef, PartitionPipeline, Settled};
 use crate::ingest::runner::{Attempt, Cancel, Runner};
-use crate::ingest::{decode_record, Delivery};
+use crate::ingest::{decode, DecodeOptions, Delivery};
 use crate::model::UserId;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -87,7 +87,7 @@ pub struct EngineSettings {
     pub dlq_topic: Arc<str>,
     pub max_records: usize,
     pub max_bytes: usize,
-    pub max_record_bytes: usize,
+    pub decode: DecodeOptions,
     pub dlq_max_message_bytes: usize,
     pub backoff: Backoff,
     pub commit_offsets: bool,
@@ -103,7 +103,7 @@ impl EngineSettings {
             dlq_topic: Arc::from(kafka.dlq_topic.as_str()),
             max_records: kafka.max_in_flight_records,
             max_bytes: kafka.max_in_flight_bytes,
-            max_record_bytes: kafka.max_record_bytes,
+            decode: config.decode_options(),
             dlq_max_message_bytes: kafka.dlq_max_message_bytes,
             backoff: config.kafka.backoff(),
             commit_offsets,
@@ -228,6 +228,7 @@ impl Engine {
         self.advance();
         let mut report = RunReport::default();
         for (partition, state) in &self.partitions {
+            metrics::partition_revoked(*partition);
             report.abandoned_records += state.pipeline.in_flight();
             state.cancel.cancel();
             if let Some(watermark) = state.pipeline.watermark() {
@@ -254,6 +255,7 @@ impl Engine {
             }
             IntakeEvent::Group(GroupEvent::Revoked(partitions)) => {
                 for partition in partitions {
+                    metrics::partition_revoked(partition);
                     if let Some(state) = self.partitions.remove(&partition) {
                         state.cancel.cancel();
                         let abandoned = state.pipeline.in_flight();
@@ -303,7 +305,7 @@ impl Engine {
                 stalled: false,
             },
         );
-        metrics::partition_blocked(partition, 0);
+        metrics::partition_assigned(partition, 0);
         // Lag is known as soon as the partition is: ask the broker now, off this task.
         let consumer = self.consumer.clone();
         let topic = self.settings.topic.clone();
@@ -327,7 +329,7 @@ impl Engine {
                 .entry(partition)
                 .or_insert(high);
             lock(&consumer.context().start_offsets).insert(partition, committed);
-            metrics::consumer_lag(partition, high - committed);
+            metrics::partition_assigned(partition, high - committed);
         });
     }
 
@@ -340,7 +342,15 @@ impl Engine {
             return;
         };
         state.last_record = Instant::now();
-        let decoded = decode_record(&record.payload, self.settings.max_record_bytes);
+        let decoded = match decode(&record.payload, &self.settings.decode) {
+            Ok(decoded) => {
+                if !decoded.unknown_fields.is_empty() {
+                    metrics::unknown_fields(&decoded.unknown_fields);
+                }
+                Ok(decoded.record)
+            }
+            Err(e) => Err(e),
+        };
         let size = record.size();
         let (partition, offset) = (record.partition, record.offset);
         let meta = RecordMeta {
@@ -666,7 +676,7 @@ impl Engine {
             }
             state.stalled = stalled;
             any_stalled |= stalled;
-            metrics::partition_stalled(*partition, stalled);
+            metrics::partition_unreadable(*partition, stalled);
         }
         self.telemetry.health().set_consumer(!any_stalled);
         self.telemetry.health().refresh();

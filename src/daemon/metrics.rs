@@ -1,9 +1,24 @@
-//! The Prometheus metrics of SPEC section 9, in one place: names, labels and help texts.
+//! The Prometheus metrics of SPEC section 9, in one place: names, labels, help texts, and when
+//! each one is set.
 //!
-//! Labels are bounded: outcome and error words, partitions, the backend name. No user id or
-//! mailbox ever becomes a label (a label per user would be unbounded cardinality).
+//! Labels are bounded: outcome and error words, partitions, the backend name, and at most
+//! [`MAX_UNKNOWN_FIELD_LABELS`] field paths. No user id or mailbox ever becomes a label (a label
+//! per user would be unbounded cardinality).
+//!
+//! Two kinds of storage:
+//! - Process-wide counters, the histogram and the process gauges live in the `metrics` crate's
+//!   Prometheus recorder. Every counter whose label set is known at start is registered at 0 by
+//!   [`install`] (and [`backend`] for the store's error kinds), so `rate()` and alerts see a
+//!   series from the first scrape instead of "no data" until the first event.
+//! - Per-partition gauges (`consumer_lag`, `partition_blocked`, `committed_offset`,
+//!   `last_record_timestamp_seconds`, `partition_unreadable`) live in a small table of their own
+//!   ([`PARTITIONS`]), rendered after the recorder's output. The `metrics` facade cannot remove a
+//!   series, and a partition revoked in a rebalance must disappear from this instance (its new
+//!   owner exports it), or `sum()` over instances double-counts a frozen lag.
 
-use std::sync::OnceLock;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -19,15 +34,11 @@ pub const PROMOTE_EXPIRED_DAYS_TOTAL: &str = "materializer_promote_expired_days_
 pub const REPLAY_RECORDS_TOTAL: &str = "materializer_replay_records_total";
 pub const COMMITTED_OFFSET: &str = "materializer_committed_offset";
 pub const READY: &str = "materializer_ready";
+pub const BUILD_INFO: &str = "materializer_build_info";
 pub const LAST_RECORD_TIMESTAMP: &str = "materializer_last_record_timestamp_seconds";
-pub const PARTITION_STALLED: &str = "materializer_partition_stalled";
+pub const UNKNOWN_FIELDS_TOTAL: &str = "materializer_unknown_fields_total";
+pub const PARTITION_UNREADABLE: &str = "materializer_partition_unreadable";
 pub const CONSUMER_ERRORS_TOTAL: &str = "materializer_consumer_errors_total";
-
-/// A gauge not set for this long disappears from `/metrics`. The daemon sets the gauges of every
-/// assigned partition at each housekeeping tick (every second), so this is how a revoked
-/// partition's gauges are removed instead of staying frozen on its old owner (where `sum()` would
-/// count them twice).
-pub const GAUGE_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -36,19 +47,99 @@ pub const RECORD_APPLIED: &str = "applied";
 pub const RECORD_DEAD_LETTERED: &str = "dead_lettered";
 pub const RECORD_MALFORMED: &str = "malformed";
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+/// `records_total{outcome}`, exported at 0 from the start.
+pub const RECORD_OUTCOMES: &[&str] = &[RECORD_APPLIED, RECORD_DEAD_LETTERED, RECORD_MALFORMED];
 
-/// Installs the process-wide recorder once and describes every metric; later calls return the
-/// same handle.
-pub fn install() -> Result<PrometheusHandle, String> {
+/// `groups_total{outcome}`: the delivery outcome words of SPEC 8.1 (a record-level `malformed`
+/// has no delivery), exported at 0 from the start.
+pub const GROUP_OUTCOMES: &[&str] = &[
+    "inserted",
+    "unchanged",
+    "replaced",
+    "expired_merged",
+    "trimmed",
+    "stale_epoch",
+    "truncated",
+    "rejected",
+    "conflict",
+    "corrupt",
+];
+
+/// `dlq_total{reason}`: why a record went to the dead-letter topic.
+pub const DLQ_REASONS: &[&str] = &["malformed", "rejected", "conflict"];
+
+/// `store_errors_total{backend,kind}`: every `StoreError::kind()` word.
+pub const STORE_ERROR_KINDS: &[&str] = &[
+    "duplicate_ordinal",
+    "cross_bucket_group",
+    "future_created_at",
+    "span_exceeded",
+    "invalid_field",
+    "cross_day",
+    "unsupported_format",
+    "index_lost",
+    "meta_lost",
+    "identity_missing",
+    "bad_proof",
+    "epoch_mismatch",
+    "cursor_expired",
+    "unavailable",
+    "under_repair",
+    "store_refused",
+    "fence_lost",
+    "unsupported",
+];
+
+/// `replay_records_total{outcome}`: what `replay` did with each record it read.
+pub const REPLAY_OUTCOMES: &[&str] = &[
+    "applied",
+    "dead_lettered",
+    "malformed",
+    "corrupt",
+    "skipped",
+    "planned",
+];
+
+/// Most distinct `unknown_fields_total{field}` labels; further field paths count as
+/// [`OTHER_FIELD`]. An upstream producer controls field names, so they must not grow the series
+/// count without bound.
+pub const MAX_UNKNOWN_FIELD_LABELS: usize = 64;
+/// Longest field path kept as a label, in bytes; a longer one counts as [`OTHER_FIELD`].
+pub const MAX_UNKNOWN_FIELD_BYTES: usize = 128;
+/// The label of every unknown field beyond the bound (or with characters outside
+/// `[A-Za-z0-9_.:@$[]-]`).
+pub const OTHER_FIELD: &str = "other";
+
+/// The version label of `build_info`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
+
+/// The scrape: the recorder's metrics followed by the per-partition gauges.
+#[derive(Clone, Debug)]
+pub struct MetricsHandle {
+    prometheus: PrometheusHandle,
+}
+
+impl MetricsHandle {
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = self.prometheus.render();
+        render_partitions(&mut text);
+        text
+    }
+}
+
+/// Installs the process-wide recorder once, describes every metric and exports every counter
+/// whose label set is known at start at 0; later calls return the same handle.
+///
+/// Call [`backend`] next (it adds `build_info` and the store's error counters): the daemon, the
+/// demo and `replay` do it where they read the configuration.
+pub fn install() -> Result<MetricsHandle, String> {
     if let Some(handle) = HANDLE.get() {
         return Ok(handle.clone());
     }
-    let handle = PrometheusBuilder::new()
-        .idle_timeout(
-            metrics_util::MetricKindMask::GAUGE,
-            Some(GAUGE_IDLE_TIMEOUT),
-        )
+    let prometheus = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full(APPLY_DURATION.to_owned()),
             &[
@@ -60,6 +151,8 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| e.to_string())?;
     describe();
+    zero_counters();
+    let handle = MetricsHandle { prometheus };
     let _ = HANDLE.set(handle.clone());
     Ok(handle)
 }
@@ -77,14 +170,6 @@ fn describe() {
         DLQ_TOTAL,
         "Records written to the dead-letter topic, by reason (malformed, rejected, conflict)"
     );
-    describe_gauge!(
-        PARTITION_BLOCKED,
-        "Mailboxes of the partition failing closed on a corrupt store state (0 when flowing)"
-    );
-    describe_gauge!(
-        CONSUMER_LAG,
-        "Records of the partition after the committed watermark (high watermark minus watermark)"
-    );
     describe_histogram!(
         APPLY_DURATION,
         metrics::Unit::Seconds,
@@ -96,53 +181,79 @@ fn describe() {
     );
     describe_counter!(
         PROMOTE_EXPIRED_DAYS_TOTAL,
-        "Expired days compacted into gap boundaries by explicit promotes (promote, patrol)"
+        "Expired days compacted into gap boundaries (promotes inside appends and scans, the patrol)"
     );
     describe_counter!(
         REPLAY_RECORDS_TOTAL,
-        "Records read by replay, by outcome (applied, dead_lettered, malformed, corrupt, skipped)"
-    );
-    describe_gauge!(
-        COMMITTED_OFFSET,
-        "The last committed offset (next record to read) of each assigned partition"
+        "Records read by replay, by outcome (applied, dead_lettered, malformed, corrupt, skipped, planned)"
     );
     describe_gauge!(READY, "1 when the store and the broker answer, 0 otherwise");
     describe_gauge!(
-        LAST_RECORD_TIMESTAMP,
-        metrics::Unit::Seconds,
-        "Kafka timestamp of the partition's last final record: lag in time is now minus this"
+        BUILD_INFO,
+        "Always 1; the labels name the running version and the configured store backend"
     );
-    describe_gauge!(
-        PARTITION_STALLED,
-        "1 while the partition has records to read but the consumer cannot read them (consumer errors, no progress)"
+    describe_counter!(
+        UNKNOWN_FIELDS_TOTAL,
+        "Records carrying a field the decoder does not know and ignored, by field path without indices; at most 64 paths, then other"
     );
     describe_counter!(
         CONSUMER_ERRORS_TOTAL,
-        "Errors the Kafka consumer reported while fetching, by librdkafka error code"
+        "Errors the Kafka consumer returned instead of a record, by librdkafka error code"
     );
 }
 
+fn zero_counters() {
+    for outcome in RECORD_OUTCOMES {
+        counter!(RECORDS_TOTAL, "outcome" => *outcome).absolute(0);
+    }
+    for outcome in GROUP_OUTCOMES {
+        counter!(GROUPS_TOTAL, "outcome" => *outcome).absolute(0);
+    }
+    for reason in DLQ_REASONS {
+        counter!(DLQ_TOTAL, "reason" => *reason).absolute(0);
+    }
+    for outcome in REPLAY_OUTCOMES {
+        counter!(REPLAY_RECORDS_TOTAL, "outcome" => *outcome).absolute(0);
+    }
+    counter!(PROMOTE_EXPIRED_DAYS_TOTAL).absolute(0);
+}
+
 /// The registered handle, if [`install`] ran.
-pub fn handle() -> Option<PrometheusHandle> {
+pub fn handle() -> Option<MetricsHandle> {
     HANDLE.get().cloned()
 }
 
+/// Names the configured store backend: sets `build_info{version,backend}` to 1 and exports
+/// `store_errors_total{backend,kind}` at 0 for every error kind. Call once the configuration is
+/// known, before the store is first reached (a store that is down still shows what runs).
+pub fn backend(backend: &'static str) {
+    gauge!(BUILD_INFO, "version" => VERSION, "backend" => backend).set(1.0);
+    for kind in STORE_ERROR_KINDS {
+        counter!(STORE_ERRORS_TOTAL, "backend" => backend, "kind" => *kind).absolute(0);
+    }
+}
+
+/// Call once per record whose every delivery is final (or that was dead-lettered).
 pub fn record(outcome: &'static str) {
     record_n(outcome, 1);
 }
 
+/// [`record`] for `n` records of one outcome at once.
 pub fn record_n(outcome: &'static str, n: u64) {
     counter!(RECORDS_TOTAL, "outcome" => outcome).increment(n);
 }
 
+/// Call once per delivery with a final outcome.
 pub fn group(outcome: &'static str) {
     counter!(GROUPS_TOTAL, "outcome" => outcome).increment(1);
 }
 
+/// Call once per record acknowledged by the dead-letter topic.
 pub fn dead_letter(reason: &'static str) {
     counter!(DLQ_TOTAL, "reason" => reason).increment(1);
 }
 
+/// Call on every failed store operation, with `StoreError::kind()`.
 pub fn store_error(backend: &'static str, kind: &'static str) {
     counter!(STORE_ERRORS_TOTAL, "backend" => backend, "kind" => kind).increment(1);
 }
@@ -151,22 +262,14 @@ pub fn apply_duration(seconds: f64) {
     histogram!(APPLY_DURATION).record(seconds);
 }
 
-pub fn partition_blocked(partition: i32, blocked_mailboxes: usize) {
-    gauge!(PARTITION_BLOCKED, "partition" => partition.to_string()).set(blocked_mailboxes as f64);
-}
-
-pub fn consumer_lag(partition: i32, lag: i64) {
-    gauge!(CONSUMER_LAG, "partition" => partition.to_string()).set(lag.max(0) as f64);
-}
-
-pub fn committed_offset(partition: i32, offset: i64) {
-    gauge!(COMMITTED_OFFSET, "partition" => partition.to_string()).set(offset as f64);
-}
-
+/// Call with the number of expired days a store operation compacted into the gap boundary:
+/// after every explicit promote (`promote`, the patrol) **and every append or scan that promoted
+/// first** (SPEC 4.5), so the counter moves whatever triggered the compaction.
 pub fn promote_expired_days(days: u32) {
     counter!(PROMOTE_EXPIRED_DAYS_TOTAL).increment(u64::from(days));
 }
 
+/// Call once per record `replay` read, with its outcome word ([`REPLAY_OUTCOMES`]).
 pub fn replay_record(outcome: &'static str) {
     counter!(REPLAY_RECORDS_TOTAL, "outcome" => outcome).increment(1);
 }
@@ -175,20 +278,391 @@ pub fn ready(ready: bool) {
     gauge!(READY).set(if ready { 1.0 } else { 0.0 });
 }
 
-/// The Kafka timestamp (ms) of the partition's last final record.
-pub fn last_record_timestamp(partition: i32, timestamp_ms: i64) {
-    gauge!(LAST_RECORD_TIMESTAMP, "partition" => partition.to_string())
-        .set(timestamp_ms as f64 / 1000.0);
-}
-
-pub fn partition_stalled(partition: i32, stalled: bool) {
-    gauge!(PARTITION_STALLED, "partition" => partition.to_string()).set(if stalled {
-        1.0
-    } else {
-        0.0
-    });
-}
-
+/// Call when the consumer returns an error instead of a record, with the librdkafka error code's
+/// name (`NotImplemented`, `BadMessage`, ...: a closed set, so the label stays bounded).
 pub fn consumer_error(code: &str) {
-    counter!(CONSUMER_ERRORS_TOTAL, "code" => code.to_owned()).increment(1);
+    let code = if code.len() <= 64 && code.chars().all(|c| c.is_ascii_alphanumeric()) {
+        code.to_owned()
+    } else {
+        "other".to_owned()
+    };
+    counter!(CONSUMER_ERRORS_TOTAL, "code" => code).increment(1);
+}
+
+/// Unknown-field label bookkeeping: the first distinct paths seen keep their own label.
+static UNKNOWN_FIELD_LABELS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// The label an unknown field path is counted under: itself while fewer than
+/// [`MAX_UNKNOWN_FIELD_LABELS`] distinct paths have been seen (and it is short and plain),
+/// [`OTHER_FIELD`] after that.
+pub fn unknown_field_label(path: &str) -> String {
+    let plain = path.len() <= MAX_UNKNOWN_FIELD_BYTES
+        && !path.is_empty()
+        && path.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '@' | '$' | '[' | ']' | '-')
+        });
+    if !plain || path == OTHER_FIELD {
+        return OTHER_FIELD.to_owned();
+    }
+    let mut seen = UNKNOWN_FIELD_LABELS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if seen.contains(path) {
+        return path.to_owned();
+    }
+    if seen.len() < MAX_UNKNOWN_FIELD_LABELS {
+        seen.insert(path.to_owned());
+        return path.to_owned();
+    }
+    OTHER_FIELD.to_owned()
+}
+
+/// Counts the ignored unknown fields of one decoded record (`Decoded::unknown_fields`: each
+/// distinct path once per record). Call after every successful decode. Under
+/// `ingest.strict_fields` an unknown field is an error instead, counted as a malformed record.
+pub fn unknown_fields<S: AsRef<str>>(paths: &[S]) {
+    for path in paths {
+        let label = unknown_field_label(path.as_ref());
+        counter!(UNKNOWN_FIELDS_TOTAL, "field" => label).increment(1);
+    }
+}
+
+/// The gauges of one partition this instance owns. `None`: not known yet, not exported.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct PartitionGauges {
+    lag: Option<f64>,
+    blocked: f64,
+    committed: Option<f64>,
+    last_record_timestamp: Option<f64>,
+    unreadable: f64,
+}
+
+/// Per-partition gauges of the partitions this instance owns (bounded by the topic's partition
+/// count).
+static PARTITIONS: Mutex<BTreeMap<i32, PartitionGauges>> = Mutex::new(BTreeMap::new());
+
+fn partitions() -> MutexGuard<'static, BTreeMap<i32, PartitionGauges>> {
+    PARTITIONS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Call when the consumer group assigns `partition` to this instance, with its lag at that
+/// moment (high watermark minus committed offset, both known at assignment), so
+/// `consumer_lag` exists from the assignment rather than from the first statistics tick. Also
+/// exports `partition_blocked` and `partition_unreadable` at 0.
+pub fn partition_assigned(partition: i32, lag: i64) {
+    let mut table = partitions();
+    let entry = table.entry(partition).or_default();
+    entry.lag = Some(lag.max(0) as f64);
+}
+
+/// Call when `partition` is revoked from this instance (or the consumer stops): every gauge of
+/// the partition disappears from this instance's scrape; its new owner exports them.
+pub fn partition_revoked(partition: i32) {
+    partitions().remove(&partition);
+}
+
+/// Call on every statistics tick and commit, for each partition this instance owns.
+pub fn consumer_lag(partition: i32, lag: i64) {
+    partitions().entry(partition).or_default().lag = Some(lag.max(0) as f64);
+}
+
+/// Call whenever the number of mailboxes failing closed in `partition` changes.
+pub fn partition_blocked(partition: i32, blocked_mailboxes: usize) {
+    partitions().entry(partition).or_default().blocked = blocked_mailboxes as f64;
+}
+
+/// Call after each successful commit, for each committed partition.
+pub fn committed_offset(partition: i32, offset: i64) {
+    partitions().entry(partition).or_default().committed = Some(offset as f64);
+}
+
+/// Call for each record that becomes final (applied or dead-lettered), with its Kafka timestamp
+/// in milliseconds; records without a timestamp are skipped by the caller. Records of a
+/// partition may become final out of offset order (mailboxes run concurrently), so the gauge
+/// keeps the largest timestamp seen: `time() - last_record_timestamp_seconds` is the lag in time.
+pub fn last_record_timestamp(partition: i32, timestamp_ms: i64) {
+    let seconds = timestamp_ms as f64 / 1000.0;
+    let mut table = partitions();
+    let entry = table.entry(partition).or_default();
+    if entry.last_record_timestamp.is_none_or(|old| seconds > old) {
+        entry.last_record_timestamp = Some(seconds);
+    }
+}
+
+/// Call with `true` when the consumer cannot read `partition` (a fetch or decompression error
+/// that repeats at the same offset), `false` once a record of it is read again. While it is 1,
+/// the daemon should also report not ready after a threshold and log what to do.
+pub fn partition_unreadable(partition: i32, unreadable: bool) {
+    partitions().entry(partition).or_default().unreadable = if unreadable { 1.0 } else { 0.0 };
+}
+
+/// The per-partition gauges as Prometheus text, one family at a time.
+fn render_partitions(out: &mut String) {
+    let table = partitions().clone();
+    type Pick = fn(&PartitionGauges) -> Option<f64>;
+    let families: [(&str, &str, Pick); 5] = [
+        (
+            CONSUMER_LAG,
+            "Records of the partition after the committed watermark (high watermark minus watermark)",
+            |g| g.lag,
+        ),
+        (
+            PARTITION_BLOCKED,
+            "Mailboxes of the partition failing closed on a corrupt store state (0 when flowing)",
+            |g| Some(g.blocked),
+        ),
+        (
+            COMMITTED_OFFSET,
+            "The last committed offset (next record to read) of each assigned partition",
+            |g| g.committed,
+        ),
+        (
+            LAST_RECORD_TIMESTAMP,
+            "Kafka timestamp of the newest record of the partition that reached a final outcome",
+            |g| g.last_record_timestamp,
+        ),
+        (
+            PARTITION_UNREADABLE,
+            "1 while the consumer cannot read the partition (fetch or decompression errors)",
+            |g| Some(g.unreadable),
+        ),
+    ];
+    for (name, help, pick) in families {
+        let samples: Vec<(i32, f64)> = table
+            .iter()
+            .filter_map(|(p, g)| pick(g).map(|v| (*p, v)))
+            .collect();
+        if samples.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (partition, value) in samples {
+            let _ = writeln!(
+                out,
+                "{name}{{partition=\"{partition}\"}} {}",
+                format_value(value)
+            );
+        }
+        out.push('\n');
+    }
+}
+
+/// A sample value as the exposition format spells it.
+fn format_value(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".to_owned()
+    } else if value == f64::INFINITY {
+        "+Inf".to_owned()
+    } else if value == f64::NEG_INFINITY {
+        "-Inf".to_owned()
+    } else {
+        value.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        ConflictKind, CorruptKind, CursorExpired, RejectKind, StoreError, MAX_MAILBOX_SEQ,
+    };
+
+    /// The tests share the process-wide recorder and partition table: one test drives them all
+    /// in order, so no other test's partition shows up mid-assertion.
+    #[test]
+    fn exported_series_follow_the_lifecycle_of_spec_9() {
+        let handle = install().expect("recorder");
+        backend("memory");
+        let text = handle.render();
+
+        // Build info and counters at 0 from the start.
+        assert!(
+            text.contains(&format!(
+                "materializer_build_info{{version=\"{VERSION}\",backend=\"memory\"}} 1"
+            )),
+            "{text}"
+        );
+        for outcome in RECORD_OUTCOMES {
+            assert!(
+                text.contains(&format!("{RECORDS_TOTAL}{{outcome=\"{outcome}\"}} 0")),
+                "{outcome}: {text}"
+            );
+        }
+        for outcome in GROUP_OUTCOMES {
+            assert!(text.contains(&format!("{GROUPS_TOTAL}{{outcome=\"{outcome}\"}} 0")));
+        }
+        for reason in DLQ_REASONS {
+            assert!(text.contains(&format!("{DLQ_TOTAL}{{reason=\"{reason}\"}} 0")));
+        }
+        for outcome in REPLAY_OUTCOMES {
+            assert!(text.contains(&format!(
+                "{REPLAY_RECORDS_TOTAL}{{outcome=\"{outcome}\"}} 0"
+            )));
+        }
+        for kind in STORE_ERROR_KINDS {
+            assert!(text.contains(&format!(
+                "{STORE_ERRORS_TOTAL}{{backend=\"memory\",kind=\"{kind}\"}} 0"
+            )));
+        }
+        assert!(text.contains(&format!("{PROMOTE_EXPIRED_DAYS_TOTAL} 0")));
+
+        // A partition's gauges exist from its assignment and vanish with its revocation.
+        assert!(!text.contains(&format!("{CONSUMER_LAG}{{partition=\"7\"}}")));
+        partition_assigned(7, 42);
+        let text = handle.render();
+        assert!(text.contains(&format!("{CONSUMER_LAG}{{partition=\"7\"}} 42")));
+        assert!(text.contains(&format!("{PARTITION_BLOCKED}{{partition=\"7\"}} 0")));
+        assert!(text.contains(&format!("{PARTITION_UNREADABLE}{{partition=\"7\"}} 0")));
+
+        // The newest final record's timestamp, never moved back by an older one.
+        last_record_timestamp(7, 1_764_633_600_123);
+        last_record_timestamp(7, 1_764_633_500_000);
+        committed_offset(7, 10);
+        partition_unreadable(7, true);
+        partition_assigned(8, -3);
+        let text = handle.render();
+        assert!(
+            text.contains(&format!(
+                "{LAST_RECORD_TIMESTAMP}{{partition=\"7\"}} 1764633600.123"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{COMMITTED_OFFSET}{{partition=\"7\"}} 10")));
+        assert!(text.contains(&format!("{PARTITION_UNREADABLE}{{partition=\"7\"}} 1")));
+        assert!(text.contains(&format!("{CONSUMER_LAG}{{partition=\"8\"}} 0")));
+
+        partition_revoked(7);
+        let text = handle.render();
+        assert!(!text.contains("partition=\"7\""), "{text}");
+        assert!(text.contains(&format!("{CONSUMER_LAG}{{partition=\"8\"}} 0")));
+        partition_revoked(8);
+        let text = handle.render();
+        assert!(!text.contains(CONSUMER_LAG), "{text}");
+        assert!(!text.contains(LAST_RECORD_TIMESTAMP), "{text}");
+
+        // Unknown fields: counted per path, the path set bounded.
+        unknown_fields(&["trace_id", "deliveries[].trace_id", "trace_id"]);
+        let text = handle.render();
+        assert!(text.contains(&format!("{UNKNOWN_FIELDS_TOTAL}{{field=\"trace_id\"}} 2")));
+        assert!(text.contains(&format!(
+            "{UNKNOWN_FIELDS_TOTAL}{{field=\"deliveries[].trace_id\"}} 1"
+        )));
+        let many: Vec<String> = (0..MAX_UNKNOWN_FIELD_LABELS + 10)
+            .map(|i| format!("f{i}"))
+            .collect();
+        unknown_fields(&many);
+        unknown_fields(&["with\"quote", "with\nnewline", &"x".repeat(200)]);
+        let text = handle.render();
+        let labels = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{UNKNOWN_FIELDS_TOTAL}{{")))
+            .count();
+        assert_eq!(labels, MAX_UNKNOWN_FIELD_LABELS + 1, "{text}");
+        // 2 seen before plus 64 - 2 new labels: 12 new paths and 3 odd ones are `other`.
+        assert!(text.contains(&format!("{UNKNOWN_FIELDS_TOTAL}{{field=\"other\"}} 15")));
+        // A path already labelled keeps its label after the bound is reached.
+        unknown_fields(&["trace_id"]);
+        assert!(handle
+            .render()
+            .contains(&format!("{UNKNOWN_FIELDS_TOTAL}{{field=\"trace_id\"}} 3")));
+
+        // Every store error kind has a zero-initialised series.
+        let errors = [
+            StoreError::Rejected {
+                kind: RejectKind::DuplicateOrdinal,
+                detail: String::new(),
+            },
+            StoreError::Rejected {
+                kind: RejectKind::CrossBucketGroup,
+                detail: String::new(),
+            },
+            StoreError::Rejected {
+                kind: RejectKind::FutureCreatedAt,
+                detail: String::new(),
+            },
+            StoreError::Rejected {
+                kind: RejectKind::SpanExceeded,
+                detail: String::new(),
+            },
+            StoreError::Rejected {
+                kind: RejectKind::InvalidField,
+                detail: String::new(),
+            },
+            StoreError::Conflict {
+                kind: ConflictKind::CrossDay {
+                    existing_day: 1,
+                    incoming_day: 2,
+                },
+            },
+            StoreError::Corrupt {
+                kind: CorruptKind::UnsupportedFormat {
+                    found: "3".to_owned(),
+                },
+            },
+            StoreError::Corrupt {
+                kind: CorruptKind::IndexLost,
+            },
+            StoreError::Corrupt {
+                kind: CorruptKind::MetaLost,
+            },
+            StoreError::Corrupt {
+                kind: CorruptKind::IdentityMissing {
+                    seq: 1,
+                    seqbucket_max_seq: MAX_MAILBOX_SEQ,
+                },
+            },
+            StoreError::Corrupt {
+                kind: CorruptKind::BadProof {
+                    detail: String::new(),
+                },
+            },
+            StoreError::EpochMismatch { current: None },
+            StoreError::CursorExpired {
+                cursor: CursorExpired::ExpiredGap { boundary: 1 },
+            },
+            StoreError::Unavailable {
+                backend: "memory",
+                detail: String::new(),
+            },
+            StoreError::UnderRepair {
+                holder: String::new(),
+            },
+            StoreError::Refused {
+                backend: "memory",
+                detail: String::new(),
+            },
+            StoreError::FenceLost {
+                detail: String::new(),
+            },
+            StoreError::Unsupported {
+                backend: "memory",
+                operation: "x",
+            },
+        ];
+        for e in &errors {
+            assert!(STORE_ERROR_KINDS.contains(&e.kind()), "{}", e.kind());
+        }
+        assert_eq!(errors.len(), STORE_ERROR_KINDS.len());
+
+        // The whole scrape is valid exposition text.
+        let text = handle.render();
+        for line in text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let (_, value) = line.rsplit_once(' ').expect("name value");
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn values_are_spelled_as_prometheus_expects() {
+        assert_eq!(format_value(3.0), "3");
+        assert_eq!(format_value(0.5), "0.5");
+        assert_eq!(format_value(f64::INFINITY), "+Inf");
+        assert_eq!(format_value(f64::NAN), "NaN");
+    }
 }

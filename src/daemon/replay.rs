@@ -41,7 +41,7 @@ use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{DeliveryRef, FinalRecord, PartitionPipeline};
 use crate::ingest::runner::{Attempt, Cancel, Runner};
-use crate::ingest::{decode_record, DeliveryOutcome};
+use crate::ingest::{decode, DeliveryOutcome};
 use crate::model::{StoreError, UserId};
 use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
@@ -595,7 +595,7 @@ impl Clients {
                 return Ok(None);
             }
             let payload = message.payload().unwrap_or_default();
-            if let Ok(record) = decode_record(payload, config.kafka.max_record_bytes) {
+            if let Ok(record) = decode(payload, &config.decode_options()).map(|d| d.record) {
                 if let Some(delivery) = record
                     .deliveries()
                     .into_iter()
@@ -729,7 +729,7 @@ impl Rebuild<'_> {
     fn admit(&mut self, offset: i64, payload: &[u8]) {
         self.summary.records += 1;
         self.progress.read(1);
-        let decoded = decode_record(payload, self.config.kafka.max_record_bytes);
+        let decoded = decode(payload, &self.config.decode_options()).map(|d| d.record);
         let decoded = match decoded {
             Ok(record) if !self.wanted.is_empty() => {
                 match record.retain_users(|u| self.wanted.contains(u)) {

@@ -2,12 +2,18 @@
 //!
 //! The decoder walks a `serde_json::Value` by hand instead of deriving `Deserialize`, so every
 //! error names the exact field path (`deliveries[0].events[2].event_ordinal`) and says what was
-//! wrong. It never panics, whatever the bytes.
+//! wrong. It never panics, whatever the bytes, and its work is bounded by the record size.
 //!
 //! Decisions where SPEC leaves a choice:
-//! - Unknown fields are **rejected** at every level of a known record type (top level,
-//!   deliveries, events), except inside `payload`, which is opaque. A typo in an upstream field
-//!   must not be silently dropped; an upstream schema change is a deliberate, coordinated rollout.
+//! - Unknown fields of a known record type (top level, deliveries, events; never inside the
+//!   opaque `payload`) are **ignored** by default and returned in [`Decoded::unknown_fields`] as
+//!   index-free paths (`trace_id`, `deliveries[].events[].source`), each distinct path once per
+//!   record and at most [`MAX_UNKNOWN_FIELDS_PER_RECORD`] of them. The decoder stays pure: the
+//!   caller counts them (`metrics::unknown_fields`). An upstream producer that adds a field
+//!   must not send the whole stream to the dead-letter topic.
+//! - With [`DecodeOptions::strict_fields`] (`ingest.strict_fields = true`) the first unknown
+//!   field makes the record malformed (`unknown_field`, naming the exact path): for a pipeline
+//!   whose schema changes are coordinated and where a typo must not be dropped silently.
 //! - `type` may be omitted (means `group_dispatch`); an unknown `type` is malformed.
 //! - `dispatch_id` and `group_id` are required, non-empty strings of at most 1,024 bytes.
 
@@ -123,8 +129,99 @@ impl DispatchRecord {
     }
 }
 
-/// Decodes one record, refusing anything over `max_record_bytes`.
+/// Most distinct unknown field paths reported for one record; further ones are reported once
+/// as [`OTHER_UNKNOWN_FIELDS`]. Keeps the list (and the caller's counting) bounded whatever
+/// the record holds.
+pub const MAX_UNKNOWN_FIELDS_PER_RECORD: usize = 16;
+/// The path reported for every unknown field beyond [`MAX_UNKNOWN_FIELDS_PER_RECORD`].
+pub const OTHER_UNKNOWN_FIELDS: &str = "other";
+
+/// How records are decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Largest record accepted, in bytes; a larger one is malformed (`oversized`).
+    pub max_record_bytes: usize,
+    /// `true`: an unknown field is malformed (`unknown_field`); `false` (the default): it is
+    /// ignored and reported in [`Decoded::unknown_fields`].
+    pub strict_fields: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        Self {
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            strict_fields: false,
+        }
+    }
+}
+
+/// A decoded record and the unknown fields it carried (empty in strict mode, where one is an
+/// error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    pub record: DispatchRecord,
+    /// Distinct index-free paths of ignored fields, in the order met; at most
+    /// [`MAX_UNKNOWN_FIELDS_PER_RECORD`] plus one [`OTHER_UNKNOWN_FIELDS`].
+    pub unknown_fields: Vec<String>,
+}
+
+/// Decodes one record with the default options but `max_record_bytes`: unknown fields are
+/// ignored and not reported. Prefer [`decode`], whose caller can count them.
 pub fn decode_record(bytes: &[u8], max_record_bytes: usize) -> Result<DispatchRecord, DecodeError> {
+    decode(
+        bytes,
+        &DecodeOptions {
+            max_record_bytes,
+            strict_fields: false,
+        },
+    )
+    .map(|decoded| decoded.record)
+}
+
+/// What the walk carries: the mode and the unknown fields met so far.
+struct Walk {
+    strict: bool,
+    unknown: Vec<String>,
+}
+
+impl Walk {
+    /// Refuses (strict) or notes (lenient) every key of `object` outside `known`. `path` is the
+    /// exact path for an error, `shape` the index-free one for the report.
+    fn check_fields(
+        &mut self,
+        object: &Map<String, Value>,
+        known: &[&str],
+        path: &str,
+        shape: &str,
+    ) -> Result<(), DecodeError> {
+        for key in object.keys().filter(|k| !known.contains(&k.as_str())) {
+            if self.strict {
+                return Err(DecodeError::new(
+                    MalformedKind::UnknownField,
+                    &join(path, key),
+                    format!("unknown field; expected one of {}", known.join(", ")),
+                ));
+            }
+            self.note(join(shape, key));
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, shape: String) {
+        if self.unknown.contains(&shape) {
+            return;
+        }
+        if self.unknown.len() < MAX_UNKNOWN_FIELDS_PER_RECORD {
+            self.unknown.push(shape);
+        } else if self.unknown.len() == MAX_UNKNOWN_FIELDS_PER_RECORD {
+            self.unknown.push(OTHER_UNKNOWN_FIELDS.to_owned());
+        }
+    }
+}
+
+/// Decodes one record, refusing anything over `options.max_record_bytes`.
+pub fn decode(bytes: &[u8], options: &DecodeOptions) -> Result<Decoded, DecodeError> {
+    let max_record_bytes = options.max_record_bytes;
     if bytes.len() > max_record_bytes {
         return Err(DecodeError::new(
             MalformedKind::Oversized,
@@ -160,9 +257,17 @@ pub fn decode_record(bytes: &[u8], max_record_bytes: usize) -> Result<DispatchRe
             ))
         }
     };
-    match record_type {
-        "group_dispatch" => decode_group_dispatch(&object).map(DispatchRecord::GroupDispatch),
-        "truncate_before" => decode_truncate(&object).map(DispatchRecord::TruncateBefore),
+    let mut walk = Walk {
+        strict: options.strict_fields,
+        unknown: Vec::new(),
+    };
+    let record = match record_type {
+        "group_dispatch" => {
+            decode_group_dispatch(&object, &mut walk).map(DispatchRecord::GroupDispatch)
+        }
+        "truncate_before" => {
+            decode_truncate(&object, &mut walk).map(DispatchRecord::TruncateBefore)
+        }
         other => Err(DecodeError::new(
             MalformedKind::UnknownType,
             "type",
@@ -170,7 +275,11 @@ pub fn decode_record(bytes: &[u8], max_record_bytes: usize) -> Result<DispatchRe
                 "unknown record type {other:?}; expected \"group_dispatch\" or \"truncate_before\""
             ),
         )),
-    }
+    }?;
+    Ok(Decoded {
+        record,
+        unknown_fields: walk.unknown,
+    })
 }
 
 const GROUP_FIELDS: &[&str] = &[
@@ -184,8 +293,11 @@ const DELIVERY_FIELDS: &[&str] = &["user_id", "epoch", "mailbox_seq", "events"];
 const EVENT_FIELDS: &[&str] = &["event_ordinal", "payload"];
 const TRUNCATE_FIELDS: &[&str] = &["type", "user_id", "epoch", "before_seq"];
 
-fn decode_group_dispatch(object: &Map<String, Value>) -> Result<GroupDispatch, DecodeError> {
-    reject_unknown(object, GROUP_FIELDS, "")?;
+fn decode_group_dispatch(
+    object: &Map<String, Value>,
+    walk: &mut Walk,
+) -> Result<GroupDispatch, DecodeError> {
+    walk.check_fields(object, GROUP_FIELDS, "", "")?;
     let dispatch_id = bounded_string(object, "dispatch_id", "dispatch_id")?;
     let group_id = bounded_string(object, "group_id", "group_id")?;
     let committed_at = integer(object, "committed_at", "committed_at", 0, MAX_CREATED_AT_MS)?;
@@ -193,7 +305,7 @@ fn decode_group_dispatch(object: &Map<String, Value>) -> Result<GroupDispatch, D
     let deliveries = deliveries
         .iter()
         .enumerate()
-        .map(|(i, d)| decode_delivery(d, &format!("deliveries[{i}]"), committed_at))
+        .map(|(i, d)| decode_delivery(d, &format!("deliveries[{i}]"), committed_at, walk))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(GroupDispatch {
         dispatch_id,
@@ -207,9 +319,10 @@ fn decode_delivery(
     value: &Value,
     path: &str,
     committed_at: u64,
+    walk: &mut Walk,
 ) -> Result<EventGroup, DecodeError> {
     let object = as_object(value, path)?;
-    reject_unknown(object, DELIVERY_FIELDS, path)?;
+    walk.check_fields(object, DELIVERY_FIELDS, path, "deliveries[]")?;
     let mailbox = mailbox(object, path)?;
     let mailbox_seq = integer(
         object,
@@ -223,7 +336,7 @@ fn decode_delivery(
     let events = events
         .iter()
         .enumerate()
-        .map(|(i, e)| decode_event(e, &format!("{events_path}[{i}]")))
+        .map(|(i, e)| decode_event(e, &format!("{events_path}[{i}]"), walk))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(EventGroup {
         mailbox,
@@ -233,9 +346,9 @@ fn decode_delivery(
     })
 }
 
-fn decode_event(value: &Value, path: &str) -> Result<Event, DecodeError> {
+fn decode_event(value: &Value, path: &str, walk: &mut Walk) -> Result<Event, DecodeError> {
     let object = as_object(value, path)?;
-    reject_unknown(object, EVENT_FIELDS, path)?;
+    walk.check_fields(object, EVENT_FIELDS, path, "deliveries[].events[]")?;
     let event_ordinal = integer(
         object,
         "event_ordinal",
@@ -252,8 +365,11 @@ fn decode_event(value: &Value, path: &str) -> Result<Event, DecodeError> {
     })
 }
 
-fn decode_truncate(object: &Map<String, Value>) -> Result<TruncateBefore, DecodeError> {
-    reject_unknown(object, TRUNCATE_FIELDS, "")?;
+fn decode_truncate(
+    object: &Map<String, Value>,
+    walk: &mut Walk,
+) -> Result<TruncateBefore, DecodeError> {
+    walk.check_fields(object, TRUNCATE_FIELDS, "", "")?;
     let mailbox = mailbox(object, "")?;
     let before_seq = integer(object, "before_seq", "before_seq", 1, MAX_MAILBOX_SEQ)?;
     Ok(TruncateBefore {
@@ -293,21 +409,6 @@ fn as_object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>,
     value
         .as_object()
         .ok_or_else(|| wrong_type(path, "an object", value))
-}
-
-fn reject_unknown(
-    object: &Map<String, Value>,
-    known: &[&str],
-    path: &str,
-) -> Result<(), DecodeError> {
-    match object.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(unknown) => Err(DecodeError::new(
-            MalformedKind::UnknownField,
-            &join(path, unknown),
-            format!("unknown field; expected one of {}", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
 }
 
 fn missing(path: &str) -> DecodeError {
@@ -478,11 +579,6 @@ mod tests {
             (r#"{"type":"nope"}"#, MalformedKind::UnknownType, "type"),
             (r#"{"type":7}"#, MalformedKind::WrongType, "type"),
             (
-                &VALID.replacen("\"group_id\"", "\"grop_id\"", 1),
-                MalformedKind::UnknownField,
-                "grop_id",
-            ),
-            (
                 &VALID.replacen("\"committed_at\": 1764633600123,", "", 1),
                 MalformedKind::MissingField,
                 "committed_at",
@@ -561,11 +657,6 @@ mod tests {
                 MalformedKind::OutOfRange,
                 "before_seq",
             ),
-            (
-                r#"{"type":"truncate_before","user_id":"u","epoch":1,"before_seq":5,"x":1}"#,
-                MalformedKind::UnknownField,
-                "x",
-            ),
         ];
         for (input, kind, field) in cases {
             let e = err(input);
@@ -576,6 +667,114 @@ mod tests {
             );
             assert!(!e.detail.is_empty());
         }
+    }
+
+    fn strict(s: &str) -> Result<Decoded, DecodeError> {
+        super::decode(
+            s.as_bytes(),
+            &DecodeOptions {
+                strict_fields: true,
+                ..DecodeOptions::default()
+            },
+        )
+    }
+
+    fn lenient(s: &str) -> Decoded {
+        super::decode(s.as_bytes(), &DecodeOptions::default()).expect("a valid record")
+    }
+
+    /// The spec example with an unknown field at every level of the record, and inside payloads.
+    fn with_unknown_fields() -> String {
+        VALID
+            .replacen("\"type\"", "\"trace_id\": \"t-1\", \"type\"", 1)
+            .replacen("\"user_id\"", "\"region\": \"eu\", \"user_id\"", 1)
+            .replacen(
+                "\"event_ordinal\": 0",
+                "\"source\": {\"app\": \"x\"}, \"event_ordinal\": 0",
+                1,
+            )
+            .replacen(
+                "\"event_ordinal\": 1",
+                "\"source\": null, \"event_ordinal\": 1",
+                1,
+            )
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_reported_at_every_level() {
+        let decoded = lenient(&with_unknown_fields());
+        assert_eq!(
+            decoded.record,
+            decode(VALID).unwrap(),
+            "the extra fields change nothing"
+        );
+        assert_eq!(
+            decoded.unknown_fields,
+            [
+                "trace_id",
+                "deliveries[].region",
+                "deliveries[].events[].source"
+            ],
+            "each distinct path once, without indices"
+        );
+        // Payloads are opaque: their fields are data, not unknown fields.
+        assert!(lenient(VALID).unknown_fields.is_empty());
+        let truncate =
+            lenient(r#"{"type":"truncate_before","user_id":"u","epoch":1,"before_seq":5,"x":1}"#);
+        assert_eq!(truncate.unknown_fields, ["x"]);
+        assert!(matches!(truncate.record, DispatchRecord::TruncateBefore(_)));
+    }
+
+    #[test]
+    fn strict_fields_make_the_first_unknown_field_malformed_with_its_exact_path() {
+        let cases: &[(String, &str)] = &[
+            (VALID.replacen("\"group_id\"", "\"grop_id\"", 1), "grop_id"),
+            (with_unknown_fields(), "trace_id"),
+            (
+                VALID.replacen("\"user_id\"", "\"region\": 1, \"user_id\"", 1),
+                "deliveries[0].region",
+            ),
+            (
+                VALID.replacen("\"event_ordinal\": 1", "\"x\": 1, \"event_ordinal\": 1", 1),
+                "deliveries[0].events[1].x",
+            ),
+            (
+                r#"{"type":"truncate_before","user_id":"u","epoch":1,"before_seq":5,"x":1}"#
+                    .to_owned(),
+                "x",
+            ),
+        ];
+        for (input, field) in cases {
+            let e = strict(input).expect_err("strict refuses unknown fields");
+            assert_eq!(
+                (e.kind, e.field.as_str()),
+                (MalformedKind::UnknownField, *field)
+            );
+            assert_eq!(e.kind.as_str(), "unknown_field");
+        }
+        assert!(strict(VALID).is_ok_and(|d| d.unknown_fields.is_empty()));
+    }
+
+    #[test]
+    fn the_unknown_field_report_is_bounded() {
+        let extra: String = (0..100).map(|i| format!("\"x{i}\": {i}, ")).collect();
+        let input = VALID.replacen("{\"type\"", &format!("{{{extra}\"type\""), 1);
+        let decoded = lenient(&input);
+        assert_eq!(
+            decoded.unknown_fields.len(),
+            MAX_UNKNOWN_FIELDS_PER_RECORD + 1
+        );
+        assert_eq!(
+            decoded.unknown_fields.last().map(String::as_str),
+            Some(OTHER_UNKNOWN_FIELDS)
+        );
+    }
+
+    #[test]
+    fn other_malformations_win_over_ignored_fields() {
+        let input = with_unknown_fields().replacen("1042", "0", 1);
+        let e = super::decode(input.as_bytes(), &DecodeOptions::default()).unwrap_err();
+        assert_eq!(e.kind, MalformedKind::OutOfRange);
     }
 
     #[test]

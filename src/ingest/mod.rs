@@ -17,4 +17,6 @@ pub mod pipeline;
 pub mod runner;
 
 pub use apply::{apply_delivery, apply_record, Delivery, DeliveryOutcome, DeliveryResult};
-pub use decode::{decode_record, DecodeError, DispatchRecord, MalformedKind};
+pub use decode::{
+    decode, decode_record, DecodeError, DecodeOptions, Decoded, DispatchRecord, MalformedKind,
+};
