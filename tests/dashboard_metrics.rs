@@ -14,10 +14,6 @@ use mailbox_materializer::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
 use support::kafka::{create_topic, produce, promtool_check, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{Clock, Listen, RedisServer};
 
-/// Metrics defined in `daemon::metrics` whose call points sit in the daemon's consume loop and
-/// are not made there yet: each is absent from a live scrape today. When the loop emits one,
-/// this test fails until it is removed from here.
-
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
