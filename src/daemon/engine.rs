@@ -25,7 +25,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 
 use super::dead_letter::{self, Letter, Source};
-use super::intake::{IntakeEvent, RawRecord};
+use super::intake::{IntakeEvent, Polled, RawRecord};
 use super::kafka::{lock, DaemonContext, GroupEvent};
 use super::metrics;
 use super::telemetry::Telemetry;
@@ -33,7 +33,7 @@ use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{DeliveryRef, PartitionPipeline, Settled};
 use crate::ingest::runner::{Attempt, Cancel, Runner};
-use crate::ingest::{decode, DecodeOptions, Delivery};
+use crate::ingest::Delivery;
 use crate::model::UserId;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -87,7 +87,6 @@ pub struct EngineSettings {
     pub dlq_topic: Arc<str>,
     pub max_records: usize,
     pub max_bytes: usize,
-    pub decode: DecodeOptions,
     pub dlq_max_message_bytes: usize,
     pub backoff: Backoff,
     pub commit_offsets: bool,
@@ -103,7 +102,6 @@ impl EngineSettings {
             dlq_topic: Arc::from(kafka.dlq_topic.as_str()),
             max_records: kafka.max_in_flight_records,
             max_bytes: kafka.max_in_flight_bytes,
-            decode: config.decode_options(),
             dlq_max_message_bytes: kafka.dlq_max_message_bytes,
             backoff: config.kafka.backoff(),
             commit_offsets,
@@ -270,8 +268,8 @@ impl Engine {
                 }
             }
             IntakeEvent::Records(records) => {
-                for record in records {
-                    self.admit(record);
+                for polled in records {
+                    self.admit(polled);
                 }
                 self.drain_finished();
             }
@@ -333,7 +331,11 @@ impl Engine {
         });
     }
 
-    fn admit(&mut self, record: RawRecord) {
+    fn admit(&mut self, polled: Polled) {
+        let Polled {
+            raw: record,
+            decoded,
+        } = polled;
         let Some(state) = self.partitions.get_mut(&record.partition) else {
             tracing::debug!(
                 partition = record.partition,
@@ -342,15 +344,6 @@ impl Engine {
             return;
         };
         state.last_record = Instant::now();
-        let decoded = match decode(&record.payload, &self.settings.decode) {
-            Ok(decoded) => {
-                if !decoded.unknown_fields.is_empty() {
-                    metrics::unknown_fields(&decoded.unknown_fields);
-                }
-                Ok(decoded.record)
-            }
-            Err(e) => Err(e),
-        };
         let size = record.size();
         let (partition, offset) = (record.partition, record.offset);
         let meta = RecordMeta {

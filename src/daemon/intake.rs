@@ -1,9 +1,11 @@
 //! The poll thread: the only caller of the consumer's `poll`, feeding the engine in batches.
 //!
-//! One OS thread polls librdkafka, copies each record out of librdkafka's buffer, and hands the
-//! engine whole batches (up to [`MAX_BATCH_RECORDS`] records or [`MAX_BATCH_BYTES`] bytes, whatever
-//! was ready) over a bounded channel: one wake-up of the engine per batch, not per record, and the
-//! polling never waits for decoding or the store. Rebalance callbacks run inside `poll` on this
+//! One OS thread polls librdkafka, copies each record out of librdkafka's buffer, decodes it, and
+//! hands the engine whole batches (up to [`MAX_BATCH_RECORDS`] records or [`MAX_BATCH_BYTES`]
+//! bytes, whatever was ready) over a bounded channel: one wake-up of the engine per batch, not per
+//! record, and the engine's loop never decodes nor polls — it only runs store calls and moves
+//! windows. Decoding here puts the two CPU-heavy steps (decode, store call) on two threads, so
+//! the daemon uses both cores of a small machine; librdkafka keeps prefetching meanwhile. Rebalance callbacks run inside `poll` on this
 //! thread; their events are forwarded after the records polled before them, so the engine sees a
 //! partition's records only between its `Assigned` and `Revoked`.
 //!
@@ -22,6 +24,8 @@ use rdkafka::message::Message;
 use tokio::sync::mpsc;
 
 use super::kafka::{DaemonContext, GroupEvent};
+use super::metrics;
+use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
 
 /// Most records in one batch.
 pub const MAX_BATCH_RECORDS: usize = 512;
@@ -48,11 +52,18 @@ impl RawRecord {
     }
 }
 
+/// A record and what its bytes decode to.
+#[derive(Debug)]
+pub struct Polled {
+    pub raw: RawRecord,
+    pub decoded: Result<DispatchRecord, DecodeError>,
+}
+
 /// What the poll thread tells the engine, in the order it happened.
 #[derive(Debug)]
 pub enum IntakeEvent {
     Group(GroupEvent),
-    Records(Vec<RawRecord>),
+    Records(Vec<Polled>),
     /// A consumer error (a broker down, a record librdkafka cannot read).
     Error(KafkaError),
 }
@@ -67,6 +78,7 @@ impl Intake {
     /// Starts polling `consumer`; events arrive on the returned receiver.
     pub fn start(
         consumer: Arc<BaseConsumer<DaemonContext>>,
+        options: DecodeOptions,
     ) -> std::io::Result<(Self, mpsc::Receiver<IntakeEvent>)> {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
@@ -74,7 +86,7 @@ impl Intake {
             .name("kafka-poll".to_owned())
             .spawn({
                 let stop = stop.clone();
-                move || poll_loop(&consumer, &tx, &stop)
+                move || poll_loop(&consumer, &tx, &stop, &options)
             })?;
         Ok((
             Self {
@@ -104,7 +116,11 @@ fn poll_loop(
     consumer: &BaseConsumer<DaemonContext>,
     tx: &mpsc::Sender<IntakeEvent>,
     stop: &AtomicBool,
+    options: &DecodeOptions,
 ) {
+    let flush = |tx: &mpsc::Sender<IntakeEvent>, batch: &mut Vec<RawRecord>, bytes: &mut usize| {
+        flush(tx, batch, bytes, options)
+    };
     let mut batch: Vec<RawRecord> = Vec::with_capacity(MAX_BATCH_RECORDS);
     let mut batch_bytes = 0usize;
     while !stop.load(Ordering::Acquire) {
@@ -162,12 +178,28 @@ fn poll_loop(
     }
 }
 
-/// Hands the batch over; false when the engine is gone.
-fn flush(tx: &mpsc::Sender<IntakeEvent>, batch: &mut Vec<RawRecord>, bytes: &mut usize) -> bool {
+/// Decodes the batch and hands it over; false when the engine is gone.
+fn flush(
+    tx: &mpsc::Sender<IntakeEvent>,
+    batch: &mut Vec<RawRecord>,
+    bytes: &mut usize,
+    options: &DecodeOptions,
+) -> bool {
     if batch.is_empty() {
         return true;
     }
     *bytes = 0;
-    let records = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH_RECORDS));
+    let records: Vec<Polled> = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH_RECORDS))
+        .into_iter()
+        .map(|raw| {
+            let decoded = decode(&raw.payload, options).map(|decoded| {
+                if !decoded.unknown_fields.is_empty() {
+                    metrics::unknown_fields(&decoded.unknown_fields);
+                }
+                decoded.record
+            });
+            Polled { raw, decoded }
+        })
+        .collect();
     tx.blocking_send(IntakeEvent::Records(records)).is_ok()
 }

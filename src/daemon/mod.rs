@@ -3,9 +3,9 @@
 //!
 //! The path of one record, one file per step:
 //!
-//! 1. [`intake`] — the poll thread copies it out of librdkafka and hands it to the engine in a
-//!    batch, after the rebalance events that came before it.
-//! 2. [`engine`] — decodes it and admits it into its partition's window
+//! 1. [`intake`] — the poll thread copies it out of librdkafka, decodes it, and hands it to the
+//!    engine in a batch, after the rebalance events that came before it.
+//! 2. [`engine`] — admits it into its partition's window
 //!    ([`crate::ingest::pipeline`]); its deliveries join their users' lanes and run as store calls
 //!    ([`crate::ingest::runner`]); each result becomes an action through
 //!    [`crate::disposition`] (advance, dead-letter, block, retry).
@@ -101,7 +101,7 @@ pub async fn run(
         backend = store.backend(),
         "consuming"
     );
-    let (intake, records) = Intake::start(consumer.clone())?;
+    let (intake, records) = Intake::start(consumer.clone(), config.decode_options())?;
     let probes = health::spawn(
         store.clone(),
         consumer.clone(),
