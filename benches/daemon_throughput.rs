@@ -262,7 +262,10 @@ async fn daemon_run(
     config.kafka.topic = w.topic.clone();
     config.kafka.dlq_topic = format!("{}.dlq", w.topic);
     config.kafka.group_id = group.to_owned();
-    if let Some(window) = std::env::var("BENCH_WINDOW").ok().and_then(|v| v.parse().ok()) {
+    if let Some(window) = std::env::var("BENCH_WINDOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         config.kafka.max_in_flight_records = window;
     }
     let progress = Arc::new(Progress::default());

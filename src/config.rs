@@ -740,6 +740,22 @@ impl Config {
         ] {
             validate_topic(key, value)?;
         }
+        // The poll thread stops at the start of a drain; past librdkafka's max.poll.interval.ms
+        // the member is evicted and the final commit fails. Keep the drain inside it.
+        let max_poll_ms: u64 = kafka
+            .properties
+            .get("max.poll.interval.ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300_000);
+        if kafka.shutdown_deadline_ms + 10_000 > max_poll_ms {
+            return Err(invalid(
+                "kafka.shutdown_deadline_ms",
+                format!(
+                    "{} leaves less than 10 s before max.poll.interval.ms ({max_poll_ms}): the consumer would be evicted during the drain and the final commit lost",
+                    kafka.shutdown_deadline_ms
+                ),
+            ));
+        }
         if kafka.topic == kafka.dlq_topic {
             return Err(invalid(
                 "kafka.dlq_topic",

@@ -52,10 +52,18 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
             }
         }
     };
-    // Reading blocks (a pipe may be slow): a thread of its own feeds the loop.
+    // Reading blocks (a pipe may stay open and silent): a detached thread of its own feeds the
+    // loop, so an early exit never waits for the next line.
     let (tx, mut lines) = tokio::sync::mpsc::channel::<Result<Line, String>>(WINDOW);
     let input = args.input.clone();
-    let reading = tokio::task::spawn_blocking(move || read_lines(reader, &input, &tx));
+    let cap = args.max_record_bytes.saturating_add(1);
+    let spawned = std::thread::Builder::new()
+        .name("apply-input".to_owned())
+        .spawn(move || read_lines(reader, &input, cap, &tx));
+    if let Err(e) = spawned {
+        eprintln!("error: cannot start the input reader: {e}");
+        return ExitCode::FAILURE;
+    }
 
     let mut pipeline: PartitionPipeline<(), u64> = PartitionPipeline::new(WINDOW);
     let mut runner: Runner<crate::ingest::pipeline::DeliveryRef> = Runner::default();
@@ -94,7 +102,6 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
     }
     cancel.cancel();
     drop(lines);
-    reading.abort();
     let _ = std::io::stdout().flush();
     if let Some((line, message, code)) = failure {
         if line > 0 {
@@ -111,30 +118,56 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
     }
 }
 
+/// Reads numbered lines, keeping at most `cap` bytes of each (a longer line still ends at its
+/// newline; its first `cap` bytes are decoded and refused as oversized), so one endless line
+/// cannot exhaust memory.
 fn read_lines(
     mut reader: Box<dyn BufRead + Send>,
     input: &str,
+    cap: usize,
     tx: &tokio::sync::mpsc::Sender<Result<Line, String>>,
 ) {
     let mut number = 0u64;
     loop {
         let mut bytes = Vec::new();
-        match reader.read_until(b'\n', &mut bytes) {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e) => {
-                let _ = tx.blocking_send(Err(format!("reading {input}: {e}")));
-                return;
+        let mut ended = false;
+        loop {
+            let chunk = match reader.fill_buf() {
+                Ok(chunk) => chunk,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(format!("reading {input}: {e}")));
+                    return;
+                }
+            };
+            if chunk.is_empty() {
+                ended = true;
+                break;
             }
+            let (take, newline) = match chunk.iter().position(|b| *b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (chunk.len(), false),
+            };
+            let room = cap.saturating_sub(bytes.len());
+            bytes.extend_from_slice(&chunk[..take.min(room)]);
+            reader.consume(take);
+            if newline {
+                break;
+            }
+        }
+        if ended && bytes.is_empty() {
+            return;
         }
         number += 1;
         while matches!(bytes.last(), Some(b'\n' | b'\r')) {
             bytes.pop();
         }
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            continue;
+        if !bytes.iter().all(u8::is_ascii_whitespace)
+            && tx.blocking_send(Ok(Line { number, bytes })).is_err()
+        {
+            return;
         }
-        if tx.blocking_send(Ok(Line { number, bytes })).is_err() {
+        if ended {
             return;
         }
     }

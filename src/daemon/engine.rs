@@ -7,9 +7,10 @@
 //! watermark, which is stored for librdkafka to commit. Nothing here waits on the store or the
 //! broker: every wait is a future in one of the in-flight sets.
 //!
-//! Bounds: per partition, `kafka.max_in_flight_records` records in the window (paused when full,
-//! resumed at half); all partitions together, `kafka.max_in_flight_bytes` of raw records (every
-//! partition paused when reached, resumed at half). Store calls in flight are at most one per
+//! Bounds: per partition, `kafka.max_in_flight_records` records in the window and an even share of
+//! `kafka.max_in_flight_bytes` (paused when either is reached, resumed when both are half free).
+//! Beyond that, a paused partition may still receive what was already in transit from the poll
+//! thread (at most its channel: 4 batches of 4 MiB). Store calls in flight are at most one per
 //! lane, so at most the records in the windows.
 
 use std::collections::HashMap;
@@ -114,6 +115,8 @@ impl EngineSettings {
 /// What the daemon committed when it stopped.
 #[derive(Debug, Default)]
 pub struct RunReport {
+    /// Why the run could not go on, when it stopped on its own (not on a signal).
+    pub failure: Option<String>,
     /// The last watermark of each partition still assigned at the end.
     pub committed: std::collections::BTreeMap<i32, i64>,
     /// Records still in flight at the deadline (their offsets were not committed).
@@ -130,8 +133,12 @@ pub struct Engine {
     next_generation: u64,
     runner: Runner<Key>,
     letters: FuturesUnordered<BoxFuture<'static, LetterDone>>,
-    /// The last consumer error, for the stall log.
-    last_consumer_error: Option<String>,
+    /// The last consumer error, for the stall log, and when it happened.
+    last_consumer_error: Option<(Instant, String)>,
+    /// The poll thread stopped on its own: the run ends in an error.
+    intake_lost: bool,
+    /// The dead-letter producer hit a fatal error: the run ends in an error.
+    producer_failed: bool,
 }
 
 impl Engine {
@@ -153,6 +160,8 @@ impl Engine {
             runner: Runner::default(),
             letters: FuturesUnordered::new(),
             last_consumer_error: None,
+            intake_lost: false,
+            producer_failed: false,
         }
     }
 
@@ -173,12 +182,27 @@ impl Engine {
             intake = None;
         }
         loop {
+            if self.producer_failed && deadline.is_none() {
+                tracing::error!("the dead-letter producer failed fatally; draining and exiting so the process is restarted");
+                intake = None;
+                deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
+            }
             if deadline.is_some() && self.partitions.values().all(|p| p.pipeline.is_empty()) {
                 break;
             }
             let until = deadline.unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
                 biased;
+                changed = shutdown.changed(), if deadline.is_none() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        let in_flight: usize =
+                            self.partitions.values().map(|p| p.pipeline.in_flight()).sum();
+                        tracing::info!(in_flight, "shutdown: fetching stopped, draining");
+                        deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
+                        // Records not yet admitted stay uncommitted; the next owner reads them.
+                        intake = None;
+                    }
+                }
                 event = async { intake.as_mut()?.recv().await }, if intake.is_some() => {
                     match event {
                         Some(event) => {
@@ -197,7 +221,14 @@ impl Engine {
                                 }
                             }
                         }
-                        None => intake = None,
+                        None => {
+                            // The poll thread is gone (it panicked or its consumer failed):
+                            // nothing more arrives, so drain what is here and stop with an error.
+                            tracing::error!("the poll thread stopped; draining and exiting so the process is restarted");
+                            intake = None;
+                            self.intake_lost = true;
+                            deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
+                        }
                     }
                 }
                 attempt = self.runner.next() => {
@@ -206,16 +237,6 @@ impl Engine {
                 }
                 Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
                 _ = tick.tick() => self.housekeeping(),
-                changed = shutdown.changed(), if deadline.is_none() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        let in_flight: usize =
-                            self.partitions.values().map(|p| p.pipeline.in_flight()).sum();
-                        tracing::info!(in_flight, "shutdown: fetching stopped, draining");
-                        deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
-                        // Records not yet admitted stay uncommitted; the next owner reads them.
-                        intake = None;
-                    }
-                }
                 _ = tokio::time::sleep_until(until), if deadline.is_some() => {
                     tracing::warn!("shutdown deadline reached with records in flight; their offsets stay uncommitted");
                     break;
@@ -225,6 +246,11 @@ impl Engine {
         }
         self.advance();
         let mut report = RunReport::default();
+        if self.intake_lost {
+            report.failure = Some("the Kafka poll thread stopped".to_owned());
+        } else if self.producer_failed {
+            report.failure = Some("the dead-letter producer failed fatally".to_owned());
+        }
         for (partition, state) in &self.partitions {
             metrics::partition_revoked(*partition);
             report.abandoned_records += state.pipeline.in_flight();
@@ -251,22 +277,11 @@ impl Engine {
                     self.assign(partition);
                 }
             }
-            IntakeEvent::Group(GroupEvent::Revoked(partitions)) => {
-                for partition in partitions {
-                    metrics::partition_revoked(partition);
-                    if let Some(state) = self.partitions.remove(&partition) {
-                        state.cancel.cancel();
-                        let abandoned = state.pipeline.in_flight();
-                        if abandoned > 0 {
-                            tracing::info!(
-                                partition,
-                                abandoned,
-                                "revoked with records in flight: abandoned, not committed"
-                            );
-                        }
-                    }
-                }
+            IntakeEvent::Group(GroupEvent::Lost) => {
+                let all: Vec<i32> = self.partitions.keys().copied().collect();
+                self.revoke(all);
             }
+            IntakeEvent::Group(GroupEvent::Revoked(partitions)) => self.revoke(partitions),
             IntakeEvent::Records(records) => {
                 for polled in records {
                     self.admit(polled);
@@ -279,7 +294,26 @@ impl Engine {
                     .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
                 metrics::consumer_error(&code);
                 tracing::warn!(error = %error, "consumer error");
-                self.last_consumer_error = Some(error.to_string());
+                self.last_consumer_error = Some((Instant::now(), error.to_string()));
+            }
+        }
+    }
+
+    /// Drops the state of `partitions`: their pending retries are cancelled and their gauges
+    /// removed; nothing of them is committed past their watermark.
+    fn revoke(&mut self, partitions: Vec<i32>) {
+        for partition in partitions {
+            metrics::partition_revoked(partition);
+            if let Some(state) = self.partitions.remove(&partition) {
+                state.cancel.cancel();
+                let abandoned = state.pipeline.in_flight();
+                if abandoned > 0 {
+                    tracing::info!(
+                        partition,
+                        abandoned,
+                        "revoked with records in flight: abandoned, not committed"
+                    );
+                }
             }
         }
     }
@@ -287,6 +321,14 @@ impl Engine {
     fn assign(&mut self, partition: i32) {
         if self.partitions.contains_key(&partition) {
             return;
+        }
+        // The engine's own pause of an earlier assignment of this partition may have reached
+        // librdkafka after the rebalance callback resumed it: resume here, after every pause
+        // of the old state, so the new state's "not paused" is true.
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.settings.topic, partition);
+        if let Err(e) = self.consumer.resume(&tpl) {
+            tracing::warn!(partition, error = %e, "resume of an assigned partition failed");
         }
         self.next_generation += 1;
         self.partitions.insert(
@@ -326,8 +368,10 @@ impl Engine {
             lock(&consumer.context().high_watermarks)
                 .entry(partition)
                 .or_insert(high);
-            lock(&consumer.context().start_offsets).insert(partition, committed);
-            metrics::partition_assigned(partition, high - committed);
+            if consumer.context().is_assigned(partition) {
+                lock(&consumer.context().start_offsets).insert(partition, committed);
+                metrics::partition_assigned(partition, high - committed);
+            }
         });
     }
 
@@ -526,6 +570,7 @@ impl Engine {
         }
         match done.result {
             Ok(()) => {
+                self.telemetry.health().set_dead_letters(true);
                 state.pipeline.dead_lettered(done.offset);
                 self.telemetry.dead_lettered(
                     done.partition,
@@ -594,23 +639,20 @@ impl Engine {
         self.apply_backpressure();
     }
 
-    /// Pauses partitions whose window is full (or all of them when the byte budget is spent) and
-    /// resumes them once their window, and the budget, are half free.
+    /// Pauses partitions whose window is full or whose bytes exceed their share of the budget,
+    /// and resumes them once both are half free. The byte budget is shared out evenly among the
+    /// assigned partitions, so a mailbox blocked in one partition can fill that partition's share
+    /// but never pause the others.
     fn apply_backpressure(&mut self) {
-        let bytes: usize = self
-            .partitions
-            .values()
-            .map(|p| p.pipeline.raw_bytes())
-            .sum();
-        let over_budget = bytes >= self.settings.max_bytes;
-        let budget_has_room = bytes <= self.settings.max_bytes / 2;
+        let share = self.settings.max_bytes / self.partitions.len().max(1);
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
         for (partition, state) in self.partitions.iter_mut() {
-            if !state.paused && (state.pipeline.is_full() || over_budget) {
+            let bytes = state.pipeline.bytes();
+            if !state.paused && (state.pipeline.is_full() || bytes >= share) {
                 state.paused = true;
                 pause.add_partition(&self.settings.topic, *partition);
-            } else if state.paused && state.pipeline.has_room() && budget_has_room {
+            } else if state.paused && state.pipeline.has_room() && bytes <= share / 2 {
                 state.paused = false;
                 resume.add_partition(&self.settings.topic, *partition);
             }
@@ -652,17 +694,25 @@ impl Engine {
             if let Some(lag) = lag {
                 metrics::consumer_lag(*partition, lag);
             }
-            // Stalled: records to read, nothing in flight, not paused, and nothing arrived for a
-            // while. The usual cause is a record librdkafka cannot read (an unsupported codec).
-            let stalled = lag.is_some_and(|l| l > 0)
-                && state.pipeline.is_empty()
-                && !state.paused
-                && state.last_record.elapsed() >= self.settings.stalled_after;
+            // Stalled: the consumer reports errors, the partition has records to read, nothing in
+            // flight, not paused, and nothing arrived for a while — a record librdkafka cannot
+            // read (an unsupported codec). Without consumer errors an idle partition whose last
+            // offsets are transaction markers (never delivered) is not stalled.
+            let stalled = is_stalled(&Stall {
+                last_consumer_error: self
+                    .last_consumer_error
+                    .as_ref()
+                    .map(|(at, _)| at.elapsed()),
+                lag,
+                idle: state.pipeline.is_empty() && !state.paused,
+                since_last_record: state.last_record.elapsed(),
+                threshold: self.settings.stalled_after,
+            });
             if stalled && !state.stalled {
                 tracing::error!(
                     partition = *partition,
                     lag = lag.unwrap_or(0),
-                    last_consumer_error = self.last_consumer_error.as_deref().unwrap_or("none"),
+                    last_consumer_error = self.last_consumer_error.as_ref().map_or("none", |(_, e)| e.as_str()),
                     "partition stalled: records are waiting but none could be read for {:?}; check the consumer errors above (a 'Not implemented' error means the topic uses a compression codec or format this build cannot read) and the broker's health",
                     self.settings.stalled_after
                 );
@@ -674,6 +724,29 @@ impl Engine {
         self.telemetry.health().set_consumer(!any_stalled);
         self.telemetry.health().refresh();
     }
+}
+
+/// What the stall check of one partition looks at.
+struct Stall {
+    /// How long ago the consumer last reported an error, if ever.
+    last_consumer_error: Option<Duration>,
+    /// High watermark minus the partition's position, when known.
+    lag: Option<i64>,
+    /// Nothing in the window and not paused (so nothing is waiting on the store or on us).
+    idle: bool,
+    since_last_record: Duration,
+    threshold: Duration,
+}
+
+/// A partition is stalled when the consumer reports errors, records wait (lag), the engine
+/// holds none of them, and none arrived for the threshold: librdkafka cannot hand them over
+/// (an unreadable record). An idle partition whose last offsets are transaction markers has lag
+/// too, but no consumer error: not stalled.
+fn is_stalled(s: &Stall) -> bool {
+    s.last_consumer_error.is_some_and(|ago| ago < s.threshold)
+        && s.lag.is_some_and(|l| l > 0)
+        && s.idle
+        && s.since_last_record >= s.threshold
 }
 
 /// Starts the next attempt of a delivery that is not final.
@@ -689,4 +762,68 @@ fn retry(engine: &mut Engine, key: Key, delivery: Arc<Delivery>, attempt: u32, d
         delay,
         state.cancel.clone(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_is_stalled_only_with_errors_waiting_records_and_no_progress() {
+        let threshold = Duration::from_secs(30);
+        let unreadable = Stall {
+            last_consumer_error: Some(Duration::from_secs(1)),
+            lag: Some(3),
+            idle: true,
+            since_last_record: Duration::from_secs(31),
+            threshold,
+        };
+        assert!(is_stalled(&unreadable));
+        for (name, stall) in [
+            (
+                "no consumer error (transaction markers)",
+                Stall {
+                    last_consumer_error: None,
+                    ..unreadable
+                },
+            ),
+            (
+                "an old error",
+                Stall {
+                    last_consumer_error: Some(Duration::from_secs(60)),
+                    ..unreadable
+                },
+            ),
+            (
+                "nothing waiting",
+                Stall {
+                    lag: Some(0),
+                    ..unreadable
+                },
+            ),
+            (
+                "lag unknown",
+                Stall {
+                    lag: None,
+                    ..unreadable
+                },
+            ),
+            (
+                "busy (window or pause)",
+                Stall {
+                    idle: false,
+                    ..unreadable
+                },
+            ),
+            (
+                "a record arrived recently",
+                Stall {
+                    since_last_record: Duration::from_secs(5),
+                    ..unreadable
+                },
+            ),
+        ] {
+            assert!(!is_stalled(&stall), "{name}");
+        }
+    }
 }

@@ -19,6 +19,20 @@ pub struct Health {
     broker_ok: AtomicBool,
     /// False while an assigned partition is stalled (records waiting that cannot be read).
     consumer_stalled: AtomicBool,
+    /// True while dead letters keep failing (their records' offsets wait).
+    dead_letters_failing: AtomicBool,
+    /// When a store write last failed transiently (ms since the Unix epoch; 0: never). A store
+    /// that answers pings but refuses writes (too few replica acknowledgements) is not ready.
+    write_failed_at_ms: std::sync::atomic::AtomicU64,
+}
+
+/// How long after a transient write failure the store counts as not ready.
+pub const WRITE_FAILURE_WINDOW_MS: u64 = 5_000;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Health {
@@ -38,7 +52,19 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
-    /// Sets the `ready` gauge again (gauges not set for a while disappear from `/metrics`).
+    /// Whether dead letters are being acknowledged.
+    pub fn set_dead_letters(&self, ok: bool) {
+        self.dead_letters_failing.store(!ok, Ordering::Relaxed);
+        super::metrics::ready(self.ready());
+    }
+
+    /// A store write failed transiently just now.
+    pub fn write_failed(&self) {
+        self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
+        super::metrics::ready(false);
+    }
+
+    /// Sets the `ready` gauge from the current state (a write failure ages out of the window).
     pub fn refresh(&self) {
         super::metrics::ready(self.ready());
     }
@@ -51,8 +77,34 @@ impl Health {
         self.broker_ok.load(Ordering::Relaxed)
     }
 
+    /// One line per readiness condition, for `/readyz`'s body.
+    pub fn describe(&self) -> String {
+        let word = |ok: bool, bad: &'static str| if ok { "ok" } else { bad };
+        let recent_write_failure = now_ms()
+            .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
+            < WRITE_FAILURE_WINDOW_MS;
+        format!(
+            "store: {}\nstore writes: {}\nbroker: {}\npartitions: {}\ndead letters: {}\n",
+            word(self.store_ok(), "unreachable"),
+            word(!recent_write_failure, "failing"),
+            word(self.broker_ok(), "unreachable"),
+            word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
+            word(
+                !self.dead_letters_failing.load(Ordering::Relaxed),
+                "failing"
+            ),
+        )
+    }
+
     pub fn ready(&self) -> bool {
-        self.store_ok() && self.broker_ok() && !self.consumer_stalled.load(Ordering::Relaxed)
+        let recent_write_failure = now_ms()
+            .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
+            < WRITE_FAILURE_WINDOW_MS;
+        self.store_ok()
+            && self.broker_ok()
+            && !self.consumer_stalled.load(Ordering::Relaxed)
+            && !self.dead_letters_failing.load(Ordering::Relaxed)
+            && !recent_write_failure
     }
 }
 
@@ -117,19 +169,7 @@ async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<
         },
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
         ("GET", "/readyz") => {
-            let body = format!(
-                "store: {}\nbroker: {}\n",
-                if health.store_ok() {
-                    "ok"
-                } else {
-                    "unreachable"
-                },
-                if health.broker_ok() {
-                    "ok"
-                } else {
-                    "unreachable"
-                }
-            );
+            let body = health.describe();
             if health.ready() {
                 ("200 OK", "text/plain", body)
             } else {

@@ -98,6 +98,8 @@ pub fn validate_properties(kafka: &KafkaConfig) -> Result<(), String> {
 pub enum GroupEvent {
     Assigned(Vec<i32>),
     Revoked(Vec<i32>),
+    /// A rebalance failed: librdkafka dropped the whole assignment without a revoke.
+    Lost,
 }
 
 pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -118,6 +120,9 @@ pub struct DaemonContext {
     pub start_offsets: Arc<Mutex<HashMap<i32, i64>>>,
     /// The offsets the group last committed, from the commit callback.
     pub committed: Arc<Mutex<HashMap<i32, i64>>>,
+    /// The partitions of the topic assigned to this instance now (late callbacks of a revoked
+    /// partition must not bring its gauges back).
+    pub assigned: Mutex<std::collections::HashSet<i32>>,
     pub health: Arc<Health>,
 }
 
@@ -129,8 +134,14 @@ impl DaemonContext {
             high_watermarks: Arc::default(),
             start_offsets: Arc::default(),
             committed: Arc::default(),
+            assigned: Mutex::default(),
             health,
         }
+    }
+
+    /// Whether `partition` is assigned to this instance now.
+    pub fn is_assigned(&self, partition: i32) -> bool {
+        lock(&self.assigned).contains(&partition)
     }
 
     /// The group events queued since the last call.
@@ -196,6 +207,12 @@ impl ConsumerContext for DaemonContext {
                 let revoked = partitions_of(tpl, &self.topic);
                 tracing::info!(partitions = ?revoked, "partitions revoked");
                 {
+                    let mut assigned = lock(&self.assigned);
+                    for partition in &revoked {
+                        assigned.remove(partition);
+                    }
+                }
+                {
                     let mut committed = lock(&self.committed);
                     let mut starts = lock(&self.start_offsets);
                     let mut highs = lock(&self.high_watermarks);
@@ -208,7 +225,13 @@ impl ConsumerContext for DaemonContext {
                 lock(&self.group_events).push(GroupEvent::Revoked(revoked));
             }
             Rebalance::Assign(_) => {}
-            Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
+            Rebalance::Error(e) => {
+                // rust-rdkafka unassigns everything after a rebalance error, without a revoke:
+                // the engine must drop every partition's state too.
+                tracing::error!(error = %e, "rebalance error: the assignment is dropped");
+                lock(&self.assigned).clear();
+                lock(&self.group_events).push(GroupEvent::Lost);
+            }
         }
     }
 
@@ -226,6 +249,7 @@ impl ConsumerContext for DaemonContext {
                 tracing::warn!(error = %e, "resume of newly assigned partitions failed");
             }
             tracing::info!(partitions = ?assigned, "partitions assigned");
+            lock(&self.assigned).extend(assigned.iter().copied());
             lock(&self.group_events).push(GroupEvent::Assigned(assigned));
         }
     }
@@ -233,9 +257,10 @@ impl ConsumerContext for DaemonContext {
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         match result {
             Ok(()) => {
+                let assigned = lock(&self.assigned);
                 let mut committed = lock(&self.committed);
                 for element in offsets.elements() {
-                    if element.topic() != self.topic {
+                    if element.topic() != self.topic || !assigned.contains(&element.partition()) {
                         continue;
                     }
                     if let Offset::Offset(offset) = element.offset() {

@@ -68,6 +68,8 @@ pub enum DaemonError {
     Kafka(#[from] KafkaError),
     #[error("cannot start the poll thread: {0}")]
     Thread(#[from] std::io::Error),
+    #[error("stopped: {0}")]
+    Stopped(String),
 }
 
 /// What a caller hands the daemon besides its configuration.
@@ -139,5 +141,8 @@ pub async fn run(
     });
     let _ = closing.await;
     tracing::info!(committed = ?report.committed, abandoned = report.abandoned_records, "stopped");
-    Ok(report)
+    match &report.failure {
+        Some(reason) => Err(DaemonError::Stopped(reason.clone())),
+        None => Ok(report),
+    }
 }

@@ -400,6 +400,10 @@ pub async fn replay(
     for (i, token) in tokens.iter().enumerate() {
         match store.repair_swap(token).await {
             Ok(report) => {
+                // Its fence is lifted: stop renewing it (a renewal would find it gone).
+                if let Some(renewal) = renewal.as_ref() {
+                    renewal.release(token);
+                }
                 summary.staged_groups += report.staged_groups;
                 summary.swapped_users.push(token.user.as_str().to_owned());
                 tracing::info!(user = %token.user.as_str(), staged_groups = report.staged_groups, "rebuilt mailboxes swapped in");
@@ -452,7 +456,10 @@ impl Clients {
             .set("group.id", format!("{}-replay", config.kafka.group_id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // A position that retention deleted mid-read must stop the replay, never jump to
+            // the end (librdkafka's default reset), which would look like a complete range.
+            .set("auto.offset.reset", "error");
         let mut watcher = super::kafka::base_config(&config.kafka);
         // The daemon's group, only to read its committed offsets (OffsetFetch): this client never
         // subscribes, so it never joins the group or disturbs its members.
@@ -518,6 +525,21 @@ impl Clients {
                     .find_partition(&self.topic, self.partition)
                     .map(|e| e.offset())
                 {
+                    // The first record at or after the time is the log start, and the log lost
+                    // records before it: they may be newer than the time asked for.
+                    Some(Offset::Offset(offset))
+                        if offset == low
+                            && low > 0
+                            && request.reset_mailboxes
+                            && !request.allow_partial_history =>
+                    {
+                        return refuse(
+                            "log_start_above_start",
+                            format!(
+                                "--from-time {ms} ms resolves to the log start {low}: retention already deleted the records before it, which may include records after that time; pass --allow-partial-history to rebuild from {low}"
+                            ),
+                        );
+                    }
                     Some(Offset::Offset(offset)) if offset < high => offset,
                     _ => {
                         return refuse(
@@ -577,25 +599,18 @@ impl Clients {
         self.reader
             .assign(&assignment)
             .map_err(|e| format!("kafka: {e}"))?;
+        let mut give_up = Instant::now() + STALL;
         loop {
-            let message = match tokio::time::timeout(STALL, self.reader.recv()).await {
-                Err(_) => {
-                    return Err(format!(
-                        "no record arrived for {STALL:?} while reading offsets {low}..{from}; is the broker reachable?"
-                    ))
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "replay consumer error");
-                    continue;
-                }
-                Ok(Ok(message)) => message,
-            };
-            let offset = message.offset();
-            if offset >= from {
-                return Ok(None);
-            }
-            let payload = message.payload().unwrap_or_default();
-            if let Ok(record) = decode(payload, &config.decode_options()).map(|d| d.record) {
+            let (offset, payload) =
+                match next_in_range(&self.reader, &self.topic, self.partition, from, give_up)
+                    .await
+                    .map_err(|(reason, _)| reason)?
+                {
+                    Next::Done => return Ok(None),
+                    Next::Record(offset, payload) => (offset, payload),
+                };
+            give_up = Instant::now() + STALL;
+            if let Ok(record) = decode(&payload, &config.decode_options()).map(|d| d.record) {
                 if let Some(delivery) = record
                     .deliveries()
                     .into_iter()
@@ -603,9 +618,6 @@ impl Clients {
                 {
                     return Ok(Some((offset, delivery.mailbox().user_id.clone())));
                 }
-            }
-            if offset + 1 >= from {
-                return Ok(None);
             }
         }
     }
@@ -618,10 +630,17 @@ impl Clients {
         range: &Range,
     ) -> Result<Result<i64, Refusal>, String> {
         let (_, high, committed) = tokio::task::block_in_place(|| self.offsets())?;
-        let end = request
-            .to_offset
-            .map_or(high, |to| to.saturating_add(1).min(high))
-            .max(range.end);
+        // The daemon may have applied (not yet committed) every record below `high` before the
+        // fence went up: a rebuild that stops earlier would drop the user's groups it wrote.
+        if let Some(to) = request.to_offset.filter(|to| to.saturating_add(1) < high) {
+            return Ok(Err(Refusal {
+                reason: "end_below_log_end",
+                detail: format!(
+                    "--to-offset {to} is below the partition's end {high} at the fence: the daemon may already have written records after it, which the rebuilt mailbox would lose; a repair runs to the end of the partition (leave --to-offset out)"
+                ),
+            }));
+        }
+        let end = high.max(range.end);
         match committed.filter(|c| end < *c) {
             Some(committed) => Ok(Err(Refusal {
                 reason: "end_below_committed",
@@ -630,6 +649,72 @@ impl Clients {
             None => Ok(Ok(end)),
         }
     }
+}
+
+/// How a read of `[.., end)` goes on.
+enum Next {
+    Record(i64, Vec<u8>),
+    /// The reader's position reached `end`: the range is read.
+    Done,
+}
+
+/// The next record of the partition before `end`, or [`Next::Done`] once the reader's position
+/// reached `end` — the last offsets of a range may be transaction markers, which are never
+/// delivered, so the position, not the last offset seen, says when a range is read. `Err` when
+/// the position was lost (retention deleted it: never a silent jump) or nothing arrived until
+/// `give_up` (the broker is unreachable; retryable).
+async fn next_in_range(
+    reader: &StreamConsumer,
+    topic: &str,
+    partition: i32,
+    end: i64,
+    give_up: Instant,
+) -> Result<Next, (String, bool)> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), reader.recv()).await {
+            Ok(Ok(message)) => {
+                let offset = message.offset();
+                if offset >= end {
+                    return Ok(Next::Done);
+                }
+                let payload = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
+                return Ok(Next::Record(offset, payload));
+            }
+            Ok(Err(e)) if position_lost(&e) => {
+                return Err((
+                    format!("the read position of partition {partition} is gone ({e}): retention deleted records of the range while it was read; rerun (with --allow-partial-history if the history is truly gone)"),
+                    false,
+                ))
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "replay consumer error"),
+            Err(_) => {}
+        }
+        let position = reader.position().ok().and_then(|tpl| {
+            tpl.find_partition(topic, partition)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+        });
+        if position.is_some_and(|p| p >= end) {
+            return Ok(Next::Done);
+        }
+        if Instant::now() >= give_up {
+            return Err((
+                format!("no record arrived for {STALL:?} while offsets up to {end} remained; is the broker reachable?"),
+                true,
+            ));
+        }
+    }
+}
+
+/// Whether a consumer error means the read position no longer exists.
+fn position_lost(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange)
+    )
 }
 
 fn end_below(end: i64, committed: i64) -> String {
@@ -677,11 +762,16 @@ impl Rebuild<'_> {
             .map_err(|e| (format!("kafka: {e}"), true))?;
         let mut next_offset = range.from;
         let mut source_done = false;
+        let mut give_up = Instant::now() + STALL;
         loop {
             if source_done && self.pipeline.is_empty() {
                 return Ok(());
             }
             let can_read = !source_done && !self.pipeline.is_full();
+            if !can_read {
+                // Waiting for the store is not waiting for the broker.
+                give_up = Instant::now() + STALL;
+            }
             tokio::select! {
                 biased;
                 _ = interrupt.changed() => {
@@ -696,29 +786,19 @@ impl Rebuild<'_> {
                         pause_point("replay.rebuilding").await;
                     }
                 }
-                message = tokio::time::timeout(STALL, reader.recv()), if can_read => {
-                    let message = match message {
-                        Err(_) => return Err((format!("no record arrived for {STALL:?} while offsets {next_offset}..{} remained; is the broker reachable?", range.end), true)),
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "replay consumer error");
-                            continue;
+                next = next_in_range(reader, topic, self.request.partition, range.end, give_up), if can_read => {
+                    match next? {
+                        Next::Done => source_done = true,
+                        Next::Record(offset, payload) => {
+                            give_up = Instant::now() + STALL;
+                            if offset >= next_offset {
+                                next_offset = offset + 1;
+                                self.admit(offset, &payload);
+                                if next_offset >= range.end {
+                                    source_done = true;
+                                }
+                            }
                         }
-                        Ok(Ok(message)) => message,
-                    };
-                    let offset = message.offset();
-                    if offset < next_offset {
-                        continue;
-                    }
-                    if offset >= range.end {
-                        source_done = true;
-                        continue;
-                    }
-                    next_offset = offset + 1;
-                    let payload = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
-                    drop(message);
-                    self.admit(offset, &payload);
-                    if next_offset >= range.end {
-                        source_done = true;
                     }
                 }
             }
@@ -794,6 +874,18 @@ impl Rebuild<'_> {
             Disposition::AbortRepair => {
                 let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
                 return Err((format!("repair fence lost: {reason}"), false));
+            }
+            Disposition::Block if self.targets.contains_key(&user) => {
+                // A staging copy is built from nothing: a corrupt verdict there means the rebuild
+                // cannot be trusted, and it must never be swapped in.
+                let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
+                return Err((
+                    format!(
+                        "the rebuild of {} failed closed ({reason}); nothing was swapped",
+                        user.as_str()
+                    ),
+                    false,
+                ));
             }
             Disposition::Block => {
                 // A replay does not wait for a repair: it reports the mailbox and moves on.

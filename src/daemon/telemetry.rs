@@ -75,11 +75,6 @@ impl Telemetry {
                 "delivery refused; the record goes to the dead-letter topic"
             );
         }
-        if error.is_none_or(|e| !matches!(e, StoreError::Unavailable { .. }))
-            && !self.health.store_ok()
-        {
-            self.health.set_store(true);
-        }
     }
 
     /// A store call failed in a way that is not final (retry, fence, corrupt).
@@ -97,7 +92,7 @@ impl Telemetry {
             Disposition::Retry {
                 under_repair: false,
             } => {
-                self.health.set_store(false);
+                self.health.write_failed();
                 // Every attempt of a long outage would flood the log: the first and every 10th.
                 if attempt.is_multiple_of(10) {
                     tracing::warn!(partition, offset, error = %error, attempt, "store unavailable; retrying");

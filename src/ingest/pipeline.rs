@@ -19,9 +19,11 @@
 //!    A blocked (corrupt) mailbox therefore holds the commit at its record while other lanes keep
 //!    flowing until the window is full.
 //!
-//! Bounds: the window holds at most `max_records` records (final or not) and their raw bytes
-//! (`max_bytes`, checked by the caller before it admits more); lanes exist only for users with a
-//! delivery in the window. The caller pauses its source when [`PartitionPipeline::is_full`] and
+//! Bounds: the window holds at most `max_records` records (final or not); [`bytes`] counts their
+//! size from admission until they leave, for the caller's byte budget; lanes exist only for users
+//! with a delivery in the window.
+//!
+//! [`bytes`]: PartitionPipeline::bytes The caller pauses its source when [`PartitionPipeline::is_full`] and
 //! resumes it below [`PartitionPipeline::has_room`] (hysteresis, so a full window does not turn
 //! into a pause/resume per record).
 //!
@@ -193,8 +195,9 @@ pub struct PartitionPipeline<R, M = ()> {
     lanes: HashMap<UserId, VecDeque<DeliveryRef>>,
     /// One past the highest admitted offset.
     next_offset: Option<i64>,
-    /// Raw bytes held by records not yet final.
-    raw_bytes: usize,
+    /// Bytes of the records in the window (their raw size, which also stands for their decoded
+    /// deliveries), counted from admission until they leave the window.
+    bytes: usize,
 }
 
 impl<R, M> PartitionPipeline<R, M> {
@@ -205,7 +208,7 @@ impl<R, M> PartitionPipeline<R, M> {
             slots: BTreeMap::new(),
             lanes: HashMap::new(),
             next_offset: None,
-            raw_bytes: 0,
+            bytes: 0,
         }
     }
 
@@ -224,9 +227,10 @@ impl<R, M> PartitionPipeline<R, M> {
         self.slots.len()
     }
 
-    /// Raw bytes held for dead letters by records not yet final.
-    pub fn raw_bytes(&self) -> usize {
-        self.raw_bytes
+    /// Bytes of the records in the window: a record counts from admission until it leaves the
+    /// window (its raw bytes are released when it is final, its decoded deliveries only then).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -258,7 +262,7 @@ impl<R, M> PartitionPipeline<R, M> {
             return None;
         }
         self.next_offset = Some(offset + 1);
-        self.raw_bytes += raw_bytes;
+        self.bytes += raw_bytes;
         let mut slot = Slot {
             stage: Stage::Running,
             raw: Some(raw),
@@ -384,6 +388,7 @@ impl<R, M> PartitionPipeline<R, M> {
                 break;
             }
             let (offset, slot) = entry.remove_entry();
+            self.bytes -= slot.raw_bytes;
             let outcome = slot.outcome();
             let deliveries = slot
                 .deliveries
@@ -403,9 +408,7 @@ impl<R, M> PartitionPipeline<R, M> {
     }
 
     fn release_raw(&mut self, slot: &mut Slot<R, M>) {
-        if slot.raw.take().is_some() {
-            self.raw_bytes -= slot.raw_bytes;
-        }
+        slot.raw = None;
     }
 }
 
@@ -504,10 +507,16 @@ mod tests {
         );
         assert_eq!(p.watermark(), Some(5));
         assert!(p.dead_lettered(5));
-        assert_eq!(p.raw_bytes(), 0);
+        assert!(p.raw(5).is_none(), "raw bytes released once final");
+        assert_eq!(
+            p.bytes(),
+            10,
+            "still counted until the record leaves the window"
+        );
         let popped = p.pop_final();
         assert_eq!(popped[0].outcome, RecordOutcome::DeadLettered);
         assert_eq!(p.watermark(), Some(6));
+        assert_eq!(p.bytes(), 0);
     }
 
     #[test]

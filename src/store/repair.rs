@@ -153,6 +153,8 @@ impl MailboxStore for StagingView {
 pub struct Renewal {
     task: tokio::task::JoinHandle<()>,
     lost: tokio::sync::watch::Receiver<Option<String>>,
+    /// The tokens still renewed; a swapped one leaves the set.
+    tokens: Arc<std::sync::Mutex<Vec<RepairToken>>>,
 }
 
 impl Renewal {
@@ -170,18 +172,31 @@ impl Renewal {
         every: Duration,
     ) -> Self {
         let (tx, lost) = tokio::sync::watch::channel(None);
+        let tokens = Arc::new(std::sync::Mutex::new(tokens));
+        let renewed = tokens.clone();
         let task = tokio::spawn(async move {
             let mut renewed_at = std::time::Instant::now();
             let mut wait = every;
             loop {
                 tokio::time::sleep(wait).await;
                 let mut failure = None;
-                for token in &tokens {
+                let current: Vec<RepairToken> = renewed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                for token in &current {
                     match store.repair_renew(token, lease).await {
                         Ok(()) => {}
                         Err(StoreError::FenceLost { detail }) => {
-                            let _ = tx.send(Some(detail));
-                            return;
+                            let still_renewed = renewed
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .contains(token);
+                            // A token released meanwhile was swapped: its fence is gone by design.
+                            if still_renewed {
+                                let _ = tx.send(Some(detail));
+                                return;
+                            }
                         }
                         Err(e) => failure = Some(e),
                     }
@@ -204,7 +219,15 @@ impl Renewal {
                 }
             }
         });
-        Self { task, lost }
+        Self { task, lost, tokens }
+    }
+
+    /// Stops renewing `token` (its swap lifted the fence).
+    pub fn release(&self, token: &RepairToken) {
+        self.tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|t| t != token);
     }
 
     /// Resolves with the reason once a fence is lost; pending forever otherwise.
