@@ -1,0 +1,411 @@
+//! `materializer replay`: re-reads one partition of the dispatch topic from an offset (or a time)
+//! with its own assignment — no consumer group membership, no commits — and applies it again
+//! through the same ordering core as the daemon (`ingest::pipeline` and `ingest::runner`): many
+//! users in flight, each user's deliveries in offset order.
+//!
+//! With `--reset-mailboxes` it is the **repair** of SPEC 7.1, the recovery path for a corrupt
+//! mailbox, and the safest command of the product:
+//!
+//! 1. **Refuse before touching anything**: an empty range, a `--from-time` in the future or past
+//!    the end, a log start above the requested start (retention deleted records) or a named user
+//!    with records between the log start and the requested start (both would leave the rebuilt
+//!    mailbox without groups; unless `--allow-partial-history`), an end below the consumer
+//!    group's committed offset (the rebuild would miss records the daemon already committed).
+//! 2. **Fence** each named user ([`crate::store::MailboxStore::repair_begin`]): the daemon's writes
+//!    to them wait. The end is read again *after* the fences are up, so every record the daemon
+//!    wrote before them is inside the range, and every record after them waits for the swap.
+//! 3. **Build aside**: the range is applied to the users' staging copies, the fences renewed by a
+//!    task of their own ([`Renewal`]). The live mailboxes are untouched (a corrupt one keeps
+//!    failing closed).
+//! 4. **Check** that every named user had a record in the range (unless `--allow-empty`).
+//! 5. **Swap** each user in one atomic step. Any error, a lost fence, SIGINT/SIGTERM or a crash
+//!    before it leaves the live mailboxes exactly as they were; the staging copies are removed
+//!    (or collected later by the next repair or `patrol`), and a rerun starts over.
+//!
+//! Malformed, refused and conflicting records are counted, not dead-lettered again: the daemon
+//! did that when it first read them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::ingest::pipeline::PartitionPipeline;
+use crate::ingest::runner::{Cancel, Runner};
+use crate::model::{StoreError, UserId};
+use crate::store::repair::Renewal;
+use crate::store::{MailboxStore, RepairToken, StagingView};
+
+mod progress;
+mod range;
+mod rebuild;
+
+pub use progress::{parse_time_ms, ProgressMode};
+
+use progress::Progress;
+use range::Clients;
+use rebuild::Rebuild;
+
+/// Transient store errors of one delivery are retried this many times before the replay gives up
+/// (exit 2): an operator command must not hang on a store that is down.
+const MAX_TRANSIENT_ATTEMPTS: u32 = 12;
+/// Records read ahead of the slowest lane.
+const WINDOW: usize = 2_000;
+/// No record for this long while offsets remain: the broker is unreachable.
+const STALL: Duration = Duration::from_secs(60);
+
+/// Where a replay starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayStart {
+    Offset(i64),
+    /// Milliseconds since the Unix epoch: the first record at or after it.
+    TimeMs(i64),
+}
+
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    pub partition: i32,
+    pub start: ReplayStart,
+    /// Last offset replayed (inclusive); default: the end of the partition.
+    pub to_offset: Option<i64>,
+    /// Only these users' deliveries are applied (all when empty).
+    pub users: Vec<UserId>,
+    pub reset_mailboxes: bool,
+    pub dry_run: bool,
+    /// Replay from the log start when retention already deleted the requested start.
+    pub allow_partial_history: bool,
+    /// Swap a named user even when the range holds no record of it (its mailboxes become empty).
+    pub allow_empty: bool,
+    pub progress: ProgressMode,
+    /// Lease of the repair fences: how long the daemon's writes to a user stay fenced if this
+    /// process dies mid-repair. Renewed every third of it.
+    pub lease: Duration,
+}
+
+/// Why a replay refused to start (nothing was touched).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Refusal {
+    /// `empty_range`, `from_time_in_future`, `from_time_past_end`, `log_start_above_start`,
+    /// `user_before_start`, `end_below_committed`, `user_not_in_range`, `reset_without_user`.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// What a replay did, printed as one JSON object.
+#[derive(Debug, Default, Serialize)]
+pub struct ReplaySummary {
+    pub partition: i32,
+    pub from_offset: i64,
+    /// One past the last offset replayed.
+    pub end_offset: i64,
+    pub records: u64,
+    /// Record outcomes: applied, dead_lettered, malformed, skipped (no delivery to the named
+    /// users), corrupt, planned (dry run).
+    pub outcomes: BTreeMap<&'static str, u64>,
+    /// Delivery outcome words.
+    pub groups: BTreeMap<&'static str, u64>,
+    /// Groups the staging copies held when swapped.
+    pub staged_groups: u64,
+    /// Users whose rebuilt mailboxes are live.
+    pub swapped_users: Vec<String>,
+    pub dry_run: bool,
+    /// Users whose mailbox was still corrupt during the replay (no reset).
+    pub corrupt_users: Vec<String>,
+    /// Set when the replay refused to start; nothing was touched.
+    pub refused: Option<Refusal>,
+    /// Set when the replay stopped midway (signal, lost fence, store or broker unreachable): the
+    /// live mailboxes are as they were before it, and a rerun starts over.
+    pub aborted: Option<String>,
+    /// Why it stopped, when it stopped because the store or broker was unreachable or another
+    /// repair held a fence: retry later (exit 2).
+    #[serde(skip)]
+    pub retryable: bool,
+}
+
+impl ReplaySummary {
+    /// The exit status of `materializer replay`: 0 done (every named user swapped), 1 refused,
+    /// 2 unreachable or fenced by another repair (retry), 3 a mailbox stays corrupt, 4 aborted.
+    pub fn exit_status(&self) -> u8 {
+        if self.refused.is_some() {
+            1
+        } else if self.retryable {
+            2
+        } else if self.aborted.is_some() {
+            4
+        } else if !self.corrupt_users.is_empty() {
+            3
+        } else {
+            0
+        }
+    }
+
+    fn refuse(&mut self, reason: &'static str, detail: String) -> &mut Self {
+        self.refused = Some(Refusal { reason, detail });
+        self
+    }
+
+    fn abort(&mut self, reason: String, retryable: bool) -> &mut Self {
+        self.aborted = Some(reason);
+        self.retryable = retryable;
+        self
+    }
+}
+
+/// A fault-injection point for tests of the repair: with `MATERIALIZER_PAUSE_AT=<point>` (or
+/// `<point>:<ms>`) in the environment the replay prints `paused at <point>` on stderr and waits
+/// there (forever, or `ms`), so a test can kill it, stop it or let a lease lapse at exactly that
+/// step. Points: `replay.fenced` (fences taken, nothing staged), `replay.rebuilding` (the first
+/// delivery staged), `replay.before_swap` (everything staged, nothing swapped).
+async fn pause_point(point: &str) {
+    let Ok(spec) = std::env::var("MATERIALIZER_PAUSE_AT") else {
+        return;
+    };
+    let (name, ms) = match spec.split_once(':') {
+        Some((name, ms)) => (name, ms.parse::<u64>().ok()),
+        None => (spec.as_str(), None),
+    };
+    if name != point {
+        return;
+    }
+    eprintln!("paused at {point}");
+    match ms {
+        Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Runs a replay to its end, its refusal or its abort; `interrupt` flips on SIGINT/SIGTERM.
+pub async fn replay(
+    config: &Config,
+    store: Arc<dyn MailboxStore>,
+    request: &ReplayRequest,
+    mut interrupt: watch::Receiver<bool>,
+) -> ReplaySummary {
+    let mut summary = ReplaySummary {
+        partition: request.partition,
+        dry_run: request.dry_run,
+        ..ReplaySummary::default()
+    };
+    if request.reset_mailboxes && request.users.is_empty() {
+        summary.refuse(
+            "reset_without_user",
+            "--reset-mailboxes needs at least one --user: a partition's users are only known after reading it".to_owned(),
+        );
+        return summary;
+    }
+    let clients = match Clients::new(config, request.partition) {
+        Ok(clients) => clients,
+        Err(e) => {
+            summary.abort(format!("kafka: {e}"), true);
+            return summary;
+        }
+    };
+    let range = match clients.resolve(request).await {
+        Ok(Ok(range)) => range,
+        Ok(Err(refusal)) => {
+            summary.refused = Some(refusal);
+            return summary;
+        }
+        Err(e) => {
+            summary.abort(e, true);
+            return summary;
+        }
+    };
+    summary.from_offset = range.from;
+    summary.end_offset = range.end;
+
+    // A rebuild replaces the whole mailbox: a named user with records before the start would
+    // lose them. Read (never apply) what the log holds before the start to be sure.
+    if request.reset_mailboxes && range.from > range.low && !request.allow_partial_history {
+        match clients
+            .first_record_of(&request.users, range.low, range.from, config)
+            .await
+        {
+            Ok(Some((offset, user))) => {
+                summary.refuse(
+                    "user_before_start",
+                    format!(
+                        "the log still holds a record of {} at offset {offset}, before the requested start {}: a rebuild from there would lose it; start at or before {offset} (or pass --allow-partial-history)",
+                        user.as_str(),
+                        range.from
+                    ),
+                );
+                return summary;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                summary.abort(e, true);
+                return summary;
+            }
+        }
+    }
+
+    let fenced = request.reset_mailboxes && !request.dry_run;
+    let mut tokens: Vec<RepairToken> = Vec::new();
+    let mut range = range;
+    if fenced {
+        for user in &request.users {
+            match store.repair_begin(user, request.lease).await {
+                Ok(token) => tokens.push(token),
+                Err(e) => {
+                    abort_all(store.as_ref(), &tokens).await;
+                    let retryable = matches!(
+                        e,
+                        StoreError::UnderRepair { .. } | StoreError::Unavailable { .. }
+                    );
+                    summary.abort(format!("fence of {}: {e}", user.as_str()), retryable);
+                    return summary;
+                }
+            }
+        }
+        // Everything the daemon wrote before the fences is below the high watermark now.
+        match clients.recheck_after_fence(request, &range).await {
+            Ok(Ok(end)) => range.end = end,
+            Ok(Err(refusal)) => {
+                abort_all(store.as_ref(), &tokens).await;
+                summary.refused = Some(refusal);
+                return summary;
+            }
+            Err(e) => {
+                abort_all(store.as_ref(), &tokens).await;
+                summary.abort(e, true);
+                return summary;
+            }
+        }
+        summary.end_offset = range.end;
+    }
+
+    pause_point("replay.fenced").await;
+    let mut renewal = fenced.then(|| {
+        Renewal::start_with(
+            store.clone(),
+            tokens.clone(),
+            request.lease,
+            request.lease / 3,
+        )
+    });
+    let targets: HashMap<UserId, Arc<dyn MailboxStore>> = tokens
+        .iter()
+        .map(|t| {
+            let view: Arc<dyn MailboxStore> = Arc::new(StagingView::new(store.clone(), t.clone()));
+            (t.user.clone(), view)
+        })
+        .collect();
+    let mut run = Rebuild {
+        config,
+        request,
+        store: store.clone(),
+        targets,
+        pipeline: PartitionPipeline::new(WINDOW),
+        runner: Runner::default(),
+        cancel: Cancel::default(),
+        summary: &mut summary,
+        corrupt_users: BTreeSet::new(),
+        seen_users: BTreeSet::new(),
+        wanted: request.users.iter().cloned().collect(),
+        progress: Progress::new(request.progress, request.partition, range.end - range.from),
+        staged_any: false,
+        pause_rebuilding: false,
+    };
+    let read = run
+        .read(&clients.reader, &range, &mut interrupt, renewal.as_mut())
+        .await;
+    run.cancel.cancel();
+    let corrupt_users = std::mem::take(&mut run.corrupt_users);
+    let seen_users = std::mem::take(&mut run.seen_users);
+    run.progress.finish();
+    drop(run);
+    summary.corrupt_users = corrupt_users
+        .iter()
+        .map(|u| u.as_str().to_owned())
+        .collect();
+    if let Err((reason, retryable)) = read {
+        if let Some(renewal) = renewal.take() {
+            renewal.stop();
+        }
+        abort_all(store.as_ref(), &tokens).await;
+        summary.abort(reason, retryable);
+        return summary;
+    }
+    if !fenced {
+        return summary;
+    }
+
+    let missing: Vec<&str> = tokens
+        .iter()
+        .filter(|t| !seen_users.contains(&t.user))
+        .map(|t| t.user.as_str())
+        .collect();
+    if !missing.is_empty() && !request.allow_empty {
+        if let Some(renewal) = renewal.take() {
+            renewal.stop();
+        }
+        abort_all(store.as_ref(), &tokens).await;
+        summary.refuse(
+            "user_not_in_range",
+            format!(
+                "no record of {} in offsets {}..{}: a rebuild would empty the mailbox; check --partition and the range, or force it with --allow-empty",
+                missing.join(", "),
+                range.from,
+                range.end
+            ),
+        );
+        return summary;
+    }
+    pause_point("replay.before_swap").await;
+    if let Some(reason) = renewal.as_ref().and_then(Renewal::is_lost) {
+        if let Some(renewal) = renewal.take() {
+            renewal.stop();
+        }
+        abort_all(store.as_ref(), &tokens).await;
+        summary.abort(format!("repair fence lost: {reason}"), false);
+        return summary;
+    }
+    for (i, token) in tokens.iter().enumerate() {
+        match store.repair_swap(token).await {
+            Ok(report) => {
+                // Its fence is lifted: stop renewing it (a renewal would find it gone).
+                if let Some(renewal) = renewal.as_ref() {
+                    renewal.release(token);
+                }
+                summary.staged_groups += report.staged_groups;
+                summary.swapped_users.push(token.user.as_str().to_owned());
+                tracing::info!(user = %token.user.as_str(), staged_groups = report.staged_groups, "rebuilt mailboxes swapped in");
+            }
+            Err(e) => {
+                if let Some(renewal) = renewal.take() {
+                    renewal.stop();
+                }
+                abort_all(store.as_ref(), &tokens[i..]).await;
+                let retryable = matches!(e, StoreError::Unavailable { .. });
+                summary.abort(
+                    format!("swap of {} failed: {e}", token.user.as_str()),
+                    retryable,
+                );
+                return summary;
+            }
+        }
+    }
+    if let Some(renewal) = renewal.take() {
+        renewal.stop();
+    }
+    summary
+}
+
+async fn abort_all(store: &dyn MailboxStore, tokens: &[RepairToken]) {
+    for token in tokens {
+        if let Err(e) = store.repair_abort(token).await {
+            tracing::warn!(user = %token.user.as_str(), error = %e, "staging copy not removed; the next repair of the user or patrol removes it");
+        }
+    }
+}

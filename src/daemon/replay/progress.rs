@@ -1,0 +1,152 @@
+//! What a replay shows while it runs and how it reads `--from-time`.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// How progress is shown on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A redrawn bar (a terminal).
+    Bar,
+    /// A plain line every few seconds (a log file, a Kubernetes Job).
+    Lines,
+    Off,
+}
+
+impl ProgressMode {
+    /// A bar on a terminal, lines otherwise.
+    pub fn for_stderr() -> Self {
+        if std::io::stderr().is_terminal() {
+            Self::Bar
+        } else {
+            Self::Lines
+        }
+    }
+}
+
+/// Progress on stderr: a redrawn bar on a terminal, a plain line every five seconds otherwise.
+pub(super) struct Progress {
+    mode: ProgressMode,
+    partition: i32,
+    total: u64,
+    done: u64,
+    last: Instant,
+}
+
+impl Progress {
+    pub(super) fn new(mode: ProgressMode, partition: i32, total: i64) -> Self {
+        Self {
+            mode,
+            partition,
+            total: total.max(0) as u64,
+            done: 0,
+            last: Instant::now(),
+        }
+    }
+
+    pub(super) fn read(&mut self, n: u64) {
+        self.done += n;
+        let every = match self.mode {
+            ProgressMode::Bar => Duration::from_millis(250),
+            ProgressMode::Lines => Duration::from_secs(5),
+            ProgressMode::Off => return,
+        };
+        if self.last.elapsed() >= every {
+            self.draw();
+            self.last = Instant::now();
+        }
+    }
+
+    fn draw(&self) {
+        let percent = (self.done * 100).checked_div(self.total).unwrap_or(100);
+        let mut stderr = std::io::stderr();
+        match self.mode {
+            ProgressMode::Bar => {
+                let width = 30u64;
+                let filled = (self.done.min(self.total) * width)
+                    .checked_div(self.total)
+                    .unwrap_or(width) as usize;
+                let _ = write!(
+                    stderr,
+                    "\rreplay partition {} [{}{}] {}/{} records ({percent}%)",
+                    self.partition,
+                    "#".repeat(filled),
+                    ".".repeat(width as usize - filled),
+                    self.done,
+                    self.total
+                );
+            }
+            ProgressMode::Lines => {
+                let _ = writeln!(
+                    stderr,
+                    "replay partition {}: {}/{} records ({percent}%)",
+                    self.partition, self.done, self.total
+                );
+            }
+            ProgressMode::Off => {}
+        }
+        let _ = stderr.flush();
+    }
+
+    pub(super) fn finish(&self) {
+        match self.mode {
+            ProgressMode::Bar => {
+                self.draw();
+                eprintln!();
+            }
+            ProgressMode::Lines => self.draw(),
+            ProgressMode::Off => {}
+        }
+    }
+}
+
+/// Parses `--from-time`: milliseconds since the Unix epoch, or an RFC 3339 date-time (any
+/// offset, optional fraction), checked as a real calendar date.
+pub fn parse_time_ms(text: &str) -> Result<i64, String> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return if ms >= 0 {
+            Ok(ms)
+        } else {
+            Err("must not be negative".to_owned())
+        };
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| {
+            format!("{text:?} is neither milliseconds nor an RFC 3339 date-time such as 2026-02-03T04:05:06Z: {e}")
+        })
+        .and_then(|ms| {
+            if ms >= 0 {
+                Ok(ms)
+            } else {
+                Err(format!("{text:?} is before 1970"))
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_time_ms;
+
+    #[test]
+    fn times_parse_as_ms_or_rfc3339_and_impossible_dates_are_refused() {
+        assert_eq!(parse_time_ms("1764633600123"), Ok(1_764_633_600_123));
+        assert_eq!(parse_time_ms("2025-12-02T00:00:00Z"), Ok(1_764_633_600_000));
+        assert_eq!(parse_time_ms("1970-01-01T00:00:01Z"), Ok(1000));
+        assert_eq!(
+            parse_time_ms("2025-12-02T01:00:00+01:00"),
+            Ok(1_764_633_600_000)
+        );
+        assert_eq!(
+            parse_time_ms("2025-12-02T00:00:00.250Z"),
+            Ok(1_764_633_600_250)
+        );
+        assert!(
+            parse_time_ms("2026-02-31T00:00:00Z").is_err(),
+            "no 31 February"
+        );
+        assert!(parse_time_ms("2025-13-02T00:00:00Z").is_err());
+        assert!(parse_time_ms("yesterday").is_err());
+        assert!(parse_time_ms("-5").is_err());
+    }
+}

@@ -1,0 +1,311 @@
+//! What a replay reads: the partition's offsets, the refusals decided from them, and the reader
+//! that walks a range without ever jumping.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{now_ms, Refusal, ReplayRequest, ReplayStart, STALL};
+use crate::config::Config;
+use crate::ingest::decode;
+use crate::model::UserId;
+
+/// The offsets of the partition, read from the broker.
+pub(super) struct Range {
+    /// The partition's log start when the replay began.
+    pub(super) low: i64,
+    pub(super) from: i64,
+    pub(super) end: i64,
+}
+
+/// The replay's Kafka clients: a reader with its own assignment (never committing) and a
+/// watcher that only asks the daemon's consumer group what it committed.
+pub(super) struct Clients {
+    topic: String,
+    partition: i32,
+    pub(super) reader: StreamConsumer,
+    watcher: BaseConsumer,
+}
+
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Clients {
+    pub(super) fn new(config: &Config, partition: i32) -> Result<Self, rdkafka::error::KafkaError> {
+        let mut reader = crate::daemon::kafka::base_config(&config.kafka);
+        // librdkafka wants a group id even for a manual assignment; nothing is ever committed
+        // to it, and it is not the daemon's group.
+        reader
+            .set("group.id", format!("{}-replay", config.kafka.group_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            // A position that retention deleted mid-read must stop the replay, never jump to
+            // the end (librdkafka's default reset), which would look like a complete range.
+            .set("auto.offset.reset", "error");
+        let mut watcher = crate::daemon::kafka::base_config(&config.kafka);
+        // The daemon's group, only to read its committed offsets (OffsetFetch): this client never
+        // subscribes, so it never joins the group or disturbs its members.
+        watcher
+            .set("group.id", &config.kafka.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        Ok(Self {
+            topic: config.kafka.topic.clone(),
+            partition,
+            reader: reader.create()?,
+            watcher: watcher.create()?,
+        })
+    }
+
+    /// (low, high) watermarks and the daemon group's committed offset of the partition.
+    fn offsets(&self) -> Result<(i64, i64, Option<i64>), String> {
+        let (low, high) = self
+            .watcher
+            .fetch_watermarks(&self.topic, self.partition, KAFKA_TIMEOUT)
+            .map_err(|e| format!("kafka: watermarks of partition {}: {e}", self.partition))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, self.partition);
+        let committed = self
+            .watcher
+            .committed_offsets(tpl, KAFKA_TIMEOUT)
+            .map_err(|e| {
+                format!(
+                    "kafka: committed offset of partition {}: {e}",
+                    self.partition
+                )
+            })?
+            .find_partition(&self.topic, self.partition)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            });
+        Ok((low, high, committed))
+    }
+
+    /// Resolves the requested range, or refuses it. `Err` is an unreachable broker.
+    pub(super) async fn resolve(
+        &self,
+        request: &ReplayRequest,
+    ) -> Result<Result<Range, Refusal>, String> {
+        let (low, high, committed) = tokio::task::block_in_place(|| self.offsets())?;
+        let refuse = |reason, detail| Ok(Err(Refusal { reason, detail }));
+        let from = match request.start {
+            ReplayStart::Offset(offset) => offset,
+            ReplayStart::TimeMs(ms) => {
+                if ms > now_ms() {
+                    return refuse(
+                        "from_time_in_future",
+                        format!("--from-time {ms} ms is in the future: there is nothing to replay"),
+                    );
+                }
+                let mut query = TopicPartitionList::new();
+                query
+                    .add_partition_offset(&self.topic, self.partition, Offset::Offset(ms))
+                    .map_err(|e| format!("kafka: {e}"))?;
+                let found = tokio::task::block_in_place(|| {
+                    self.watcher.offsets_for_times(query, KAFKA_TIMEOUT)
+                })
+                .map_err(|e| format!("kafka: offsets for --from-time: {e}"))?;
+                match found
+                    .find_partition(&self.topic, self.partition)
+                    .map(|e| e.offset())
+                {
+                    // The first record at or after the time is the log start, and the log lost
+                    // records before it: they may be newer than the time asked for.
+                    Some(Offset::Offset(offset))
+                        if offset == low
+                            && low > 0
+                            && request.reset_mailboxes
+                            && !request.allow_partial_history =>
+                    {
+                        return refuse(
+                            "log_start_above_start",
+                            format!(
+                                "--from-time {ms} ms resolves to the log start {low}: retention already deleted the records before it, which may include records after that time; pass --allow-partial-history to rebuild from {low}"
+                            ),
+                        );
+                    }
+                    Some(Offset::Offset(offset)) if offset < high => offset,
+                    _ => {
+                        return refuse(
+                            "from_time_past_end",
+                            format!(
+                                "no record of partition {} at or after --from-time {ms} ms",
+                                self.partition
+                            ),
+                        )
+                    }
+                }
+            }
+        };
+        let from = if from < low {
+            if !request.allow_partial_history {
+                return refuse(
+                    "log_start_above_start",
+                    format!(
+                        "the partition's log starts at offset {low} (retention deleted the records before it), above the requested start {from}: a rebuild would miss them; pass --allow-partial-history to replay from {low}"
+                    ),
+                );
+            }
+            low
+        } else {
+            from
+        };
+        let end = request
+            .to_offset
+            .map_or(high, |to| to.saturating_add(1).min(high));
+        if from >= end {
+            return refuse(
+                "empty_range",
+                format!("offsets {from}..{end} of partition {} hold no record (the partition ends at {high})", self.partition),
+            );
+        }
+        if request.reset_mailboxes {
+            if let Some(committed) = committed.filter(|c| end < *c) {
+                return refuse("end_below_committed", end_below(end, committed));
+            }
+        }
+        Ok(Ok(Range { low, from, end }))
+    }
+
+    /// The first record in `[low, from)` with a delivery to one of `users`, read and decoded but
+    /// never applied.
+    pub(super) async fn first_record_of(
+        &self,
+        users: &[UserId],
+        low: i64,
+        from: i64,
+        config: &Config,
+    ) -> Result<Option<(i64, UserId)>, String> {
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&self.topic, self.partition, Offset::Offset(low))
+            .map_err(|e| format!("kafka: {e}"))?;
+        self.reader
+            .assign(&assignment)
+            .map_err(|e| format!("kafka: {e}"))?;
+        let mut give_up = Instant::now() + STALL;
+        loop {
+            let (offset, payload) =
+                match next_in_range(&self.reader, &self.topic, self.partition, from, give_up)
+                    .await
+                    .map_err(|(reason, _)| reason)?
+                {
+                    Next::Done => return Ok(None),
+                    Next::Record(offset, payload) => (offset, payload),
+                };
+            give_up = Instant::now() + STALL;
+            if let Ok(record) = decode(&payload, &config.decode_options()).map(|d| d.record) {
+                if let Some(delivery) = record
+                    .deliveries()
+                    .into_iter()
+                    .find(|d| users.contains(&d.mailbox().user_id))
+                {
+                    return Ok(Some((offset, delivery.mailbox().user_id.clone())));
+                }
+            }
+        }
+    }
+
+    /// With the fences up: the end moves to the high watermark now (unless `--to-offset` fixed
+    /// it), and must still cover what the daemon committed.
+    pub(super) async fn recheck_after_fence(
+        &self,
+        request: &ReplayRequest,
+        range: &Range,
+    ) -> Result<Result<i64, Refusal>, String> {
+        let (_, high, committed) = tokio::task::block_in_place(|| self.offsets())?;
+        // The daemon may have applied (not yet committed) every record below `high` before the
+        // fence went up: a rebuild that stops earlier would drop the user's groups it wrote.
+        if let Some(to) = request.to_offset.filter(|to| to.saturating_add(1) < high) {
+            return Ok(Err(Refusal {
+                reason: "end_below_log_end",
+                detail: format!(
+                    "--to-offset {to} is below the partition's end {high} at the fence: the daemon may already have written records after it, which the rebuilt mailbox would lose; a repair runs to the end of the partition (leave --to-offset out)"
+                ),
+            }));
+        }
+        let end = high.max(range.end);
+        match committed.filter(|c| end < *c) {
+            Some(committed) => Ok(Err(Refusal {
+                reason: "end_below_committed",
+                detail: end_below(end, committed),
+            })),
+            None => Ok(Ok(end)),
+        }
+    }
+}
+
+/// How a read of `[.., end)` goes on.
+pub(super) enum Next {
+    Record(i64, Vec<u8>),
+    /// The reader's position reached `end`: the range is read.
+    Done,
+}
+
+/// The next record of the partition before `end`, or [`Next::Done`] once the reader's position
+/// reached `end` — the last offsets of a range may be transaction markers, which are never
+/// delivered, so the position, not the last offset seen, says when a range is read. `Err` when
+/// the position was lost (retention deleted it: never a silent jump) or nothing arrived until
+/// `give_up` (the broker is unreachable; retryable).
+pub(super) async fn next_in_range(
+    reader: &StreamConsumer,
+    topic: &str,
+    partition: i32,
+    end: i64,
+    give_up: Instant,
+) -> Result<Next, (String, bool)> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), reader.recv()).await {
+            Ok(Ok(message)) => {
+                let offset = message.offset();
+                if offset >= end {
+                    return Ok(Next::Done);
+                }
+                let payload = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
+                return Ok(Next::Record(offset, payload));
+            }
+            Ok(Err(e)) if position_lost(&e) => {
+                return Err((
+                    format!("the read position of partition {partition} is gone ({e}): retention deleted records of the range while it was read; rerun (with --allow-partial-history if the history is truly gone)"),
+                    false,
+                ))
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "replay consumer error"),
+            Err(_) => {}
+        }
+        let position = reader.position().ok().and_then(|tpl| {
+            tpl.find_partition(topic, partition)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+        });
+        if position.is_some_and(|p| p >= end) {
+            return Ok(Next::Done);
+        }
+        if Instant::now() >= give_up {
+            return Err((
+                format!("no record arrived for {STALL:?} while offsets up to {end} remained; is the broker reachable?"),
+                true,
+            ));
+        }
+    }
+}
+
+/// Whether a consumer error means the read position no longer exists.
+fn position_lost(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange)
+    )
+}
+
+fn end_below(end: i64, committed: i64) -> String {
+    format!(
+        "the replay would end at offset {end} but the daemon's group already committed {committed}: the rebuilt mailbox would miss records {end}..{committed}; raise --to-offset or leave it out"
+    )
+}

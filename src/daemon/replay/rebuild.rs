@@ -1,0 +1,271 @@
+//! The replay's read-and-apply loop: the partition's range through the daemon's ordering core,
+//! into the staging copies of fenced users (or the live store), with the same dispositions.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use super::progress::Progress;
+use super::range::{next_in_range, Next, Range};
+use super::{pause_point, ReplayRequest, ReplaySummary, MAX_TRANSIENT_ATTEMPTS, STALL};
+use crate::config::Config;
+use crate::daemon::metrics;
+use crate::disposition::Disposition;
+use crate::ingest::pipeline::{DeliveryRef, FinalRecord, PartitionPipeline};
+use crate::ingest::runner::{Attempt, Cancel, Runner};
+use crate::ingest::{decode, DeliveryOutcome};
+use crate::model::{StoreError, UserId};
+use crate::store::repair::Renewal;
+use crate::store::MailboxStore;
+
+/// The replay's read-and-apply loop.
+pub(super) struct Rebuild<'a> {
+    pub(super) config: &'a Config,
+    pub(super) request: &'a ReplayRequest,
+    pub(super) store: Arc<dyn MailboxStore>,
+    /// Staging views of the fenced users; other deliveries go to the live store.
+    pub(super) targets: HashMap<UserId, Arc<dyn MailboxStore>>,
+    pub(super) pipeline: PartitionPipeline<(), ()>,
+    pub(super) runner: Runner<DeliveryRef>,
+    pub(super) cancel: Cancel,
+    pub(super) summary: &'a mut ReplaySummary,
+    pub(super) corrupt_users: BTreeSet<UserId>,
+    pub(super) seen_users: BTreeSet<UserId>,
+    pub(super) wanted: BTreeSet<UserId>,
+    pub(super) progress: Progress,
+    /// The first staged delivery has landed (the `replay.rebuilding` pause point is due).
+    pub(super) staged_any: bool,
+    pub(super) pause_rebuilding: bool,
+}
+
+impl Rebuild<'_> {
+    /// Reads `range` and applies it. `Err((reason, retryable))` aborts the replay.
+    pub(super) async fn read(
+        &mut self,
+        reader: &StreamConsumer,
+        range: &Range,
+        interrupt: &mut watch::Receiver<bool>,
+        mut renewal: Option<&mut Renewal>,
+    ) -> Result<(), (String, bool)> {
+        let topic = self.config.kafka.topic.as_str();
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, self.request.partition, Offset::Offset(range.from))
+            .map_err(|e| (format!("kafka: {e}"), true))?;
+        reader
+            .assign(&assignment)
+            .map_err(|e| (format!("kafka: {e}"), true))?;
+        let mut next_offset = range.from;
+        let mut source_done = false;
+        let mut give_up = Instant::now() + STALL;
+        loop {
+            if source_done && self.pipeline.is_empty() {
+                return Ok(());
+            }
+            let can_read = !source_done && !self.pipeline.is_full();
+            if !can_read {
+                // Waiting for the store is not waiting for the broker.
+                give_up = Instant::now() + STALL;
+            }
+            tokio::select! {
+                biased;
+                _ = interrupt.changed() => {
+                    return Err(("interrupted by a signal before the swap; the live mailboxes are as they were".to_owned(), false));
+                }
+                reason = async { match renewal.as_mut() { Some(r) => r.lost().await, None => std::future::pending().await } } => {
+                    return Err((format!("repair fence lost: {reason}"), false));
+                }
+                attempt = self.runner.next() => {
+                    self.on_attempt(attempt)?;
+                    if std::mem::take(&mut self.pause_rebuilding) {
+                        pause_point("replay.rebuilding").await;
+                    }
+                }
+                next = next_in_range(reader, topic, self.request.partition, range.end, give_up), if can_read => {
+                    match next? {
+                        Next::Done => source_done = true,
+                        Next::Record(offset, payload) => {
+                            give_up = Instant::now() + STALL;
+                            if offset >= next_offset {
+                                next_offset = offset + 1;
+                                self.admit(offset, &payload);
+                                if next_offset >= range.end {
+                                    source_done = true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            self.settle();
+        }
+    }
+
+    fn admit(&mut self, offset: i64, payload: &[u8]) {
+        self.summary.records += 1;
+        self.progress.read(1);
+        let decoded = decode(payload, &self.config.decode_options()).map(|d| d.record);
+        let decoded = match decoded {
+            Ok(record) if !self.wanted.is_empty() => {
+                match record.retain_users(|u| self.wanted.contains(u)) {
+                    Some(record) => Ok(record),
+                    None => {
+                        self.count("skipped");
+                        return;
+                    }
+                }
+            }
+            other => other,
+        };
+        if let Err(e) = &decoded {
+            tracing::info!(offset, error = %e, "malformed record (dead-lettered when first read)");
+        }
+        if self.request.dry_run {
+            match &decoded {
+                Ok(record) => {
+                    let deliveries = record.deliveries();
+                    for d in &deliveries {
+                        self.seen_users.insert(d.mailbox().user_id.clone());
+                    }
+                    *self.summary.groups.entry("planned").or_default() += deliveries.len() as u64;
+                    self.count("planned");
+                }
+                Err(_) => self.count("malformed"),
+            }
+            return;
+        }
+        let Some(admission) = self.pipeline.admit(offset, (), 0, (), decoded) else {
+            return;
+        };
+        for at in admission.ready {
+            self.start(at, 0, Duration::ZERO);
+        }
+        if admission.settled.is_some() {
+            // Counted, not dead-lettered again.
+            self.pipeline.dead_lettered(offset);
+        }
+    }
+
+    fn start(&mut self, at: DeliveryRef, attempt: u32, delay: Duration) {
+        let Some(delivery) = self.pipeline.delivery(at).cloned() else {
+            return;
+        };
+        let user = &delivery.mailbox().user_id;
+        self.seen_users.insert(user.clone());
+        let target = self.targets.get(user).unwrap_or(&self.store).clone();
+        self.runner
+            .start(at, target, delivery, attempt, delay, self.cancel.clone());
+    }
+
+    fn on_attempt(&mut self, attempt: Attempt<DeliveryRef>) -> Result<(), (String, bool)> {
+        let Some(result) = attempt.result else {
+            return Ok(());
+        };
+        let at = attempt.key;
+        let disposition = Disposition::of(&result);
+        let user = attempt.delivery.mailbox().user_id.clone();
+        let result = match disposition {
+            Disposition::Advance | Disposition::DeadLetter => result,
+            Disposition::AbortRepair => {
+                let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
+                return Err((format!("repair fence lost: {reason}"), false));
+            }
+            Disposition::Block if self.targets.contains_key(&user) => {
+                // A staging copy is built from nothing: a corrupt verdict there means the rebuild
+                // cannot be trusted, and it must never be swapped in.
+                let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
+                return Err((
+                    format!(
+                        "the rebuild of {} failed closed ({reason}); nothing was swapped",
+                        user.as_str()
+                    ),
+                    false,
+                ));
+            }
+            Disposition::Block => {
+                // A replay does not wait for a repair: it reports the mailbox and moves on.
+                if self.corrupt_users.insert(user.clone()) {
+                    if let Err(e) = &result {
+                        tracing::error!(offset = at.offset, user = %user.as_str(), error = %e, "still corrupt");
+                    }
+                }
+                result
+            }
+            Disposition::Retry { .. } => {
+                if attempt.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS {
+                    let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
+                    return Err((
+                        format!("gave up after {MAX_TRANSIENT_ATTEMPTS} attempts at offset {}: {reason}", at.offset),
+                        true,
+                    ));
+                }
+                if let Err(e) = &result {
+                    tracing::warn!(offset = at.offset, error = %e, attempt = attempt.attempt, "transient store error; retrying");
+                }
+                let delay = self.config.kafka.backoff().delay(attempt.attempt);
+                self.runner.start(
+                    at,
+                    self.targets.get(&user).unwrap_or(&self.store).clone(),
+                    attempt.delivery,
+                    attempt.attempt + 1,
+                    delay,
+                    self.cancel.clone(),
+                );
+                return Ok(());
+            }
+        };
+        let word = match &result {
+            Ok(outcome) => outcome.as_str(),
+            Err(e) => e.outcome(),
+        };
+        *self.summary.groups.entry(word).or_default() += 1;
+        if !self.staged_any && self.targets.contains_key(&user) {
+            self.staged_any = true;
+            self.pause_rebuilding = true;
+        }
+        let (next, settled) = self.pipeline.complete(at, result);
+        if let Some(next) = next {
+            self.start(next, 0, Duration::ZERO);
+        }
+        if let Some(settled) = settled {
+            if settled.dead_letter.is_some() {
+                self.pipeline.dead_lettered(settled.offset);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the records that left the window.
+    fn settle(&mut self) {
+        for record in self.pipeline.pop_final() {
+            let word = replay_word(&record);
+            self.count(word);
+        }
+    }
+
+    fn count(&mut self, word: &'static str) {
+        *self.summary.outcomes.entry(word).or_default() += 1;
+        metrics::replay_record(word);
+    }
+}
+
+/// The replay outcome of a final record: `corrupt` if a delivery met a corrupt mailbox, else
+/// the record outcome.
+fn replay_word(record: &FinalRecord<()>) -> &'static str {
+    let corrupt =
+        record
+            .deliveries
+            .iter()
+            .any(|(_, r): &(_, Result<DeliveryOutcome, StoreError>)| {
+                matches!(r, Err(StoreError::Corrupt { .. }))
+            });
+    if corrupt {
+        "corrupt"
+    } else {
+        record.outcome.as_str()
+    }
+}
