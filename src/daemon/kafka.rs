@@ -37,6 +37,10 @@ pub fn base_config(kafka: &KafkaConfig) -> ClientConfig {
 /// librdkafka's 64 MiB, so the daemon's memory is its window plus a predictable prefetch.
 const DEFAULT_QUEUED_MAX_KBYTES: &str = "16384";
 
+/// librdkafka's fetch postponement when its queue is at the threshold, unless the operator sets
+/// it (see `consumer_config`).
+const DEFAULT_FETCH_QUEUE_BACKOFF_MS: &str = "20";
+
 /// The group consumer. `commit_offsets` false (the memory store) turns committing off entirely.
 pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfig {
     let mut config = base_config(kafka);
@@ -61,6 +65,13 @@ pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfi
     }
     if !kafka.properties.contains_key("queued.max.messages.kbytes") {
         config.set("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES);
+    }
+    // When the store is the bottleneck the prefetch queue sits at its threshold, and librdkafka
+    // then postpones the partition's next fetch by this much (1 s by default). A partition the
+    // engine paused and resumed (its queue purged) would wait that long for its next record
+    // while the store idles: refetch promptly instead.
+    if !kafka.properties.contains_key("fetch.queue.backoff.ms") {
+        config.set("fetch.queue.backoff.ms", DEFAULT_FETCH_QUEUE_BACKOFF_MS);
     }
     config
 }
