@@ -4,8 +4,11 @@
 //!     each path of the store — fresh mailbox, warm append, warm append into a mailbox with 30
 //!     active days, identical replay, one 50-group scan page (its two script calls together) —
 //!     next to a raw script of comparable reach (TIME, 2 HGET, 4 HSET, ZSCORE + ZADD, 2 ZADD,
-//!     2 EXPIREAT GT) run the same way. With it, the commands each path runs inside its script
-//!     per call (the profile the scripts are cut by), and the CPU seconds of both processes.
+//!     2 EXPIREAT GT) run the same way in its own phase at the start and at the end of every
+//!     round. On a shared machine `usec_per_call` (wall time inside the call) also counts the
+//!     moments the server was preempted, so the table adds the server's CPU time per call
+//!     (`/proc/<pid>/stat`), which preemption does not inflate. With it, the commands each path
+//!     runs inside its scripts per call (the profile the scripts are cut by).
 //! (b) **Appends/s** through the Rust store versus `redis-benchmark` calling the very same append
 //!     script with EVALSHA, pipelined: the ratio is the cost of the Rust client path.
 //! (c) **Bytes** of meta + day set + identity index of one mailbox after 31 and after 365
@@ -33,7 +36,7 @@ use mailbox_materializer::store::MailboxStore;
 use redis_server::{Clock, Listen, RedisServer};
 
 /// Users × groups of the per-call workload (the shape of `apply --store redis` on a dispatch log).
-const USERS: u64 = 2_000;
+const USERS: u64 = 5_000;
 const GROUPS: u64 = 10;
 /// Mailboxes with 30 active days (60 groups, two a day) for the 30-day appends and the scans.
 const WIDE_USERS: u64 = 200;
@@ -45,6 +48,8 @@ const IN_FLIGHT: u64 = 64;
 const THROUGHPUT_APPENDS: u64 = 100_000;
 const THROUGHPUT_IN_FLIGHT: u64 = 256;
 const ROUNDS: usize = 3;
+/// Rounds of the per-call measurement (each on a fresh server).
+const CALL_ROUNDS: usize = 5;
 
 /// The baseline script: the reach of an append (TIME, 2 HGET, 4 HSET, ZSCORE + ZADD, 2 ZADD,
 /// 2 EXPIREAT GT) without any of its decisions.
@@ -64,6 +69,101 @@ redis.call('ZADD', KEYS[4], ARGV[1], ARGV[4])
 redis.call('EXPIREAT', KEYS[4], ARGV[2], 'GT')
 redis.call('EXPIREAT', KEYS[2], ARGV[2], 'GT')
 return 1";
+
+/// The identical replay's five commands with the same keys and arguments as `lua/append.lua`,
+/// without any of its decisions: the floor the replay path cannot go below.
+const REPLAY_FLOOR_LUA: &str = r"
+local gate = redis.call('MGET', KEYS[6], KEYS[1])
+local t = redis.call('TIME')
+local m = redis.call('HMGET', KEYS[2], 'retention_format_version', 'user_trim_seq',
+  'seqbucket_max_seq', 'next_expires_at', 'bucket_max_seq:' .. ARGV[6])
+local s = redis.call('ZSCORE', KEYS[3], ARGV[5])
+local g = redis.call('ZRANGE', KEYS[5] .. ARGV[6], ARGV[4], ARGV[4], 'BYSCORE', 'LIMIT', '0',
+  ARGV[13])
+return {2}";
+
+/// A phase of `USERS * GROUPS` calls of the replay floor on the mailboxes `u*`.
+async fn replay_floor_phase(
+    server: &RedisServer,
+    store: &Arc<RedisStore>,
+    policy: RetentionPolicy,
+) -> Phase {
+    let floor = redis::Script::new(REPLAY_FLOOR_LUA);
+    let _: String = floor
+        .prepare_invoke()
+        .load_async(&mut store.conn())
+        .await
+        .expect("load the floor");
+    let conn = store.conn();
+    measure(
+        server,
+        "replay floor: its 5 commands, no decisions",
+        USERS * GROUPS,
+        || {
+            for_users(USERS, move |u| {
+                let floor = floor.clone();
+                let mut conn = conn.clone();
+                async move {
+                    for seq in 1..=GROUPS {
+                        let g = group(user("u", u), seq, today(), 2);
+                        let keys = MailboxKeys::new("mm", &g.mailbox);
+                        let mut invocation = floor.prepare_invoke();
+                        keys.bind(&mut invocation);
+                        for arg in append_argv(&keys, &g, &policy) {
+                            invocation.arg(arg);
+                        }
+                        let reply: Vec<i64> =
+                            invocation.invoke_async(&mut conn).await.expect("floor");
+                        assert_eq!(reply, vec![2]);
+                    }
+                }
+            })
+        },
+    )
+    .await
+}
+
+/// A phase of `USERS * GROUPS` anchor calls, the store's access pattern without its decisions.
+async fn anchor_phase(server: &RedisServer, store: &Arc<RedisStore>, name: &'static str) -> Phase {
+    let anchor = redis::Script::new(ANCHOR_LUA);
+    let _: String = anchor
+        .prepare_invoke()
+        .load_async(&mut store.conn())
+        .await
+        .expect("load the anchor");
+    let conn = store.conn();
+    let prefix: &'static str = if name.contains("start") {
+        "anchor-a"
+    } else {
+        "anchor-b"
+    };
+    measure(server, name, USERS * GROUPS, || {
+        for_users(USERS, move |u| {
+            let anchor = anchor.clone();
+            let mut conn = conn.clone();
+            async move {
+                let mb = MailboxId::new(user(prefix, u), 1);
+                let keys = MailboxKeys::new("mm", &mb);
+                let day = today();
+                for seq in 1..=GROUPS {
+                    let _: i64 = anchor
+                        .key(&keys.meta)
+                        .key(&keys.seqbucket)
+                        .key(&keys.days)
+                        .key(keys.day(day))
+                        .arg(format!("{seq:016}"))
+                        .arg(RetentionPolicy::default().expires_at(day))
+                        .arg(day)
+                        .arg(event_member(seq, 0, day * DAY_MS, "{}"))
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("anchor");
+                }
+            }
+        })
+    })
+    .await
+}
 
 fn events(n: u32) -> Vec<Event> {
     (0..n)
@@ -117,7 +217,6 @@ struct Phase {
     ops: u64,
     /// command -> (calls, usec), inner commands of scripts included.
     stats: BTreeMap<String, (u64, u64)>,
-    wall: f64,
     server_cpu: f64,
     client_cpu: f64,
 }
@@ -130,6 +229,11 @@ impl Phase {
     /// Server µs of script execution per operation.
     fn usec_per_op(&self) -> f64 {
         self.evalsha().1 as f64 / self.ops as f64
+    }
+
+    /// Server CPU µs per operation (user + system time of the redis-server process).
+    fn cpu_usec_per_op(&self) -> f64 {
+        self.server_cpu * 1e6 / self.ops as f64
     }
 
     /// Commands run inside the scripts, per operation.
@@ -175,12 +279,10 @@ where
 {
     assert!(server.raw("CONFIG RESETSTAT").starts_with("+OK"));
     let (server_cpu, client_cpu) = (cpu_secs(server.pid()), cpu_secs(std::process::id()));
-    let started = Instant::now();
     work().await;
     Phase {
         name,
         ops,
-        wall: started.elapsed().as_secs_f64(),
         server_cpu: cpu_secs(server.pid()) - server_cpu,
         client_cpu: cpu_secs(std::process::id()) - client_cpu,
         stats: commandstats(server),
@@ -211,6 +313,7 @@ where
     }
 }
 
+/// Appends `seqs` to each of `users` mailboxes, in order per mailbox.
 async fn append_range(
     store: &Arc<RedisStore>,
     prefix: &'static str,
@@ -240,7 +343,8 @@ fn today() -> u64 {
     now_secs() / DAY_SECS
 }
 
-/// (a): every path of the store and the anchor, one phase each, on a fresh server.
+/// (a): the anchor, every path of the store, and the anchor again, one phase each, on a fresh
+/// server.
 async fn per_call(policy: RetentionPolicy) -> Vec<Phase> {
     let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let store = Arc::new(
@@ -262,49 +366,7 @@ async fn per_call(policy: RetentionPolicy) -> Vec<Phase> {
         )
         .await
         .expect("warm-up scan");
-    let mut phases = Vec::new();
-
-    let anchor = redis::Script::new(ANCHOR_LUA);
-    let _: String = anchor
-        .prepare_invoke()
-        .load_async(&mut store.conn())
-        .await
-        .expect("load");
-    let conn = store.conn();
-    phases.push(
-        measure(
-            &server,
-            "anchor: raw script of comparable reach",
-            USERS * GROUPS,
-            || {
-                let anchor = anchor.clone();
-                for_users(USERS, move |u| {
-                    let anchor = anchor.clone();
-                    let mut conn = conn.clone();
-                    async move {
-                        let mb = MailboxId::new(user("anchor-", u), 1);
-                        let keys = MailboxKeys::new("mm", &mb);
-                        let day = today();
-                        for seq in 1..=GROUPS {
-                            let _: i64 = anchor
-                                .key(&keys.meta)
-                                .key(&keys.seqbucket)
-                                .key(&keys.days)
-                                .key(keys.day(day))
-                                .arg(format!("{seq:016}"))
-                                .arg(RetentionPolicy::default().expires_at(day))
-                                .arg(day)
-                                .arg(event_member(seq, 0, day * DAY_MS, "{}"))
-                                .invoke_async(&mut conn)
-                                .await
-                                .expect("anchor");
-                        }
-                    }
-                })
-            },
-        )
-        .await,
-    );
+    let mut phases = vec![anchor_phase(&server, &store, "anchor (start of round)").await];
 
     let day_now: fn(u64) -> u64 = |_| today();
     phases.push(
@@ -349,6 +411,8 @@ async fn per_call(policy: RetentionPolicy) -> Vec<Phase> {
         )
         .await,
     );
+
+    phases.push(replay_floor_phase(&server, &store, policy).await);
 
     // Mailboxes with 30 active days: seqs 1..=30 one a day (not measured), then 31..=60 one
     // more a day into days that already exist.
@@ -412,6 +476,7 @@ async fn per_call(policy: RetentionPolicy) -> Vec<Phase> {
         )
         .await,
     );
+    phases.push(anchor_phase(&server, &store, "anchor (end of round)").await);
     phases
 }
 
@@ -445,7 +510,7 @@ fn redis_benchmark_appends(server: &RedisServer, policy: &RetentionPolicy) -> f6
         .arg(server.socket())
         .arg("SCRIPT")
         .arg("LOAD")
-        .arg(full_append_source())
+        .arg(Scripts::append_source())
         .output()
         .expect("redis-cli");
     assert_eq!(
@@ -468,7 +533,13 @@ fn redis_benchmark_appends(server: &RedisServer, policy: &RetentionPolicy) -> f6
         keys.day_prefix.clone(),
         keys.repair.clone(),
     ];
-    args.extend(append_argv(&keys, &placeholder, policy, day));
+    let fresh = EventGroup {
+        mailbox: placeholder.clone(),
+        mailbox_seq: 1,
+        created_at: day * DAY_MS + 1,
+        events: events(3),
+    };
+    args.extend(append_argv(&keys, &fresh, policy));
     let out = Command::new("redis-benchmark")
         .arg("-s")
         .arg(server.socket())
@@ -499,43 +570,33 @@ fn redis_benchmark_appends(server: &RedisServer, policy: &RetentionPolicy) -> f6
 }
 
 /// ARGV of `lua/append.lua` for one fresh 3-event group at seq 1 (see its header).
-fn append_argv(
-    keys: &MailboxKeys,
-    mailbox: &MailboxId,
-    policy: &RetentionPolicy,
-    day: u64,
-) -> Vec<String> {
+/// ARGV of `lua/append.lua` for `group` (see its header), as the store sends it.
+fn append_argv(keys: &MailboxKeys, group: &EventGroup, policy: &RetentionPolicy) -> Vec<String> {
+    let day = group.day();
     let mut args = vec![
         keys.stem.clone(),
-        tag(&mailbox.user_id),
-        "1".into(),
-        "1".into(),
+        tag(&group.mailbox.user_id),
+        group.mailbox.epoch.to_string(),
+        group.mailbox_seq.to_string(),
+        format!("{:016}", group.mailbox_seq),
         day.to_string(),
         policy.expires_at(day).to_string(),
-        policy.future_window_days.to_string(),
+        (day.saturating_sub(u64::from(policy.future_window_days)) * DAY_SECS).to_string(),
         policy.max_active_span_days.to_string(),
         policy.retention_days.to_string(),
         String::new(),
         "0".into(),
+        (group.events.len() + 1).to_string(),
     ];
-    for e in events(3) {
+    for e in group.events.iter() {
         args.push(event_member(
-            1,
+            group.mailbox_seq,
             e.event_ordinal,
-            day * DAY_MS + 1,
+            group.created_at,
             e.payload.as_str(),
         ));
     }
     args
-}
-
-fn full_append_source() -> String {
-    format!(
-        "{}\n{}\n{}",
-        include_str!("../lua/includes/common.lua"),
-        include_str!("../lua/includes/promote.lua"),
-        include_str!("../lua/append.lua")
-    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -586,35 +647,66 @@ async fn main() {
     }
     let policy = RetentionPolicy::default();
 
-    // Each round on a fresh server; medians per path, so a noisy neighbour in one round does not
-    // decide the figure.
+    // Rounds on fresh servers. Per round, each path is compared with the mean of that round's two
+    // anchor phases.
     let mut rounds = Vec::new();
-    for _ in 0..ROUNDS {
+    for _ in 0..CALL_ROUNDS {
         rounds.push(per_call(policy).await);
     }
-    let phases = &rounds[ROUNDS / 2];
-    let median_of = |i: usize| median(rounds.iter().map(|r| r[i].usec_per_op()).collect());
-    let anchor = median_of(0);
-    println!("## Server time per script call (INFO commandstats, median of {ROUNDS} rounds)\n");
+    let last = rounds[0].len() - 1;
+    let phases = &rounds[CALL_ROUNDS / 2];
+    let anchor_of = |r: &Vec<Phase>, cpu: bool| {
+        let v = |p: &Phase| {
+            if cpu {
+                p.cpu_usec_per_op()
+            } else {
+                p.usec_per_op()
+            }
+        };
+        (v(&r[0]) + v(&r[last])) / 2.0
+    };
+    println!("## Server time per script call ({CALL_ROUNDS} rounds on fresh servers)\n");
     println!(
-        "| path | ops per round | server µs per call (median) | / anchor | rounds (µs) | wall s | redis-server CPU s | bench CPU s |"
+        "| path | goal (µs) | commandstats µs (median) | min | / anchor (median of rounds) | rounds (µs) | server CPU µs per call (median) | CPU / anchor CPU | bench CPU µs per call |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (i, p) in phases.iter().enumerate() {
-        let all: Vec<String> = rounds
-            .iter()
-            .map(|r| format!("{:.1}", r[i].usec_per_op()))
-            .collect();
+        let all: Vec<f64> = rounds.iter().map(|r| r[i].usec_per_op()).collect();
+        let ratio = median(
+            rounds
+                .iter()
+                .map(|r| r[i].usec_per_op() / anchor_of(r, false))
+                .collect(),
+        );
+        let cpu = median(rounds.iter().map(|r| r[i].cpu_usec_per_op()).collect());
+        let client = median(
+            rounds
+                .iter()
+                .map(|r| r[i].client_cpu * 1e6 / r[i].ops as f64)
+                .collect(),
+        );
+        let cpu_ratio = median(
+            rounds
+                .iter()
+                .map(|r| r[i].cpu_usec_per_op() / anchor_of(r, true))
+                .collect(),
+        );
+        let min = all.iter().copied().fold(f64::INFINITY, f64::min);
+        let listed: Vec<String> = all.iter().map(|v| format!("{v:.1}")).collect();
+        let goal = match i {
+            1 => "≤ 35",
+            2 => "≤ 25",
+            3 => "≤ 15",
+            6 => "≤ 40",
+            _ => "-",
+        };
         println!(
-            "| {} | {} | {:.1} | {:.2} | {} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {goal} | {:.1} | {:.1} | {:.2} | {} | {cpu:.1} | {cpu_ratio:.2} | {client:.1} |",
             p.name,
-            p.ops,
-            median_of(i),
-            median_of(i) / anchor,
-            all.join(" / "),
-            p.wall,
-            p.server_cpu,
-            p.client_cpu
+            median(all.clone()),
+            min,
+            ratio,
+            listed.join(" / "),
         );
     }
     println!("\n### Commands each path runs inside its scripts, per call\n");
