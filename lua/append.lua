@@ -3,7 +3,7 @@
 
   The same script writes the live copy of a user or a repair's staging copy: KEYS[1..5] name
   one copy (live `P:epoch:{user}` ... or staging `P:stgepoch:{user}` ..., see
-  src/store/redis/keys.rs) and ARGV[10] says which (see `fence_gate`).
+  src/store/redis/keys.rs) and ARGV[11] says which (see `fence_verdict`).
 
   KEYS[1]  P:epoch:{user}                 current epoch of the user
   KEYS[2]  P:mbmeta:{user}:<epoch>        V4 meta hash
@@ -13,14 +13,17 @@
   KEYS[6]  P:repair:{user}                repair fence: the holder id of the repair of the user
 
   ARGV[1]  key stem of the copy, `P:` or `P:stg` (names another epoch's keys)
-  ARGV[2]  hash tag {user}
-  ARGV[3]  epoch                          ARGV[4]  mailbox_seq, plain decimal
-  ARGV[5]  day                            ARGV[6]  expires_at(day)
-  ARGV[7]  future_window_days             ARGV[8]  max_active_span_days
-  ARGV[9]  retention_days                 ARGV[10] '' (live write) or the repair's holder id
-  ARGV[11] '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
-  ARGV[12..] the group's bucket members, sorted by ordinal:
+  ARGV[2]  hash tag {user}                ARGV[3]  epoch
+  ARGV[4]  mailbox_seq, canonical decimal ARGV[5]  the same seq, 16 digits zero-padded
+  ARGV[6]  day                            ARGV[7]  expires_at(day)
+  ARGV[8]  (day - future_window_days) * 86400, at least 0: the first second the day is inside
+           the future window              ARGV[9]  max_active_span_days
+  ARGV[10] retention_days                 ARGV[11] '' (live write) or the repair's holder id
+  ARGV[12] '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
+  ARGV[13] the number of members plus one (bounds the read of a same-day replay)
+  ARGV[14..] the group's bucket members, sorted by ordinal:
              seq16 '|' ordinal10 '|' created_at '|' canonical payload
+  Numbers travel as the caller's decimal strings (see common.lua).
 
   Returns {code, ...}:
     1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed, 6 stale_epoch
@@ -30,139 +33,180 @@
     fence is not this repair's)
 
   Nothing is written before the outcome is known: a rejected input for a cold user leaves no key,
-  and every error leaves the mailbox byte-identical.
+  and an error leaves the mailbox as it was (apart from what promote compacted, which any
+  operation would have compacted the same way).
+
+  Cost on the common paths (commands per call): an identical replay MGET of fence and epoch,
+  TIME, one HMGET of the meta, ZSCORE, and one ZRANGE bounded by the incoming group's size; a
+  warm insert (a day already active) the same up to ZSCORE, then EXPIRETIME of the identity
+  index, ZADD + EXPIREAT of the bucket, ZADD of the identity and one HSET of the meta (a new day
+  adds one HMGET of the range, ZADD of the day set and EXPIREAT of the index). Promote reads the
+  day set only once its first expiry has passed (`next_expires_at`).
 ]]
-local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local stem, tag = ARGV[1], ARGV[2]
-local epoch = tonumber(ARGV[3])
-local seq = ARGV[4]
-local seq16 = member16(seq)
-local day = tonumber(ARGV[5])
-local expires_at = tonumber(ARGV[6])
-local future_window, span_days, retention_days = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local members = {}
-for i = 12, #ARGV do members[#members + 1] = ARGV[i] end
-local day_key = day_prefix .. ARGV[5]
+local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local seq, seq16, day_text, expires_text = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local day_key = KEYS[5] .. day_text
+local members_from = 14
 
-local function append()
-  local fenced = fence_gate(KEYS[6], ARGV[10])
-  if fenced then return fenced end
+-- The fence and the epoch in one read.
+local gate = redis.call('MGET', KEYS[6], epoch_key)
+local fenced = fence_verdict(gate[1], ARGV[11])
+if fenced then return fenced end
+if ARGV[12] == '1' then propagate_for_wait(epoch_key, gate[2]) end
 
-  local now = now_seconds()
+local now = now_text()
 
-  -- 2. Future window, before anything is read or written.
-  if day > math.floor(now / 86400) + future_window then
-    return {ERR_FUTURE}
-  end
-
-  -- 3. Epoch. A move is applied only once something is written.
-  local current = rcall('GET', epoch_key)
-  local move_from = nil
-  if current then
-    current = tonumber(current)
-    if epoch < current then return {6} end
-    if epoch > current then move_from = current end
-  end
-  local function establish_epoch()
-    if move_from then delete_epoch(epoch_keys(stem, tag, move_from)) end
-    if move_from or not current then rcall('SET', epoch_key, ARGV[3]) end
-  end
-
-  -- 4. Format.
-  -- 4-6. Format, promote, identity hygiene, integrity.
-  local err = prepare_write(meta_key, days_key, seqbucket_key, now)
-  if err then return err end
-
-  -- 7. Trim.
-  local trim
-  trim, err = meta_seq(meta_key, 'user_trim_seq')
-  if err then return err end
-  if pad(seq) < pad(trim) then return {5} end
-
-  -- 8. Identity lookup.
-  local existing = rcall('ZSCORE', seqbucket_key, seq16)
-  if existing then
-    existing = tonumber(existing)
-    if existing ~= expires_at then
-      local existing_day = math.floor(existing / 86400) - 1 - retention_days
-      return {ERR_CROSS_DAY, string.format('%d', existing_day)}
-    end
-    -- Same day: compare the whole stored group with the incoming one.
-    local score = tonumber(seq)
-    local stored = rcall('ZRANGE', day_key, score, score, 'BYSCORE')
-    local old = {}
-    for _, m in ipairs(stored) do
-      if string.sub(m, 1, 17) == seq16 .. '|' then old[#old + 1] = m end
-    end
-    local same = #old == #members
-    if same then
-      for i = 1, #old do
-        if old[i] ~= members[i] then same = false break end
-      end
-    end
-    if same then return {2} end
-    zrem_all(day_key, old)
-    zadd_all(day_key, score, members)
-    rcall('EXPIREAT', day_key, expires_at)
-    return {3}
-  end
-
-  if expires_at <= now then
-    -- Expired replay: no events, no identity; only the gap boundary moves.
-    establish_epoch()
-    ensure_meta(meta_key)
-    local boundary
-    boundary, err = meta_seq(meta_key, 'expired_gap_boundary')
-    if err then return err end
-    rcall('HSET', meta_key, 'expired_gap_boundary', seq_max(boundary, seq))
-    return {4}
-  end
-
-  local seqbucket_max
-  seqbucket_max, err = meta_seq(meta_key, 'seqbucket_max_seq')
-  if err then return err end
-  if pad(seq) <= pad(seqbucket_max) then
-    return {ERR_IDENTITY_MISSING, seqbucket_max}
-  end
-
-  local low, high = day, day
-  for _, d in ipairs(rcall('ZRANGE', days_key, 0, -1)) do
-    local n = tonumber(d)
-    if n < low then low = n end
-    if n > high then high = n end
-  end
-  if high - low > span_days then
-    return {ERR_SPAN, string.format('%d', low), string.format('%d', high)}
-  end
-
-  -- Insert: events, identity (with its TTL never below the largest live expiry), day member,
-  -- proofs, range, seqbucket_max_seq.
-  establish_epoch()
-  ensure_meta(meta_key)
-  local score = tonumber(seq)
-  zadd_all(day_key, score, members)
-  rcall('EXPIREAT', day_key, expires_at)
-  rcall('ZADD', seqbucket_key, expires_at, seq16)
-  if rcall('TTL', seqbucket_key) == -1 then
-    -- A new key, or one that lost its TTL: set it from the largest score (GT does nothing on a key
-    -- without TTL, which Redis treats as infinite).
-    local top = rcall('ZRANGE', seqbucket_key, 0, 0, 'REV', 'WITHSCORES')
-    rcall('EXPIREAT', seqbucket_key, top[2])
-  else
-    rcall('EXPIREAT', seqbucket_key, expires_at, 'GT')
-  end
-  rcall('ZADD', days_key, expires_at, ARGV[5])
-  local proof_max = rcall('HGET', meta_key, 'bucket_max_seq:' .. ARGV[5])
-  if not is_seq(proof_max) then proof_max = seq else proof_max = seq_max(proof_max, seq) end
-  rcall('HSET', meta_key,
-    'bucket_max_seq:' .. ARGV[5], proof_max,
-    'bucket_expires_at:' .. ARGV[5], ARGV[6],
-    'seqbucket_max_seq', seq_max(seqbucket_max, seq))
-  recompute_range(meta_key, days_key)
-  return {1}
+-- 2. Future window, before anything is read or written: day > today + future_window_days
+-- exactly when now < (day - future_window_days) * 86400, the second the caller sends.
+if seq_less(now, ARGV[8]) then
+  return {ERR_FUTURE}
 end
 
-local reply = append()
-if ARGV[11] == '1' then propagate_for_wait(epoch_key) end
-return reply
+-- 3. Epoch (canonical decimals). A move is applied only once something is written.
+local current = gate[2]
+local move_from = false
+if current and not string.match(current, '^%d+$') then
+  -- A damaged epoch key: no rule can read it. A runtime error is a deterministic refusal.
+  error('the epoch key holds ' .. current .. ', not an epoch')
+end
+if current and current ~= ARGV[3] then
+  if seq_less(ARGV[3], current) then return {6} end
+  move_from = current
+end
+
+-- 4, 5. Format, promote with identity hygiene: one read of the meta (with this day's proof).
+local m = load_meta(meta_key, 'bucket_max_seq:' .. day_text)
+local err = prepare_write(m, days_key, seqbucket_key, now)
+if err then return err end
+
+-- 6. Integrity. A live identity of this seq proves the index exists (the replay path needs
+-- no more); otherwise the index's expiry tells, and an index without one is repaired on the way.
+local existing = redis.call('ZSCORE', seqbucket_key, seq16)
+local index_expiry = 0
+if not existing then index_expiry = identity_expiry(seqbucket_key) end
+err = check_integrity(m, existing or index_expiry ~= -2, now)
+if err then return err end
+
+-- 7. Trim.
+if seq_less(seq, m.trim) then return {5} end
+
+-- Below 2^53 a seq's score (a double) is its own; above, neighbouring seqs may share one and
+-- the 16-digit member prefix tells them apart.
+local exact_score = seq_less(seq, '9007199254740992')
+
+-- 8. Identity lookup.
+if existing then
+  if existing ~= expires_text then
+    local existing_day = math.floor(tonumber(existing) / 86400) - 1 - tonumber(ARGV[10])
+    return {ERR_CROSS_DAY, string.format('%d', existing_day)}
+  end
+  -- Same day: compare the stored group with the incoming one, reading at most one member more
+  -- than the incoming group has.
+  local old
+  if exact_score then
+    old = redis.call('ZRANGE', day_key, seq, seq, 'BYSCORE', 'LIMIT', '0', ARGV[13])
+  else
+    old = {}
+    for _, member in ipairs(redis.call('ZRANGE', day_key, seq, seq, 'BYSCORE')) do
+      if string.sub(member, 1, 17) == seq16 .. '|' then old[#old + 1] = member end
+    end
+  end
+  local same = #old == #ARGV - members_from + 1
+  if same then
+    for i = 1, #old do
+      if old[i] ~= ARGV[members_from + i - 1] then
+        same = false
+        break
+      end
+    end
+  end
+  if same then return {2} end
+  -- Different content: the whole old group goes, the new one comes, atomically.
+  if exact_score then
+    redis.call('ZREMRANGEBYSCORE', day_key, seq, seq)
+  else
+    zrem_all(day_key, old)
+  end
+  zadd_argv(day_key, seq, members_from)
+  redis.call('EXPIREAT', day_key, expires_text)
+  return {3}
+end
+
+-- The epoch move and the epoch key, applied by the two paths that write.
+local function establish_epoch()
+  if move_from then delete_epoch(epoch_keys(ARGV[1], ARGV[2], move_from)) end
+  if move_from or not current then redis.call('SET', epoch_key, ARGV[3]) end
+end
+
+if not seq_less(now, expires_text) then
+  -- Expired replay: no events, no identity; only the gap boundary moves.
+  err = load_boundary(m)
+  if err then return err end
+  establish_epoch()
+  local fields = {}
+  if not m.exists then fields = new_meta_fields() end
+  fields[#fields + 1] = 'expired_gap_boundary'
+  fields[#fields + 1] = seq_max(m.boundary, seq)
+  redis.call('HSET', meta_key, unpack(fields))
+  return {4}
+end
+
+if not seq_less(m.seqbucket_max, seq) then
+  return {ERR_IDENTITY_MISSING, m.seqbucket_max}
+end
+
+-- A day with a proof is active (in the day set, inside the range): adding to it cannot widen
+-- the span. A new day is checked against the range kept in the meta.
+local had_proof = is_seq(m.extra)
+local low, high
+if not had_proof then
+  load_range(m)
+  local day = tonumber(day_text)
+  low, high = day, day
+  local min_day, max_day = tonumber(m.min_day), tonumber(m.max_day)
+  if min_day and min_day < low then low = min_day end
+  if max_day and max_day > high then high = max_day end
+  if high - low > tonumber(ARGV[9]) then
+    return {ERR_SPAN, string.format('%d', low), string.format('%d', high)}
+  end
+end
+
+-- Insert: events, identity (its TTL never below the largest live expiry), day member, proofs,
+-- range, count, first expiry, seqbucket_max_seq.
+establish_epoch()
+zadd_argv(day_key, seq, members_from)
+redis.call('EXPIREAT', day_key, expires_text)
+redis.call('ZADD', seqbucket_key, expires_text, seq16)
+if index_expiry == -2 or index_expiry < tonumber(expires_text) then
+  -- A new index (its only member is this one), or a later day than any before: the key's expiry
+  -- is the largest score, only ever raised.
+  redis.call('EXPIREAT', seqbucket_key, expires_text)
+end
+local fields = {}
+if not m.exists then fields = new_meta_fields() end
+fields[#fields + 1] = 'seqbucket_max_seq'
+fields[#fields + 1] = seq_max(m.seqbucket_max, seq)
+if had_proof then
+  fields[#fields + 1] = 'bucket_max_seq:' .. day_text
+  fields[#fields + 1] = seq_max(m.extra, seq)
+else
+  fields[#fields + 1] = 'bucket_max_seq:' .. day_text
+  fields[#fields + 1] = seq
+  fields[#fields + 1] = 'bucket_expires_at:' .. day_text
+  fields[#fields + 1] = expires_text
+  if redis.call('ZADD', days_key, expires_text, day_text) == 1 then
+    local next_expiry = tonumber(m.next_expiry)
+    local expires_at = tonumber(expires_text)
+    if not next_expiry or expires_at < next_expiry then next_expiry = expires_at end
+    fields[#fields + 1] = 'active_day_count'
+    fields[#fields + 1] = string.format('%d', (tonumber(m.day_count) or 0) + 1)
+    fields[#fields + 1] = 'min_day'
+    fields[#fields + 1] = string.format('%d', low)
+    fields[#fields + 1] = 'max_day'
+    fields[#fields + 1] = string.format('%d', high)
+    fields[#fields + 1] = 'next_expires_at'
+    fields[#fields + 1] = string.format('%d', next_expiry)
+  end
+end
+redis.call('HSET', meta_key, unpack(fields))
+return {1}

@@ -11,12 +11,15 @@
   current one or has no meta), or ERR_UNSUPPORTED_FORMAT found, ERR_BAD_PROOF detail.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-if rcall('GET', epoch_key) ~= ARGV[1] then return {0, 0, '0'} end
-local err = check_format(meta_key)
+if redis.call('GET', epoch_key) ~= ARGV[1] then return {0, 0, '0'} end
+local m = load_meta(meta_key, 'expired_gap_boundary')
+local err = check_format(m)
 if err then return err end
-if rcall('EXISTS', meta_key) == 0 then return {0, 0, '0'} end
-local now = now_seconds()
-local expired, perr = promote(meta_key, days_key, seqbucket_key, now)
+if not m.exists then return {0, 0, '0'} end
+err = meta_seqs(m)
+if err then return err end
+m.boundary, err = seq_value(m.extra, 'expired_gap_boundary')
+if err then return err end
+local expired, perr = promote(m, days_key, seqbucket_key, now_text())
 if perr then return perr end
-local boundary = rcall('HGET', meta_key, 'expired_gap_boundary') or '0'
-return {0, expired, boundary}
+return {0, expired, m.boundary}

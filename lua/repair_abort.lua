@@ -10,9 +10,9 @@
 
   Returns {1, staging keys removed}, or {0, 0} when another repair holds the fence.
 ]]
-local current = rcall('GET', KEYS[1])
+local current = redis.call('GET', KEYS[1])
 if current and current ~= ARGV[1] then return {0, 0} end
 local today = math.floor(now_seconds() / 86400)
 local removed = delete_copy(ARGV[2], ARGV[3], KEYS[2], today, tonumber(ARGV[4]), tonumber(ARGV[5]))
-if current then rcall('DEL', KEYS[1]) end
+if current then redis.call('DEL', KEYS[1]) end
 return {1, removed}

@@ -12,9 +12,9 @@
   Returns {0, staging keys removed}, or ERR_UNDER_REPAIR holder when a fence exists (another
   repair whose lease has not lapsed: Redis expires the key by its own clock).
 ]]
-local holder = rcall('GET', KEYS[1])
+local holder = redis.call('GET', KEYS[1])
 if holder then return {ERR_UNDER_REPAIR, holder} end
 local today = math.floor(now_seconds() / 86400)
 local removed = delete_copy(ARGV[3], ARGV[4], KEYS[2], today, tonumber(ARGV[5]), tonumber(ARGV[6]))
-rcall('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {0, removed}

@@ -9,6 +9,6 @@
 
   Returns {1, staging keys removed}, or {0, 0} when there was nothing to collect.
 ]]
-if rcall('EXISTS', KEYS[1]) == 1 or rcall('EXISTS', KEYS[2]) == 0 then return {0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then return {0, 0} end
 local today = math.floor(now_seconds() / 86400)
 return {1, delete_copy(ARGV[1], ARGV[2], KEYS[2], today, tonumber(ARGV[3]), tonumber(ARGV[4]))}

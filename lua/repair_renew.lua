@@ -7,7 +7,7 @@
 
   Returns {0}, or ERR_FENCE_LOST holder-or-'' when the fence is gone or someone else's.
 ]]
-local current = rcall('GET', KEYS[1])
+local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then return {ERR_FENCE_LOST, current or ''} end
-rcall('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {0}

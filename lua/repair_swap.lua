@@ -20,13 +20,13 @@ local fence, live_epoch_key, staging_epoch_key = KEYS[1], KEYS[2], KEYS[3]
 local holder, live_stem, staging_stem, tag = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention_days, future_window = tonumber(ARGV[5]), tonumber(ARGV[6])
 
-local current = rcall('GET', fence)
+local current = redis.call('GET', fence)
 if current ~= holder then return {ERR_FENCE_LOST, current or ''} end
 
 local now = now_seconds()
 local today = math.floor(now / 86400)
 local function epoch_of(key)
-  if rcall('TYPE', key)['ok'] == 'string' then return rcall('GET', key) end
+  if redis.call('TYPE', key)['ok'] == 'string' then return redis.call('GET', key) end
   return false
 end
 local live_epoch = epoch_of(live_epoch_key)
@@ -42,21 +42,21 @@ if staged_epoch and staged_epoch ~= live_epoch then
   removed = removed + del_all(epoch_key_names(epoch_keys(live_stem, tag, staged_epoch), today,
     retention_days, future_window))
 end
-removed = removed + rcall('DEL', live_epoch_key)
+removed = removed + redis.call('DEL', live_epoch_key)
 
 -- 2. The staging copy becomes the live one, key by key under the same names after the stem.
 local staged_groups = 0
 if staged_epoch then
   local from = epoch_keys(staging_stem, tag, staged_epoch)
-  staged_groups = rcall('ZCOUNT', from.seqbucket, '(' .. now, '+inf')
+  staged_groups = redis.call('ZCOUNT', from.seqbucket, '(' .. now, '+inf')
   local names = epoch_key_names(from, today, retention_days, future_window)
   for _, name in ipairs(names) do
-    if rcall('EXISTS', name) == 1 then
-      rcall('RENAME', name, live_stem .. string.sub(name, #staging_stem + 1))
+    if redis.call('EXISTS', name) == 1 then
+      redis.call('RENAME', name, live_stem .. string.sub(name, #staging_stem + 1))
     end
   end
-  rcall('RENAME', staging_epoch_key, live_epoch_key)
+  redis.call('RENAME', staging_epoch_key, live_epoch_key)
 end
-rcall('DEL', staging_epoch_key)
-rcall('DEL', fence)
+redis.call('DEL', staging_epoch_key)
+redis.call('DEL', fence)
 return {0, staged_groups, removed}

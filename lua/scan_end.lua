@@ -6,17 +6,24 @@
 
   Returns {0}, or ERR_EPOCH_MISMATCH current, ERR_UNSUPPORTED_FORMAT found, ERR_BAD_PROOF
   detail, ERR_CURSOR_TRIMMED user_trim_seq, ERR_CURSOR_GAP boundary.
+
+  Commands on the common path: GET, one HMGET of the meta, TIME.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local current = rcall('GET', epoch_key)
+local current = redis.call('GET', epoch_key)
 if current ~= ARGV[1] then return {ERR_EPOCH_MISMATCH, current or ''} end
-local err = check_format(meta_key)
+local m = load_meta(meta_key, 'expired_gap_boundary')
+local err = check_format(m)
 if err then return err end
-if rcall('EXISTS', meta_key) == 0 then
+if not m.exists then
   return {ERR_BAD_PROOF, 'meta disappeared between the scan read and its check'}
 end
-local _, perr = promote(meta_key, days_key, seqbucket_key, now_seconds())
+err = meta_seqs(m)
+if err then return err end
+m.boundary, err = seq_value(m.extra, 'expired_gap_boundary')
+if err then return err end
+local _, perr = promote(m, days_key, seqbucket_key, now_text())
 if perr then return perr end
-err = check_cursor(meta_key, ARGV[2], ARGV[3])
+err = check_cursor(m, ARGV[2], ARGV[3])
 if err then return err end
 return {0}

@@ -5,7 +5,7 @@
   KEYS[1..6] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence), of
   the live or the staging copy
   ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal
-  ARGV[3]  '' (live write) or the repair's holder id (staged write; see `fence_gate`)
+  ARGV[3]  '' (live write) or the repair's holder id (staged write; see `fence_verdict`)
   ARGV[4]  '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
 
   Returns {0, user_trim_seq, removed_groups}, or ERR_EPOCH_MISMATCH current,
@@ -20,50 +20,46 @@ local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
 local epoch = ARGV[1]
 local before = ARGV[2]
 
-local function truncate()
-  local fenced = fence_gate(KEYS[6], ARGV[3])
-  if fenced then return fenced end
+local gate = redis.call('MGET', KEYS[6], epoch_key)
+local fenced = fence_verdict(gate[1], ARGV[3])
+if fenced then return fenced end
+if ARGV[4] == '1' then propagate_for_wait(epoch_key, gate[2]) end
 
-  local now = now_seconds()
-  local current = rcall('GET', epoch_key)
-  if current and current ~= epoch then
-    return {ERR_EPOCH_MISMATCH, current}
-  end
+local now = now_text()
+local current = gate[2]
+if current and current ~= epoch then
+  return {ERR_EPOCH_MISMATCH, current}
+end
 
-  local err = prepare_write(meta_key, days_key, seqbucket_key, now)
-  if err then return err end
+local m = load_meta(meta_key, '')
+local err = prepare_write(m, days_key, seqbucket_key, now)
+if err then return err end
+err = check_integrity(m, identity_expiry(seqbucket_key) ~= -2, now)
+if err then return err end
 
-  if not current then rcall('SET', epoch_key, epoch) end
-  ensure_meta(meta_key)
-  local trim
-  trim, err = meta_seq(meta_key, 'user_trim_seq')
-  if err then return err end
-  trim = seq_max(trim, before)
-  rcall('HSET', meta_key, 'user_trim_seq', trim)
-  local trim20 = pad(trim)
-  local trim_score = tonumber(trim)
+if not current then redis.call('SET', epoch_key, epoch) end
+ensure_meta(m)
+local trim = seq_max(m.trim, before)
+redis.call('HSET', meta_key, 'user_trim_seq', trim)
+local trim20 = pad(trim)
+local trim_score = tonumber(trim)
 
-  local removed_seqs = {}
-  local removed_groups = 0
-  for _, day in ipairs(rcall('ZRANGE', days_key, 0, -1)) do
-    local day_key = day_prefix .. day
-    for _, m in ipairs(rcall('ZRANGE', day_key, '-inf', trim_score, 'BYSCORE')) do
-      local s16 = string.sub(m, 1, 16)
-      if pad(s16) < trim20 then
-        rcall('ZREM', day_key, m)
-        if not removed_seqs[s16] then
-          removed_seqs[s16] = true
-          removed_groups = removed_groups + 1
-        end
+local removed_seqs = {}
+local removed_groups = 0
+for _, day in ipairs(redis.call('ZRANGE', days_key, 0, -1)) do
+  local day_key = day_prefix .. day
+  for _, m in ipairs(redis.call('ZRANGE', day_key, '-inf', trim_score, 'BYSCORE')) do
+    local s16 = string.sub(m, 1, 16)
+    if pad(s16) < trim20 then
+      redis.call('ZREM', day_key, m)
+      if not removed_seqs[s16] then
+        removed_seqs[s16] = true
+        removed_groups = removed_groups + 1
       end
     end
   end
-  for _, s16 in ipairs(rcall('ZRANGE', seqbucket_key, 0, -1)) do
-    if pad(s16) < trim20 then rcall('ZREM', seqbucket_key, s16) end
-  end
-  return {0, trim, removed_groups}
 end
-
-local reply = truncate()
-if ARGV[4] == '1' then propagate_for_wait(epoch_key) end
-return reply
+for _, s16 in ipairs(redis.call('ZRANGE', seqbucket_key, 0, -1)) do
+  if pad(s16) < trim20 then redis.call('ZREM', seqbucket_key, s16) end
+end
+return {0, trim, removed_groups}

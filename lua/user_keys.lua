@@ -22,7 +22,7 @@ for _, copy in ipairs(copies) do
       epochs[#epochs + 1] = e
     end
   end
-  if rcall('TYPE', epoch_key)['ok'] == 'string' then add_epoch(rcall('GET', epoch_key)) end
+  if redis.call('TYPE', epoch_key)['ok'] == 'string' then add_epoch(redis.call('GET', epoch_key)) end
   for i = 6, #ARGV do add_epoch(ARGV[i]) end
   for _, e in ipairs(epochs) do
     for _, name in ipairs(epoch_key_names(epoch_keys(stem, ARGV[3], e), today, retention_days,

@@ -621,16 +621,20 @@ impl Config {
                 ),
             ));
         }
-        // Only a WAIT that is sent needs a timeout that fits the command timeout.
-        if redis.wait_replicas > 0
-            && (redis.wait_timeout_ms == 0 || redis.wait_timeout_ms >= redis.command_timeout_ms)
-        {
-            // 0 would make WAIT block forever; at or above the command timeout the client
-            // would give up first and never read the acknowledgement count.
+        if redis.wait_timeout_ms == 0 || redis.wait_timeout_ms > 600_000 {
+            // 0 would make WAIT block forever.
+            return Err(invalid(
+                "store.redis.wait_timeout_ms",
+                format!("{} is outside 1..=600000", redis.wait_timeout_ms),
+            ));
+        }
+        if redis.wait_replicas > 0 && redis.wait_timeout_ms >= redis.command_timeout_ms {
+            // At or above the command timeout the client would give up first and never read
+            // the acknowledgement count.
             return Err(invalid(
                 "store.redis.wait_timeout_ms",
                 format!(
-                    "{} must be at least 1 and below store.redis.command_timeout_ms ({})",
+                    "{} must be below store.redis.command_timeout_ms ({}) when wait_replicas > 0",
                     redis.wait_timeout_ms, redis.command_timeout_ms
                 ),
             ));
@@ -1013,10 +1017,6 @@ mod tests {
         );
         for (toml, key) in [
             (
-                "wait_replicas = 1\nwait_timeout_ms = 0",
-                "store.redis.wait_timeout_ms",
-            ),
-            (
                 "wait_replicas = 1\nwait_timeout_ms = 5000\ncommand_timeout_ms = 5000",
                 "store.redis.wait_timeout_ms",
             ),
@@ -1026,6 +1026,11 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(key), "{toml}: {e}");
         }
+        // Without replicas to wait for, the WAIT timeout does not bind the command timeout.
+        Config::from_toml("[store.redis]\ncommand_timeout_ms = 500\n")
+            .unwrap()
+            .validate()
+            .unwrap();
         let e = Config::from_toml("[store.redis]\nwait_replicas = -1\n").unwrap_err();
         assert!(e.to_string().contains("wait_replicas"), "{e}");
     }

@@ -112,6 +112,70 @@ fn apply_scan_inspect_truncate_patrol_on_redis() {
     assert_eq!(lines(&out)[0]["visited"], 1);
 }
 
+/// `patrol` removes the staging copy a crashed `replay --reset-mailboxes` left behind once its
+/// fence lapsed, says so in its JSON (`staging_collected`), and leaves the live mailbox as it was.
+#[test]
+fn patrol_collects_the_staging_copy_of_a_crashed_repair() {
+    use mailbox_materializer::model::{Event, EventGroup, MailboxId, Payload, RetentionPolicy};
+    use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
+    use mailbox_materializer::store::MailboxStore;
+
+    let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let url = server.url();
+    let out = run(&url, &["apply", "-"], Some(&dispatch(1, now_ms())));
+    assert_eq!(lines(&out)[0]["outcome"], "inserted");
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let store = RedisStore::connect(
+            RedisSettings::new(url.clone(), "mm"),
+            RetentionPolicy::default(),
+        )
+        .await
+        .expect("connect");
+        let user = mailbox_materializer::model::UserId::parse("u-17").expect("user");
+        let token = store
+            .repair_begin(&user, std::time::Duration::from_millis(200))
+            .await
+            .expect("fence");
+        let staged = EventGroup {
+            mailbox: MailboxId::new(user, 3),
+            mailbox_seq: 9,
+            created_at: now_ms(),
+            events: vec![Event {
+                event_ordinal: 0,
+                payload: Payload::from_value(&json!({"staged": true})),
+            }],
+        };
+        store.repair_append(&token, &staged).await.expect("staged");
+        // The process dies here: no swap, no abort; the lease lapses by itself.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    });
+    let staged_keys = server.raw("EXISTS mm:stgepoch:{u-17}");
+    assert_eq!(
+        staged_keys.trim(),
+        ":1",
+        "the crashed repair left its staging copy"
+    );
+
+    let out = run(&url, &["patrol", "--rate", "1000"], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(lines(&out)[0]["staging_collected"], 1);
+    assert_eq!(server.raw("EXISTS mm:stgepoch:{u-17}").trim(), ":0");
+    let out = run(
+        &url,
+        &["scan", "--user", "u-17", "--epoch", "3", "--after", "0"],
+        None,
+    );
+    let seqs: Vec<u64> = lines(&out)[0]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g["mailbox_seq"].as_u64().expect("seq"))
+        .collect();
+    assert_eq!(seqs, vec![1], "the live mailbox is as it was");
+}
+
 #[test]
 fn unreachable_redis_exits_2() {
     let out = run(

@@ -77,14 +77,23 @@ async fn identity_ttl_is_the_max_live_expiry_never_extended_and_repaired() {
 
     let _: i64 = f.cmd(redis::cmd("PERSIST").arg(&keys.seqbucket)).await;
     assert_eq!(pexpiretime(&f, &keys.seqbucket).await, -1);
+    // The next write that looks the index up without finding the seq repairs it: here an insert
+    // into an older day, whose own expiry must not become the key's.
     assert_eq!(
-        s.append(&group(&mb, 1, TODAY0 - 2, 1, "a")).await,
-        Ok(AppendOutcome::Unchanged)
+        s.append(&group(&mb, 4, TODAY0 - 3, 1, "d")).await,
+        Ok(AppendOutcome::Inserted)
     );
     assert_eq!(
         pexpiretime(&f, &keys.seqbucket).await,
         ms(TODAY0),
         "a TTL-less key is repaired to its max score, not now + N"
+    );
+    let _: i64 = f.cmd(redis::cmd("PERSIST").arg(&keys.seqbucket)).await;
+    s.truncate_before(&mb, 2).await.unwrap();
+    assert_eq!(
+        pexpiretime(&f, &keys.seqbucket).await,
+        ms(TODAY0),
+        "a truncate repairs it too"
     );
 }
 
@@ -104,8 +113,9 @@ async fn meta_hash_stays_bounded_over_32_consecutive_days() {
         let hlen: i64 = f.cmd(redis::cmd("HLEN").arg(&keys.meta)).await;
         max_hlen = max_hlen.max(hlen);
     }
-    // 7 scalar fields + 2 proof fields for each of at most 31 active days.
-    assert!(max_hlen <= 7 + 2 * 31, "HLEN reached {max_hlen}");
+    // 8 scalar fields (the 7 of SPEC 5 and next_expires_at) + 2 proof fields for each of at
+    // most 31 active days.
+    assert!(max_hlen <= 8 + 2 * 31, "HLEN reached {max_hlen}");
     let days: i64 = f.cmd(redis::cmd("ZCARD").arg(&keys.days)).await;
     assert_eq!(days, 31);
 }

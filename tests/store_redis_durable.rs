@@ -95,7 +95,7 @@ async fn a_paused_replica_holds_every_write() {
     let first = group(&mb, 1, day, 2, "a");
     assert_eq!(s.append(&first).await, Ok(AppendOutcome::Inserted));
 
-    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 3");
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 6");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let second = group(&mb, 2, day, 1, "b");
     let result = s.append(&second).await;
@@ -116,7 +116,7 @@ async fn a_paused_replica_holds_every_write() {
     assert!(unavailable(&fresh.append(&first).await));
     assert!(unavailable(&fresh.truncate_before(&mb, 1).await));
 
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     let outcome = loop {
         let outcome = fresh.append(&second).await;
         if !unavailable(&outcome) || Instant::now() > deadline {
@@ -165,7 +165,7 @@ async fn every_acknowledged_append_survives_a_failover() {
     assert_eq!(acknowledged.len(), 80, "a healthy replica acknowledges all");
 
     // Cut off: the replica sleeps and its link is dropped, so what follows never reaches it.
-    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 4");
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 6");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(master.raw("CLIENT KILL TYPE replica").starts_with(':'));
     let mut refused = 0;

@@ -313,8 +313,22 @@ pub async fn run_history(
                     "{} active-day proofs",
                     inspected.active_days.len()
                 );
+                // The metadata as stored, so backends are compared on it too (its range and
+                // count are kept incrementally on Redis, recomputed on memory).
+                let meta = format!(
+                    "v{:?} e{:?} days {:?}..{:?} n{} {:?} gap {} max {} trim {}",
+                    inspected.format_version,
+                    inspected.current_epoch,
+                    inspected.min_day,
+                    inspected.max_day,
+                    inspected.active_day_count,
+                    inspected.active_days,
+                    inspected.expired_gap_boundary,
+                    inspected.seqbucket_max_seq,
+                    inspected.user_trim_seq
+                );
                 format!(
-                    "append {} {} {}",
+                    "append {} {} {} | {meta}",
                     g.mailbox,
                     g.mailbox_seq,
                     observe(&result)

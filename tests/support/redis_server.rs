@@ -211,6 +211,11 @@ impl RedisServer {
         self.dir.join("redis.sock")
     }
 
+    /// The server's process id (to read its CPU time, or to signal it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn port(&self) -> Option<u16> {
         match self.listen {
             Listen::Tcp(port) => Some(port),

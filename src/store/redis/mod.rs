@@ -643,7 +643,7 @@ fn node_url(configured: &str, address: &str) -> String {
 }
 
 /// The write paths shared by the live copy and a repair's staging copy: the same scripts, bound
-/// to the copy's keys, with the fence check of `fence_gate` (`lua/includes/common.lua`).
+/// to the copy's keys, with the fence check of `fence_verdict` (`lua/includes/common.lua`).
 impl RedisStore {
     /// Appends `group` to one copy. `holder` is empty for a live write (refused under any fence)
     /// or the repair's holder id for a staged write (refused unless that repair holds the fence).
@@ -660,18 +660,24 @@ impl RedisStore {
         events.sort_by_key(|e| e.event_ordinal);
         let mut invocation = self.scripts.append.prepare_invoke();
         keys.bind(&mut invocation);
+        // ARGV as `lua/append.lua` lists them.
         invocation
             .arg(&keys.stem)
             .arg(keys::tag(&group.mailbox.user_id))
             .arg(group.mailbox.epoch)
             .arg(group.mailbox_seq)
+            .arg(format!("{:016}", group.mailbox_seq))
             .arg(day)
             .arg(self.policy.expires_at(day))
-            .arg(self.policy.future_window_days)
+            .arg(
+                day.saturating_sub(u64::from(self.policy.future_window_days))
+                    .saturating_mul(crate::model::DAY_SECS),
+            )
             .arg(self.policy.max_active_span_days)
             .arg(self.policy.retention_days)
             .arg(holder)
-            .arg(self.wait_flag());
+            .arg(self.wait_flag())
+            .arg(events.len() + 1);
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,

@@ -4,7 +4,9 @@
 use redis::Script;
 
 const COMMON: &str = include_str!("../../../lua/includes/common.lua");
+const META: &str = include_str!("../../../lua/includes/meta.lua");
 const PROMOTE: &str = include_str!("../../../lua/includes/promote.lua");
+const COPY: &str = include_str!("../../../lua/includes/copy.lua");
 
 /// Every script, compiled once per store.
 pub struct Scripts {
@@ -22,26 +24,42 @@ pub struct Scripts {
     pub user_keys: Script,
 }
 
-fn with_includes(body: &str) -> Script {
-    Script::new(&format!("{COMMON}\n{PROMOTE}\n{body}"))
+/// A mailbox script: the shared helpers, the meta checks and promote, then its body. Each
+/// script carries only the includes it calls: every definition is a closure Redis builds on
+/// each call.
+fn mailbox_script(body: &str) -> Script {
+    Script::new(&format!("{COMMON}\n{META}\n{PROMOTE}\n{body}"))
+}
+
+/// A repair script: the shared helpers and the copy helpers, then its body.
+fn repair_script(body: &str) -> Script {
+    Script::new(&format!("{COMMON}\n{COPY}\n{body}"))
 }
 
 impl Scripts {
     pub fn new() -> Self {
         Self {
-            append: with_includes(include_str!("../../../lua/append.lua")),
-            truncate: with_includes(include_str!("../../../lua/truncate.lua")),
-            promote: with_includes(include_str!("../../../lua/promote.lua")),
-            scan_begin: with_includes(include_str!("../../../lua/scan_begin.lua")),
-            scan_end: with_includes(include_str!("../../../lua/scan_end.lua")),
+            append: mailbox_script(include_str!("../../../lua/append.lua")),
+            truncate: mailbox_script(include_str!("../../../lua/truncate.lua")),
+            promote: mailbox_script(include_str!("../../../lua/promote.lua")),
+            scan_begin: mailbox_script(include_str!("../../../lua/scan_begin.lua")),
+            scan_end: mailbox_script(include_str!("../../../lua/scan_end.lua")),
             inspect: Script::new(include_str!("../../../lua/inspect.lua")),
-            repair_begin: with_includes(include_str!("../../../lua/repair_begin.lua")),
-            repair_renew: with_includes(include_str!("../../../lua/repair_renew.lua")),
-            repair_swap: with_includes(include_str!("../../../lua/repair_swap.lua")),
-            repair_abort: with_includes(include_str!("../../../lua/repair_abort.lua")),
-            repair_collect: with_includes(include_str!("../../../lua/repair_collect.lua")),
-            user_keys: with_includes(include_str!("../../../lua/user_keys.lua")),
+            repair_begin: repair_script(include_str!("../../../lua/repair_begin.lua")),
+            repair_renew: repair_script(include_str!("../../../lua/repair_renew.lua")),
+            repair_swap: repair_script(include_str!("../../../lua/repair_swap.lua")),
+            repair_abort: repair_script(include_str!("../../../lua/repair_abort.lua")),
+            repair_collect: repair_script(include_str!("../../../lua/repair_collect.lua")),
+            user_keys: repair_script(include_str!("../../../lua/user_keys.lua")),
         }
+    }
+
+    /// The full source of the append script, as loaded (for benchmarks that call it by hand).
+    pub fn append_source() -> String {
+        format!(
+            "{COMMON}\n{META}\n{PROMOTE}\n{}",
+            include_str!("../../../lua/append.lua")
+        )
     }
 }
 

@@ -1,0 +1,136 @@
+--[[
+  The V4 meta of one mailbox, read into a table that every later step reads and updates, and the
+  checks written against it: format (SPEC 4.2.4), integrity (4.2.6) and cursor (4.4 steps 4, 5).
+
+  One HMGET reads what every path decides with (`load_meta`); the range fields and the gap
+  boundary are read by the few paths that need them (`load_range`, `load_boundary`): every field
+  a script reads costs a conversion of the reply into Lua, on every call.
+
+  Besides the SPEC 5 fields the meta keeps `next_expires_at`: the smallest `bucket_expires_at`
+  of the active days (absent when there is none, or when an older writer did not keep it). Until
+  that second nothing can have expired, so promote needs no read of the day set (SPEC 4.5 runs
+  before every append and scan; this keeps it O(1) on the common path).
+]]
+
+-- Reads the format version, user_trim_seq, seqbucket_max_seq, next_expires_at and `extra` (a day
+-- proof, or the gap boundary; '' for none) in one call. Returns a table with those fields (false
+-- when absent) and `exists`.
+local function load_meta(meta_key, extra)
+  local r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
+    'seqbucket_max_seq', 'next_expires_at', extra)
+  local m = {key = meta_key, version = r[1], trim = r[2], seqbucket_max = r[3],
+    next_expiry = r[4], extra = r[5]}
+  m.exists = r[1] or r[2] or r[3] or r[4] or r[5]
+  if not m.exists then
+    -- Only a meta none of whose read fields is set reaches here: a cold user, or damage.
+    m.exists = redis.call('EXISTS', meta_key) == 1
+  end
+  return m
+end
+
+-- Reads active_day_count, min_day and max_day into `m` (once).
+local function load_range(m)
+  if m.range_loaded then return end
+  local r = redis.call('HMGET', m.key, 'active_day_count', 'min_day', 'max_day')
+  m.day_count, m.min_day, m.max_day, m.range_loaded = r[1], r[2], r[3], true
+end
+
+-- A seq field value ('0' when absent); nil, err when it is not a canonical decimal seq.
+local function seq_value(v, field)
+  if v == false or v == nil then return '0', nil end
+  if type(v) ~= 'string' or not (v == '0' or (#v <= 16 and string.match(v, '^[1-9]%d*$'))) then
+    return nil, {-14 --[[bad_proof]], 'meta field ' .. field .. ' is not a seq: ' .. tostring(v)}
+  end
+  return v, nil
+end
+
+-- Reads and validates expired_gap_boundary into `m.boundary` (once); the error reply on damage.
+local function load_boundary(m)
+  if m.boundary then return nil end
+  local err
+  m.boundary, err = seq_value(redis.call('HGET', m.key, 'expired_gap_boundary'),
+    'expired_gap_boundary')
+  return err
+end
+
+-- SPEC 4.2.4: nil when the meta is absent or V4, else the error reply.
+local function check_format(m)
+  if m.exists and m.version ~= '4' then
+    return {-10 --[[unsupported_format]], m.version or ''}
+  end
+  return nil
+end
+
+-- The seq fields every write and scan decides with (user_trim_seq, seqbucket_max_seq),
+-- validated in place; the error reply on damage.
+local function meta_seqs(m)
+  local err
+  m.trim, err = seq_value(m.trim, 'user_trim_seq')
+  if err then return err end
+  m.seqbucket_max, err = seq_value(m.seqbucket_max, 'seqbucket_max_seq')
+  return err
+end
+
+-- The fields a brand-new V4 meta starts with (HSET arguments); callers append the fields they
+-- set (a later duplicate of a field wins in HSET, e.g. the gap boundary or the day count).
+local function new_meta_fields()
+  return {'retention_format_version', '4', 'expired_gap_boundary', '0',
+    'user_trim_seq', '0', 'seqbucket_max_seq', '0', 'active_day_count', '0'}
+end
+
+-- Creates a V4 meta if the mailbox has none (m is updated to match).
+local function ensure_meta(m)
+  if not m.exists then
+    redis.call('HSET', m.key, unpack(new_meta_fields()))
+    m.exists, m.version, m.boundary = true, '4', '0'
+    m.day_count, m.min_day, m.max_day, m.range_loaded = '0', false, false, true
+  end
+end
+
+-- The identity index's absolute expiry in seconds (EXPIRETIME), repairing a key without one to
+-- its largest score (never to now + N). Returns -2 when the index does not exist.
+local function identity_expiry(seqbucket_key)
+  local expiry = redis.call('EXPIRETIME', seqbucket_key)
+  if expiry == -1 then
+    local top = redis.call('ZRANGE', seqbucket_key, 0, 0, 'REV', 'WITHSCORES')
+    expiry = tonumber(top[2])
+    redis.call('EXPIREAT', seqbucket_key, top[2])
+  end
+  return expiry
+end
+
+-- SPEC 4.2.6: nil when the meta and the identity index agree, else the error reply. `now` is
+-- the TIME second as text.
+local function check_integrity(m, index_exists, now)
+  if index_exists and not m.exists then
+    return {-12 --[[meta_lost]]}
+  end
+  if m.exists and not index_exists then
+    -- Rare (a mailbox whose every identity expired or was trimmed, or damage): read the proofs.
+    local fields = redis.call('HGETALL', m.key)
+    local proofs = {}
+    for i = 1, #fields, 2 do proofs[fields[i]] = fields[i + 1] end
+    for field, value in pairs(proofs) do
+      local day = string.match(field, '^bucket_expires_at:(%d+)$')
+      if day and (tonumber(value) or 0) > tonumber(now) then
+        local max_seq = proofs['bucket_max_seq:' .. day]
+        if is_seq(max_seq) and not seq_less(max_seq, m.trim) then
+          return {-11 --[[index_lost]]}
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- SPEC 4.4 steps 4 and 5: nil when `after` (canonical decimal) may still be served. Needs the
+-- gap boundary loaded.
+local function check_cursor(m, after, after_plus_one)
+  if seq_less(after_plus_one, m.trim) then
+    return {-30 --[[cursor_trimmed]], m.trim}
+  end
+  if seq_less(after, m.boundary) then
+    return {-31 --[[cursor_gap]], m.boundary}
+  end
+  return nil
+end
