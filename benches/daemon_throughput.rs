@@ -32,6 +32,7 @@ use mailbox_materializer::config::{Backend, Config};
 use mailbox_materializer::daemon::http::Health;
 use mailbox_materializer::daemon::{self, DaemonOptions, Progress};
 use mailbox_materializer::ingest::{apply_delivery, decode_record};
+
 use mailbox_materializer::model::{RetentionPolicy, DAY_MS};
 use mailbox_materializer::store::memory::MemoryStore;
 use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
@@ -337,6 +338,71 @@ fn cli_run(runs: &[String], records: u64, pids: &[(&'static str, String)]) -> Ra
     }
 }
 
+/// The baseline of the Redis rows: the exact EVALSHA calls the Redis store makes for the whole
+/// workload (each partition's records in order), packed once and piped raw by `redis-cli --pipe`
+/// into an empty server, which answers them as fast as it can run the script.
+fn redis_pipe(
+    server: &RedisServer,
+    store: &RedisStore,
+    w: &Workload,
+    pids: &[(&'static str, String)],
+) -> Rate {
+    use mailbox_materializer::store::redis::keys::KeySet;
+    use mailbox_materializer::store::redis::scripts::Scripts;
+    let load = Command::new("redis-cli")
+        .arg("-s")
+        .arg(server.socket())
+        .args(["SCRIPT", "LOAD"])
+        .arg(Scripts::append_source())
+        .output()
+        .expect("redis-cli");
+    assert!(load.status.success(), "SCRIPT LOAD");
+    let path = std::env::temp_dir().join(format!("mm-bench-pipe-{}.resp", w.topic));
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).expect("file"));
+    let mut calls = 0u64;
+    for partition in 0..PARTITIONS {
+        let mut pipe = redis::pipe();
+        for line in w.by_partition.get(&partition).into_iter().flatten() {
+            let record = decode_record(line.as_bytes(), 1 << 20).expect("valid record");
+            for delivery in record.deliveries() {
+                if let mailbox_materializer::ingest::Delivery::Append(group) = delivery {
+                    pipe.invoke_script(&store.append_invocation(KeySet::Live, "", &group));
+                    calls += 1;
+                }
+            }
+            if calls.is_multiple_of(1000) {
+                file.write_all(&pipe.get_packed_pipeline()).expect("write");
+                pipe = redis::pipe();
+            }
+        }
+        file.write_all(&pipe.get_packed_pipeline()).expect("write");
+    }
+    file.flush().expect("flush");
+    drop(file);
+    server.raw("FLUSHALL");
+    let meter = CpuMeter::start(pids);
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "redis-cli -s {} --pipe < {}",
+            server.socket().display(),
+            path.display()
+        ))
+        .output()
+        .expect("redis-cli --pipe");
+    let wall = meter.started.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("errors: 0, replies: {calls}")),
+        "every call answered without error: {text}"
+    );
+    let _ = std::fs::remove_file(&path);
+    Rate {
+        per_sec: w.records as f64 / wall,
+        cpu: meter.stop(),
+    }
+}
+
 /// The pid of a Redis server, from `INFO server`.
 fn redis_pid(server: &RedisServer) -> Option<String> {
     server
@@ -430,6 +496,13 @@ async fn main() {
             .await
             .expect("redis"),
         );
+        let pipe = redis_pipe(&server, &redis, w, &redis_pids);
+        report.push(row(
+            "redis-cli --pipe of the store's exact EVALSHA calls (baseline C; ratio to A)",
+            &pipe,
+            bare.per_sec,
+        ));
+        server.raw("FLUSHALL");
         let redis_rate = daemon_run(
             &bootstrap,
             w,
@@ -439,9 +512,9 @@ async fn main() {
         )
         .await;
         report.push(row(
-            "daemon, Redis on a unix socket (ratio to A)",
+            "daemon, Redis on a unix socket (ratio to C)",
             &redis_rate,
-            bare.per_sec,
+            pipe.per_sec,
         ));
         // The same records from files through apply (partition by partition, like a backfill).
         let dir = tempdir(&w.topic);

@@ -115,6 +115,12 @@ async fn a_paused_replica_holds_every_write() {
     );
     assert!(unavailable(&fresh.append(&first).await));
     assert!(unavailable(&fresh.truncate_before(&mb, 1).await));
+    // A pipelined batch (the daemon's path) waits once for all of its writes: none is vouched
+    // for while the replica sleeps.
+    let other = group(&mailbox("u-durable-b", 1), 1, day, 1, "x");
+    for result in fresh.append_many(&[&second, &other]).await {
+        assert!(unavailable(&result), "a batched write: {result:?}");
+    }
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let outcome = loop {
@@ -125,6 +131,11 @@ async fn a_paused_replica_holds_every_write() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(outcome, Ok(AppendOutcome::Unchanged));
+    assert_eq!(
+        fresh.append_many(&[&second, &other]).await,
+        vec![Ok(AppendOutcome::Unchanged), Ok(AppendOutcome::Unchanged)],
+        "the unacknowledged writes had landed on the master: their retry is an identical replay"
+    );
     let unwaited = store(&master, 0).await;
     assert_eq!(
         unwaited.append(&group(&mb, 3, day, 1, "c")).await,

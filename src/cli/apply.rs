@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::output::ApplyLine;
-use super::{print_json, ApplyArgs, EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use super::{ApplyArgs, EXIT_CORRUPT, EXIT_UNAVAILABLE};
 use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{FinalRecord, PartitionPipeline};
-use crate::ingest::runner::{Attempt, Cancel, Runner};
+use crate::ingest::runner::{Attempt, Cancel, Runner, MAX_BATCH};
 use crate::ingest::{decode, DecodeOptions, DeliveryResult};
 use crate::model::StoreError;
 use crate::retry::Backoff;
@@ -65,6 +65,7 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
         return ExitCode::FAILURE;
     }
 
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let mut pipeline: PartitionPipeline<(), u64> = PartitionPipeline::new(WINDOW);
     let mut runner: Runner<crate::ingest::pipeline::DeliveryRef> = Runner::default();
     let cancel = Cancel::default();
@@ -76,33 +77,45 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
             biased;
             attempt = runner.next() => {
                 failure = on_attempt(&mut pipeline, &mut runner, &store, &cancel, attempt);
-            }
-            line = lines.recv(), if !input_done && !pipeline.is_full() => match line {
-                None => input_done = true,
-                Some(Err(e)) => {
-                    failure = Some((0, e, ExitCode::FAILURE));
+                // Everything else already finished, in the same wake-up.
+                while failure.is_none() {
+                    let Some(attempt) = runner.try_next() else { break };
+                    failure = on_attempt(&mut pipeline, &mut runner, &store, &cancel, attempt);
                 }
-                Some(Ok(line)) => {
-                    let index = line.number as i64;
-                    let decoded = decode(&line.bytes, &options).map(|d| d.record);
-                    if let Some(admission) = pipeline.admit(index, (), 0, line.number, decoded) {
-                        for at in admission.ready {
-                            start(&mut runner, &pipeline, &store, &cancel, at, 0, Duration::ZERO);
+            }
+            line = lines.recv(), if !input_done && !pipeline.is_full() => {
+                // Take every line already read (up to a batch), so their deliveries go to the
+                // store together.
+                let mut next = line;
+                for _ in 0..MAX_BATCH {
+                    match next {
+                        None => {
+                            input_done = true;
+                            break;
                         }
-                        if admission.settled.is_some_and(|s| s.dead_letter.is_some()) {
-                            pipeline.dead_lettered(index);
+                        Some(Err(e)) => {
+                            failure = Some((0, e, ExitCode::FAILURE));
+                            break;
                         }
+                        Some(Ok(line)) => admit(&mut pipeline, &mut runner, &store, &cancel, &options, line),
+                    }
+                    if pipeline.is_full() {
+                        break;
+                    }
+                    match lines.try_recv() {
+                        Ok(line) => next = Some(line),
+                        Err(_) => break,
                     }
                 }
-            },
+            }
         }
         for record in pipeline.pop_final() {
-            corrupt |= print_record(&record);
+            corrupt |= print_record(&mut out, &record);
         }
     }
     cancel.cancel();
     drop(lines);
-    let _ = std::io::stdout().flush();
+    let _ = out.flush();
     if let Some((line, message, code)) = failure {
         if line > 0 {
             eprintln!("error: line {line}: {message}");
@@ -188,6 +201,27 @@ fn start(
     }
 }
 
+/// Admits one line into the window and starts its runnable deliveries.
+fn admit(
+    pipeline: &mut PartitionPipeline<(), u64>,
+    runner: &mut Runner<crate::ingest::pipeline::DeliveryRef>,
+    store: &Arc<dyn MailboxStore>,
+    cancel: &Cancel,
+    options: &DecodeOptions,
+    line: Line,
+) {
+    let index = line.number as i64;
+    let decoded = decode(&line.bytes, options).map(|d| d.record);
+    if let Some(admission) = pipeline.admit(index, (), 0, line.number, decoded) {
+        for at in admission.ready {
+            start(runner, pipeline, store, cancel, at, 0, Duration::ZERO);
+        }
+        if admission.settled.is_some_and(|s| s.dead_letter.is_some()) {
+            pipeline.dead_lettered(index);
+        }
+    }
+}
+
 /// Handles a finished attempt; `Some` stops the run with the line, the message and the status.
 fn on_attempt(
     pipeline: &mut PartitionPipeline<(), u64>,
@@ -253,10 +287,10 @@ fn on_attempt(
 }
 
 /// Prints a final record's lines; true when one of its deliveries met a corrupt mailbox.
-fn print_record(record: &FinalRecord<u64>) -> bool {
+fn print_record(out: &mut impl Write, record: &FinalRecord<u64>) -> bool {
     let line = record.meta;
     if let Some(error) = &record.malformed {
-        print_json(&ApplyLine::malformed(line, error));
+        print_line(out, &ApplyLine::malformed(line, error));
         return false;
     }
     let mut corrupt = false;
@@ -267,7 +301,15 @@ fn print_record(record: &FinalRecord<u64>) -> bool {
             mailbox_seq: delivery.mailbox_seq(),
             result: result.clone(),
         };
-        print_json(&ApplyLine::delivery(line, &result));
+        print_line(out, &ApplyLine::delivery(line, &result));
     }
     corrupt
+}
+
+/// One JSON line. Output goes through a buffer (one write per many lines, not one per line):
+/// a write error (a closed pipe) is left to the final flush.
+fn print_line(out: &mut impl Write, line: &ApplyLine<'_>) {
+    if let Ok(text) = serde_json::to_string(line) {
+        let _ = writeln!(out, "{text}");
+    }
 }

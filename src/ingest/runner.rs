@@ -1,12 +1,18 @@
 //! Store calls in flight: the one place a delivery meets the store.
 //!
-//! A [`Runner`] holds every delivery whose store call is running (or waiting out its backoff) as
-//! a future in one `FuturesUnordered`, polled by the front end's own loop: no task and no channel
-//! round trip per delivery, and as many calls in flight as there are runnable lanes — on Redis
-//! they share the multiplexed connection and are pipelined by it. Each future makes exactly one
-//! attempt; what happens next (advance, retry, block) is the front end's decision through
-//! [`crate::disposition`], so a retry is just another [`Runner::start`] with a delay.
+//! A [`Runner`] holds every delivery whose store call is running (or waiting out its backoff) in
+//! one `FuturesUnordered`, polled by the front end's own loop: no task and no channel round trip
+//! per delivery. Deliveries started together (the runnable heads of many lanes, after a batch of
+//! records or a batch of completions) go to the store as **one batch**
+//! ([`MailboxStore::append_many`]): on Redis one pipeline of scripts, one round trip and one
+//! `WAIT` for all of them; elsewhere concurrent calls. Lanes guarantee a batch never holds two
+//! deliveries of one user, so the order inside a batch does not matter.
+//!
+//! Each attempt is exactly one store call; what happens next (advance, retry, block) is the
+//! front end's decision through [`crate::disposition`], so a retry is just another
+//! [`Runner::start`] with a delay.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,8 +21,12 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::{apply_delivery, Delivery, DeliveryOutcome};
-use crate::model::StoreError;
+use crate::model::{EventGroup, StoreError};
 use crate::store::MailboxStore;
+
+/// Most deliveries sent to the store in one batch: bounds one pipeline's size (and the latency
+/// of its first reply) while amortizing the round trip over many.
+pub const MAX_BATCH: usize = 256;
 
 /// A finished attempt.
 #[derive(Debug)]
@@ -48,21 +58,40 @@ impl Cancel {
     }
 }
 
+/// One delivery waiting to be sent.
+struct Queued<K> {
+    key: K,
+    target: Arc<dyn MailboxStore>,
+    delivery: Arc<Delivery>,
+    attempt: u32,
+    cancel: Cancel,
+}
+
 /// The store calls in flight.
 pub struct Runner<K> {
-    inflight: FuturesUnordered<BoxFuture<'static, Attempt<K>>>,
+    /// Deliveries started since the last flush, sent together at the next one.
+    queued: Vec<Queued<K>>,
+    inflight: FuturesUnordered<BoxFuture<'static, Vec<Attempt<K>>>>,
+    /// Attempts of finished batches not handed out yet.
+    done: VecDeque<Attempt<K>>,
+    /// Deliveries queued or in flight (a batch counts all of its deliveries).
+    pending: usize,
 }
 
 impl<K> Default for Runner<K> {
     fn default() -> Self {
         Self {
+            queued: Vec::new(),
             inflight: FuturesUnordered::new(),
+            done: VecDeque::new(),
+            pending: 0,
         }
     }
 }
 
-impl<K: Send + 'static> Runner<K> {
-    /// Starts one attempt of `delivery` against `target` after `delay`.
+impl<K: Send + Sync + 'static> Runner<K> {
+    /// Starts one attempt of `delivery` against `target` after `delay`. An attempt without delay
+    /// joins the next batch to `target`; a delayed one (a retry) goes on its own.
     pub fn start(
         &mut self,
         key: K,
@@ -72,37 +101,59 @@ impl<K: Send + 'static> Runner<K> {
         delay: Duration,
         cancel: Cancel,
     ) {
-        self.inflight.push(Box::pin(async move {
-            if !delay.is_zero() {
+        self.pending += 1;
+        let queued = Queued {
+            key,
+            target,
+            delivery,
+            attempt,
+            cancel,
+        };
+        if delay.is_zero() {
+            self.queued.push(queued);
+        } else {
+            self.inflight.push(Box::pin(async move {
                 tokio::time::sleep(delay).await;
+                run_batch(vec![queued]).await
+            }));
+        }
+    }
+
+    /// Sends what was started since the last flush: one batch per target, at most
+    /// [`MAX_BATCH`] deliveries each.
+    fn flush(&mut self) {
+        while !self.queued.is_empty() {
+            let target = self.queued[0].target.clone();
+            let mut batch = Vec::new();
+            let mut rest = Vec::new();
+            for queued in self.queued.drain(..) {
+                if batch.len() < MAX_BATCH && Arc::ptr_eq(&queued.target, &target) {
+                    batch.push(queued);
+                } else {
+                    rest.push(queued);
+                }
             }
-            if cancel.is_cancelled() {
-                return Attempt {
-                    key,
-                    delivery,
-                    attempt,
-                    result: None,
-                    elapsed: Duration::ZERO,
-                };
-            }
-            let started = Instant::now();
-            let result = apply_delivery(target.as_ref(), &delivery).await;
-            Attempt {
-                key,
-                delivery,
-                attempt,
-                result: Some(result),
-                elapsed: started.elapsed(),
-            }
-        }));
+            self.queued = rest;
+            self.inflight.push(Box::pin(run_batch(batch)));
+        }
+    }
+
+    fn hand_out(&mut self) -> Option<Attempt<K>> {
+        let attempt = self.done.pop_front()?;
+        self.pending -= 1;
+        Some(attempt)
     }
 
     /// The next finished attempt; pending forever while nothing is in flight (so it can sit in
     /// a `select!` next to the source).
     pub async fn next(&mut self) -> Attempt<K> {
+        self.flush();
         loop {
+            if let Some(attempt) = self.hand_out() {
+                return attempt;
+            }
             match self.inflight.next().await {
-                Some(attempt) => return attempt,
+                Some(batch) => self.done.extend(batch),
                 None => std::future::pending::<()>().await,
             }
         }
@@ -111,14 +162,78 @@ impl<K: Send + 'static> Runner<K> {
     /// A finished attempt if one is ready now, without waiting.
     pub fn try_next(&mut self) -> Option<Attempt<K>> {
         use futures::FutureExt;
-        self.inflight.next().now_or_never().flatten()
+        self.flush();
+        if let Some(attempt) = self.hand_out() {
+            return Some(attempt);
+        }
+        let batch = self.inflight.next().now_or_never().flatten()?;
+        self.done.extend(batch);
+        self.hand_out()
     }
 
+    /// Deliveries started and not handed back yet.
     pub fn len(&self) -> usize {
-        self.inflight.len()
+        self.pending
     }
 
     pub fn is_empty(&self) -> bool {
-        self.inflight.is_empty()
+        self.pending == 0
     }
+}
+
+/// Runs one batch against its target: the appends in one [`MailboxStore::append_many`], the
+/// truncates one by one; cancelled deliveries never reach the store.
+async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
+    let Some(target) = batch.first().map(|q| q.target.clone()) else {
+        return Vec::new();
+    };
+    let started = Instant::now();
+    let live: Vec<bool> = batch.iter().map(|q| !q.cancel.is_cancelled()).collect();
+    let groups: Vec<&EventGroup> = batch
+        .iter()
+        .zip(&live)
+        .filter_map(|(q, live)| match (&*q.delivery, live) {
+            (Delivery::Append(group), true) => Some(group),
+            _ => None,
+        })
+        .collect();
+    let mut appended = if groups.is_empty() {
+        Vec::new()
+    } else {
+        target.append_many(&groups).await
+    }
+    .into_iter();
+    let mut results = Vec::with_capacity(batch.len());
+    for (q, live) in batch.iter().zip(&live) {
+        let result = match (&*q.delivery, live) {
+            (_, false) => None,
+            (Delivery::Append(_), true) => Some(
+                appended
+                    .next()
+                    .map(|r| r.map(DeliveryOutcome::Append))
+                    .unwrap_or_else(|| {
+                        Err(StoreError::Unavailable {
+                            backend: target.backend(),
+                            detail: "the store answered fewer appends than it was sent".to_owned(),
+                        })
+                    }),
+            ),
+            (Delivery::Truncate { .. }, true) => {
+                Some(apply_delivery(target.as_ref(), &q.delivery).await)
+            }
+        };
+        results.push(result);
+    }
+    let elapsed = started.elapsed();
+    batch
+        .into_iter()
+        .zip(results)
+        .map(|(q, result)| Attempt {
+            key: q.key,
+            delivery: q.delivery,
+            attempt: q.attempt,
+            result,
+            elapsed,
+        })
+        .collect()
 }

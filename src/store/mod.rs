@@ -54,6 +54,14 @@ pub trait MailboxStore: Send + Sync {
     /// (validation, future window, span), `Conflict(CrossDay)`, `Corrupt` (fail closed).
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError>;
 
+    /// Appends several groups, each exactly as [`append`](MailboxStore::append) would (each atomic
+    /// on its own, in no particular order between them), answering in the order given. The
+    /// caller sends groups of distinct users only (the daemon's lanes guarantee it). Backends
+    /// that can do better than concurrent calls do: Redis sends them as one pipeline.
+    async fn append_many(&self, groups: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        futures::future::join_all(groups.iter().map(|g| self.append(g))).await
+    }
+
     /// Raises `user_trim_seq` to `before_seq` (never lowers it) and deletes every group below it
     /// (SPEC 4.3). Natural expiry never calls this.
     async fn truncate_before(

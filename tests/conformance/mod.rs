@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
             repair_rebuilds_epoch_moves_and_replaces_every_epoch,
             repair_staging_follows_the_append_rules,
             repair_garbage_of_a_crashed_repair_is_collected,
+            append_many_answers_each_group_like_append,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -415,3 +415,55 @@ pub async fn repair_garbage_of_a_crashed_repair_is_collected(h: &H) {
     );
     assert_eq!(seqs_of(store.as_ref(), &mb).await, vec![1]);
 }
+
+/// `append_many` answers each group exactly as `append` would, in the order given, whatever the
+/// others' outcomes (the daemon sends the heads of many lanes together).
+pub async fn append_many_answers_each_group_like_append(h: &H) {
+    use mailbox_materializer::model::error::RejectKind;
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let a = mailbox("many-a", 1);
+    let b = mailbox("many-b", 1);
+    let c = mailbox("many-c", 1);
+    let d = mailbox("many-d", 1);
+    store
+        .append(&group(&c, 1, TODAY0, 2, "c"))
+        .await
+        .expect("append");
+    store
+        .append(&group(&d, 1, TODAY0, 1, "d"))
+        .await
+        .expect("append");
+    let mut duplicate = group(&b, 1, TODAY0, 2, "b");
+    duplicate.events[1].event_ordinal = 0;
+    let fresh = group(&a, 1, TODAY0, 2, "a");
+    let replay = group(&c, 1, TODAY0, 2, "c");
+    let cross_day = group(&d, 1, TODAY0 - 1, 1, "d");
+    let results = store
+        .append_many(&[&fresh, &duplicate, &replay, &cross_day])
+        .await;
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0], Ok(AppendOutcome::Inserted));
+    assert!(matches!(
+        results[1],
+        Err(StoreError::Rejected {
+            kind: RejectKind::DuplicateOrdinal,
+            ..
+        })
+    ));
+    assert_eq!(results[2], Ok(AppendOutcome::Unchanged));
+    assert_eq!(
+        results[3],
+        Err(StoreError::Conflict {
+            kind: ConflictKind::CrossDay {
+                existing_day: TODAY0,
+                incoming_day: TODAY0 - 1
+            }
+        })
+    );
+    assert_eq!(seqs_of(store.as_ref(), &a).await, vec![1]);
+    assert!(
+        f.fingerprint(&b.user_id).await.is_empty() || seqs_of(store.as_ref(), &b).await.is_empty()
+    );
+    assert!(store.append_many(&[]).await.is_empty());
+}

@@ -296,7 +296,7 @@ pub(super) async fn next_in_range(
 }
 
 /// Whether a consumer error means the read position no longer exists.
-fn position_lost(error: &rdkafka::error::KafkaError) -> bool {
+pub(super) fn position_lost(error: &rdkafka::error::KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode;
     matches!(
         error.rdkafka_error_code(),

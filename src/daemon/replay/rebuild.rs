@@ -5,18 +5,20 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use super::progress::Progress;
-use super::range::{next_in_range, Next, Range};
+use super::range::{next_in_range, position_lost, Next, Range};
 use super::{pause_point, ReplayRequest, ReplaySummary, MAX_TRANSIENT_ATTEMPTS, STALL};
 use crate::config::Config;
 use crate::daemon::metrics;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{DeliveryRef, FinalRecord, PartitionPipeline};
-use crate::ingest::runner::{Attempt, Cancel, Runner};
+use crate::ingest::runner::{Attempt, Cancel, Runner, MAX_BATCH};
 use crate::ingest::{decode, DeliveryOutcome};
 use crate::model::{StoreError, UserId};
 use crate::store::repair::Renewal;
@@ -93,9 +95,34 @@ impl Rebuild<'_> {
                             if offset >= next_offset {
                                 next_offset = offset + 1;
                                 self.admit(offset, &payload);
-                                if next_offset >= range.end {
-                                    source_done = true;
+                            }
+                            // Take what else is already fetched, so the deliveries of many
+                            // records go to the store as one batch.
+                            for _ in 0..MAX_BATCH {
+                                if next_offset >= range.end || self.pipeline.is_full() {
+                                    break;
                                 }
+                                let message = match reader.recv().now_or_never() {
+                                    Some(Ok(message)) => message,
+                                    Some(Err(e)) if position_lost(&e) => {
+                                        return Err((format!("the read position is gone ({e}): retention deleted records of the range while it was read; rerun"), false));
+                                    }
+                                    _ => break,
+                                };
+                                let offset = message.offset();
+                                if offset >= range.end {
+                                    next_offset = range.end;
+                                    break;
+                                }
+                                if offset >= next_offset {
+                                    next_offset = offset + 1;
+                                    let payload = message.payload().unwrap_or_default().to_vec();
+                                    drop(message);
+                                    self.admit(offset, &payload);
+                                }
+                            }
+                            if next_offset >= range.end {
+                                source_done = true;
                             }
                         }
                     }

@@ -647,13 +647,15 @@ fn node_url(configured: &str, address: &str) -> String {
 impl RedisStore {
     /// Appends `group` to one copy. `holder` is empty for a live write (refused under any fence)
     /// or the repair's holder id for a staged write (refused unless that repair holds the fence).
-    async fn append_to(
+    /// The invocation of `lua/append.lua` that appends `group` to `copy` (as `holder`): exactly
+    /// what [`MailboxStore::append`] sends. Benchmarks pipe the very same commands to the server
+    /// raw, as the baseline of the daemon's rate.
+    pub fn append_invocation(
         &self,
         copy: KeySet,
         holder: &str,
         group: &EventGroup,
-    ) -> Result<AppendOutcome, StoreError> {
-        validate_group(group)?;
+    ) -> redis::ScriptInvocation<'_> {
         let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
         let day = group.day();
         let mut events: Vec<&Event> = group.events.iter().collect();
@@ -686,7 +688,27 @@ impl RedisStore {
                 event.payload.as_str(),
             ));
         }
+        invocation
+    }
+
+    async fn append_to(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        validate_group(group)?;
+        let invocation = self.append_invocation(copy, holder, group);
         let reply = self.invoke_durable(invocation).await?;
+        self.append_reply(reply, group)
+    }
+
+    /// The outcome of `lua/append.lua`'s reply for `group`.
+    fn append_reply(
+        &self,
+        reply: Vec<Value>,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
         match reply.first().and_then(int) {
             Some(1) => Ok(AppendOutcome::Inserted),
             Some(2) => Ok(AppendOutcome::Unchanged),
@@ -698,7 +720,7 @@ impl RedisStore {
                 let mut reply = reply;
                 // Cross-day and identity-missing replies name one side; add the other.
                 match reply.first().and_then(int).and_then(ScriptCode::from_code) {
-                    Some(ScriptCode::CrossDay) => reply.push(Value::Int(day as i64)),
+                    Some(ScriptCode::CrossDay) => reply.push(Value::Int(group.day() as i64)),
                     Some(ScriptCode::IdentityMissing) => {
                         reply.push(Value::Int(group.mailbox_seq as i64))
                     }
@@ -707,6 +729,107 @@ impl RedisStore {
                 Err(self.script_error(&reply))
             }
         }
+    }
+
+    /// Live appends of several groups as ONE pipeline: every script, then (with
+    /// `wait_replicas > 0`) one `WAIT` that covers all of them, on one connection in one round
+    /// trip. Each script stays atomic on its own; a script's error answers its own group only.
+    async fn append_pipelined(
+        &self,
+        groups: &[&EventGroup],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
+        let mut results: Vec<Option<Result<AppendOutcome, StoreError>>> = groups
+            .iter()
+            .map(|g| validate_group(g).err().map(Err))
+            .collect();
+        let sent: Vec<usize> = (0..groups.len())
+            .filter(|i| results[*i].is_none())
+            .collect();
+        if sent.is_empty() {
+            return results.into_iter().flatten().collect();
+        }
+        let wanted = self.settings.wait_replicas;
+        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let invocations: Vec<redis::ScriptInvocation<'_>> = sent
+            .iter()
+            .map(|i| self.append_invocation(KeySet::Live, "", groups[*i]))
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for invocation in &invocations {
+            pipe.invoke_script(invocation);
+        }
+        if wanted > 0 {
+            pipe.cmd("WAIT").arg(wanted).arg(timeout_ms);
+        }
+        let mut conn = self.conn();
+        let mut replies: Result<Vec<redis::RedisResult<Value>>, RedisError> =
+            pipe.query_async(&mut conn).await;
+        // A server that lost its scripts (restart, SCRIPT FLUSH) answers NOSCRIPT: load, resend.
+        let noscript = |r: &Result<Vec<redis::RedisResult<Value>>, RedisError>| match r {
+            Ok(items) => items.iter().any(|i| {
+                i.as_ref().is_err_and(|e| {
+                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                })
+            }),
+            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+        };
+        if noscript(&replies) {
+            if let Err(e) = invocations[0].load_async(&mut conn).await {
+                let error = classified(e);
+                return groups
+                    .iter()
+                    .zip(results)
+                    .map(|(_, r)| r.unwrap_or_else(|| Err(error.clone())))
+                    .collect();
+            }
+            replies = pipe.query_async(&mut conn).await;
+        }
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(e) => {
+                let error = classified(e);
+                return results
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| Err(error.clone())))
+                    .collect();
+            }
+        };
+        let mut replies = replies.into_iter();
+        let mut scripted: Vec<Result<Vec<Value>, StoreError>> = Vec::with_capacity(sent.len());
+        for _ in &sent {
+            scripted.push(match replies.next() {
+                Some(Ok(Value::Array(items))) => Ok(items),
+                Some(Ok(other)) => Err(protocol(format!("{other:?}"))),
+                Some(Err(e)) => Err(classified(e)),
+                None => Err(protocol("a pipeline reply is missing")),
+            });
+        }
+        if wanted > 0 {
+            let acks = match replies.next() {
+                Some(Ok(Value::Int(acks))) => acks,
+                _ => -1,
+            };
+            if acks < i64::from(wanted) {
+                // Not durable: every write of the pipeline is retried (and replays idempotently).
+                let error = crate::store::classify::redis::too_few_replicas(
+                    acks.max(0),
+                    wanted,
+                    timeout_ms,
+                );
+                for outcome in scripted.iter_mut() {
+                    if outcome.is_ok() {
+                        *outcome = Err(error.clone());
+                    }
+                }
+            }
+        }
+        for (i, outcome) in sent.into_iter().zip(scripted) {
+            results[i] = Some(outcome.and_then(|reply| self.append_reply(reply, groups[i])));
+        }
+        results.into_iter().flatten().collect()
     }
 
     /// `truncate_before` on one copy; `holder` as in [`RedisStore::append_to`].
@@ -799,6 +922,10 @@ impl MailboxStore for RedisStore {
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         self.append_to(KeySet::Live, "", group).await
+    }
+
+    async fn append_many(&self, groups: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        self.append_pipelined(groups).await
     }
 
     async fn truncate_before(
