@@ -117,7 +117,7 @@ async fn main() {
     let plain = store
         .session()
         .prepare(format!(
-            "INSERT INTO {keyspace}.mailbox_events (user_id, epoch, day, seq, gen, ordinal, created_at, payload) \
+            "INSERT INTO {keyspace}.mailbox_events (user_id, generation, day, seq, digest, ordinal, created_at, payload) \
              VALUES (?, 1, ?, ?, 0, ?, ?, ?)"
         ))
         .await
@@ -174,7 +174,7 @@ async fn main() {
     let select = store
         .session()
         .prepare(format!(
-            "SELECT seq, ordinal, payload FROM {keyspace}.mailbox_events WHERE user_id = ? AND epoch = 1 AND day = ? LIMIT 150"
+            "SELECT seq, ordinal, payload FROM {keyspace}.mailbox_events WHERE user_id = ? AND generation = 1 AND day = ? LIMIT 150"
         ))
         .await
         .expect("prepare");

@@ -274,3 +274,196 @@ async fn racing_first_writes_are_never_mistaken_for_corruption() {
         }
     }
 }
+
+// ---- repair racing live writers (SPEC 7.1) ----
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use mailbox_materializer::store::scylla::ScyllaStore;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+async fn seqs(store: &dyn MailboxStore, mb: &MailboxId) -> Vec<u64> {
+    store
+        .range_scan(
+            mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 1000,
+            },
+        )
+        .await
+        .expect("scan")
+        .groups
+        .iter()
+        .map(|g| g.mailbox_seq)
+        .collect()
+}
+
+/// A hook that, the first time a commit is about to run, reports "decided" and holds the commit
+/// until `go` is notified; later commits pass.
+fn hold_first_commit(
+    decided: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+) -> mailbox_materializer::store::PhaseHook {
+    let first = Arc::new(AtomicBool::new(true));
+    Arc::new(move || {
+        let (decided, go, first) = (decided.clone(), go.clone(), first.clone());
+        Box::pin(async move {
+            if first.swap(false, Ordering::SeqCst) {
+                decided.notify_one();
+                go.notified().await;
+            }
+        })
+    })
+}
+
+/// A live append that read the mailbox before a repair took the fence but commits after it:
+/// its commit is refused (the fence moved the commit point), and on its fresh attempt it either
+/// waits (`UnderRepair`, fence still held) or lands in the rebuilt mailbox (swap done). It never
+/// commits into the copy the swap replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_write_decided_before_the_fence_never_lands_in_the_replaced_copy() {
+    let a = ScyllaFixture::start(policy(), NOW0).await;
+    let b = ScyllaFixture::start_in(a.store.keyspace().to_owned(), policy(), NOW0).await;
+    let live = |name: &str, seq| group(&mailbox(name, 1), seq, TODAY0, 2, "log");
+
+    for (name, swap_before_release) in [("held-past-swap", true), ("held-past-fence", false)] {
+        let mb = mailbox(name, 1);
+        for seq in 1..=3 {
+            assert_eq!(
+                a.store.append(&live(name, seq)).await,
+                Ok(AppendOutcome::Inserted)
+            );
+        }
+        let (decided, go) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        a.store
+            .set_before_commit_hook(Some(hold_first_commit(decided.clone(), go.clone())));
+        let writer = {
+            let store = a.store.clone();
+            let g = live(name, 4);
+            tokio::spawn(async move { store.append(&g).await })
+        };
+        decided.notified().await;
+
+        // The repair: fence, rebuild of the log up to seq 3, and (first round) the swap.
+        let token = b
+            .store
+            .repair_begin(&mb.user_id, LEASE)
+            .await
+            .expect("fence");
+        for seq in 1..=3 {
+            b.store
+                .repair_append(&token, &live(name, seq))
+                .await
+                .expect("staged");
+        }
+        if swap_before_release {
+            b.store.repair_swap(&token).await.expect("swap");
+        }
+        go.notify_one();
+        let outcome = writer.await.expect("writer task");
+        a.store.set_before_commit_hook(None);
+        if swap_before_release {
+            assert_eq!(
+                outcome,
+                Ok(AppendOutcome::Inserted),
+                "{name}: the write lands in the rebuilt copy"
+            );
+        } else {
+            assert!(
+                matches!(outcome, Err(StoreError::UnderRepair { .. })),
+                "{name}: {outcome:?}"
+            );
+            b.store.repair_swap(&token).await.expect("swap");
+            assert_eq!(
+                a.store.append(&live(name, 4)).await,
+                Ok(AppendOutcome::Inserted),
+                "{name}: the waiting delivery resumes after the swap"
+            );
+        }
+        assert_eq!(seqs(&*a.store, &mb).await, vec![1, 2, 3, 4], "{name}");
+    }
+}
+
+/// A live writer streams a mailbox's log while repairs fence, rebuild (up to the end of the log
+/// at the moment their fence was taken) and swap, again and again: every write the writer saw
+/// acknowledged is in the final mailbox, exactly once, and its deliveries only ever waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_writer_racing_repairs_loses_no_acknowledged_write() {
+    let a = ScyllaFixture::start(policy(), NOW0).await;
+    let b = ScyllaFixture::start_in(a.store.keyspace().to_owned(), policy(), NOW0).await;
+    let mb = mailbox("raced", 1);
+    const SEQS: u64 = 60;
+    let record = |seq: u64| group(&mailbox("raced", 1), seq, TODAY0 - seq % 3, 2, "log");
+    // The highest seq whose record exists in the log (the writer is applying or has applied it).
+    let log_end = Arc::new(AtomicU64::new(0));
+
+    let writer = {
+        let store: Arc<ScyllaStore> = a.store.clone();
+        let log_end = log_end.clone();
+        tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            let mut waits = 0;
+            for seq in 1..=SEQS {
+                log_end.store(seq, Ordering::SeqCst);
+                loop {
+                    match store.append(&record(seq)).await {
+                        Ok(outcome) => {
+                            outcomes.push((seq, outcome));
+                            break;
+                        }
+                        Err(StoreError::UnderRepair { .. }) => {
+                            waits += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("seq {seq}: {e}"),
+                    }
+                }
+            }
+            (outcomes, waits)
+        })
+    };
+    let repairer = {
+        let store: Arc<ScyllaStore> = b.store.clone();
+        let log_end = log_end.clone();
+        let user = mb.user_id.clone();
+        tokio::spawn(async move {
+            let mut swaps = 0;
+            while log_end.load(Ordering::SeqCst) < SEQS {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let token = store.repair_begin(&user, LEASE).await.expect("fence");
+                let end = log_end.load(Ordering::SeqCst);
+                for seq in 1..=end {
+                    store
+                        .repair_append(&token, &record(seq))
+                        .await
+                        .expect("staged");
+                }
+                store.repair_swap(&token).await.expect("swap");
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (outcomes, waits) = writer.await.expect("writer");
+    let swaps = repairer.await.expect("repairer");
+    eprintln!("{swaps} swaps, {waits} waits");
+    assert!(swaps >= 2, "the repairs raced the writer ({swaps} swaps)");
+    for (seq, outcome) in &outcomes {
+        assert!(
+            matches!(outcome, AppendOutcome::Inserted | AppendOutcome::Unchanged),
+            "seq {seq}: {outcome:?}"
+        );
+    }
+    assert_eq!(
+        seqs(&*a.store, &mb).await,
+        (1..=SEQS).collect::<Vec<_>>(),
+        "every acknowledged write is in the rebuilt mailbox, once"
+    );
+}

@@ -26,3 +26,8 @@ pub fn classify(e: &dyn std::fmt::Display) -> StoreError {
         transient(BACKEND, text)
     }
 }
+
+/// Convenience for `map_err`.
+pub fn from(e: impl std::fmt::Display) -> StoreError {
+    classify(&e)
+}
