@@ -238,18 +238,17 @@ impl fmt::Debug for ScyllaConfig {
     }
 }
 
-/// The CQL consistency names `[store.scylla] consistency` accepts.
-pub const CONSISTENCY_NAMES: &[&str] = &[
-    "ANY",
-    "ONE",
-    "TWO",
-    "THREE",
-    "QUORUM",
-    "ALL",
-    "LOCAL_QUORUM",
-    "EACH_QUORUM",
-    "LOCAL_ONE",
-];
+/// The CQL consistency levels `[store.scylla] consistency` accepts. A record counts as final
+/// only once its write is durable (SPEC 7): at least a quorum of the local datacenter, which is
+/// also what the commit point's reads need to see every acknowledged commit. `EACH_QUORUM` is
+/// refused because CQL allows it for writes only, and this level serves reads too.
+pub const CONSISTENCY_NAMES: &[&str] = &["LOCAL_QUORUM", "QUORUM", "ALL"];
+
+/// Levels below a local quorum: a write acknowledged by them can be lost with one node.
+const WEAK_CONSISTENCY_NAMES: &[&str] = &["ANY", "ONE", "TWO", "THREE", "LOCAL_ONE"];
+
+/// The serial consistency levels of lightweight transactions (the commit point's conditions).
+pub const SERIAL_CONSISTENCY_NAMES: &[&str] = &["SERIAL", "LOCAL_SERIAL"];
 
 /// `[retention]`.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
@@ -587,21 +586,30 @@ impl Config {
             ));
         }
 
-        if !CONSISTENCY_NAMES.contains(&scylla.consistency.as_str()) {
+        let consistency = scylla.consistency.as_str();
+        if !CONSISTENCY_NAMES.contains(&consistency) {
+            let why = if WEAK_CONSISTENCY_NAMES.contains(&consistency) {
+                "is below LOCAL_QUORUM: a write it acknowledges can be lost with one replica, and \
+                 a record counts as final only once durable (SPEC 7)"
+            } else if consistency == "EACH_QUORUM" {
+                "is for writes only in CQL, and this level also serves every read"
+            } else {
+                "is not a CQL consistency level"
+            };
             return Err(invalid(
                 "store.scylla.consistency",
                 format!(
-                    "{:?} is not one of {}",
-                    scylla.consistency,
+                    "{consistency:?} {why}; use one of {}",
                     CONSISTENCY_NAMES.join(", ")
                 ),
             ));
         }
-        if !["SERIAL", "LOCAL_SERIAL"].contains(&scylla.serial_consistency.as_str()) {
+        if !SERIAL_CONSISTENCY_NAMES.contains(&scylla.serial_consistency.as_str()) {
             return Err(invalid(
                 "store.scylla.serial_consistency",
                 format!(
-                    "{:?} is not SERIAL or LOCAL_SERIAL",
+                    "{:?} is not a serial consistency: the commit point's conditions need SERIAL or \
+                     LOCAL_SERIAL",
                     scylla.serial_consistency
                 ),
             ));
@@ -844,6 +852,62 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("http.listen"));
+    }
+
+    #[test]
+    fn scylla_consistency_below_local_quorum_is_refused() {
+        for weak in [
+            "ANY",
+            "ONE",
+            "TWO",
+            "THREE",
+            "LOCAL_ONE",
+            "EACH_QUORUM",
+            "SERIAL",
+            "one",
+        ] {
+            let mut c = Config::default();
+            c.store.scylla.consistency = weak.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.starts_with("store.scylla.consistency") && e.contains("LOCAL_QUORUM"),
+                "{weak}: {e}"
+            );
+        }
+        for strong in CONSISTENCY_NAMES {
+            let mut c = Config::default();
+            c.store.scylla.consistency = (*strong).into();
+            c.validate().unwrap();
+        }
+        for bad in ["QUORUM", "ONE", "LOCAL_QUORUM", ""] {
+            let mut c = Config::default();
+            c.store.scylla.serial_consistency = bad.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.starts_with("store.scylla.serial_consistency") && e.contains("SERIAL"),
+                "{bad}: {e}"
+            );
+        }
+        let mut c = Config::default();
+        c.store.scylla.serial_consistency = "LOCAL_SERIAL".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn retention_beyond_the_backends_ttl_limit_is_refused_for_every_backend() {
+        for backend in [Backend::Memory, Backend::Redis, Backend::Scylla] {
+            let mut c = Config::default();
+            c.store.backend = backend;
+            c.retention.days = 3_650;
+            c.retention.future_window_days = 3_649;
+            c.validate().unwrap();
+            c.retention.future_window_days = 3_650;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("retention.days") && e.contains("retention.future_window_days"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

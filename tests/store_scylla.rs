@@ -467,3 +467,107 @@ async fn a_live_writer_racing_repairs_loses_no_acknowledged_write() {
         "every acknowledged write is in the rebuilt mailbox, once"
     );
 }
+
+// ---- error classes (SPEC 7) ----
+
+/// A value the server cannot hold (here a TTL beyond Cassandra's 20-year limit, reachable only
+/// by a policy that skipped the shared validation) is a deterministic refusal: the delivery ends
+/// `rejected`/`store_refused` instead of being retried forever, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_server_cannot_hold_is_refused_not_retried() {
+    let unchecked = mailbox_materializer::model::RetentionPolicy {
+        retention_days: 3_650,
+        future_window_days: 3_650,
+        max_active_span_days: 30,
+    };
+    assert!(
+        unchecked.validate().is_err(),
+        "the shared validation refuses this policy for every backend"
+    );
+    let f = ScyllaFixture::start(unchecked, NOW0).await;
+    let mb = mailbox("too-long", 1);
+    let result = f
+        .store
+        .append(&group(&mb, 1, TODAY0 + 3_650, 1, "far"))
+        .await;
+    match &result {
+        Err(e @ StoreError::Refused { .. }) => {
+            assert_eq!((e.outcome(), e.kind()), ("rejected", "store_refused"));
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        f.store.inspect(&mb).await.unwrap().current_epoch,
+        None,
+        "nothing written"
+    );
+}
+
+/// Real server and driver errors, classified from the driver's error kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_errors_are_classified_by_kind() {
+    use mailbox_materializer::store::classify::cql;
+
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let ks = f.store.keyspace().to_owned();
+    let session = f.store.session();
+
+    // Invalid request: a TTL above the server's maximum.
+    let invalid = session
+        .query_unpaged(
+            format!(
+                "INSERT INTO {ks}.repair_registry (shard, user_id, holder) VALUES (0, 'u', 'h') \
+                 USING TTL 700000000"
+            ),
+            (),
+        )
+        .await
+        .expect_err("the server refuses the TTL");
+    assert!(
+        matches!(cql::classify(&invalid), StoreError::Refused { .. }),
+        "{invalid}"
+    );
+
+    // Unavailable: LOCAL_QUORUM of three replicas on a one-node cluster.
+    let wide = format!("{ks}_rf3");
+    session
+        .query_unpaged(
+            format!(
+                "CREATE KEYSPACE {wide} WITH replication = \
+                 {{'class': 'SimpleStrategy', 'replication_factor': 3}}"
+            ),
+            (),
+        )
+        .await
+        .expect("create keyspace");
+    session
+        .query_unpaged(format!("CREATE TABLE {wide}.t (k int PRIMARY KEY)"), ())
+        .await
+        .expect("create table");
+    let mut insert =
+        scylla::statement::Statement::new(format!("INSERT INTO {wide}.t (k) VALUES (1)"));
+    insert.set_consistency(scylla::statement::Consistency::LocalQuorum);
+    let unavailable = session
+        .query_unpaged(insert, ())
+        .await
+        .expect_err("two of three replicas are missing");
+    let _ = session
+        .query_unpaged(format!("DROP KEYSPACE {wide}"), ())
+        .await;
+    assert!(
+        matches!(cql::classify(&unavailable), StoreError::Unavailable { .. }),
+        "{unavailable}"
+    );
+
+    // No server at all.
+    let nobody = scylla::client::session_builder::SessionBuilder::new()
+        .known_node("127.0.0.1:1")
+        .connection_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        matches!(cql::classify(&nobody), StoreError::Unavailable { .. }),
+        "{nobody}"
+    );
+}
