@@ -139,7 +139,7 @@ async fn main() {
                             format!("plain-{}", i % MAILBOXES),
                             today as i64,
                             i as i64,
-                            e.event_ordinal as i32,
+                            i64::from(e.event_ordinal),
                             0i64,
                             e.payload.as_str(),
                         ),

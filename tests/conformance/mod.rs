@@ -93,6 +93,7 @@ macro_rules! conformance_tests {
             repair_rebuilds_epoch_moves_and_replaces_every_epoch,
             repair_staging_follows_the_append_rules,
             repair_garbage_of_a_crashed_repair_is_collected,
+            ordinals_above_two_to_the_31_keep_identity_and_order,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

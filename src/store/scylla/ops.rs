@@ -181,10 +181,9 @@ impl ScyllaStore {
             let same = stored.as_ref().is_some_and(|(created_at, stored_events)| {
                 *created_at == group.created_at as i64
                     && stored_events.len() == events.len()
-                    && stored_events
-                        .iter()
-                        .zip(&events)
-                        .all(|((o, p), e)| *o == e.event_ordinal as i32 && p == e.payload.as_str())
+                    && stored_events.iter().zip(&events).all(|((o, p), e)| {
+                        *o == i64::from(e.event_ordinal) && p == e.payload.as_str()
+                    })
             });
             if same {
                 finish!(Ok(AppendOutcome::Unchanged));
@@ -490,7 +489,7 @@ impl ScyllaStore {
         day: i64,
         seq: i64,
         digest: i64,
-    ) -> Result<Option<(i64, Vec<(i32, String)>)>, StoreError> {
+    ) -> Result<Option<(i64, Vec<(i64, String)>)>, StoreError> {
         let result = self
             .session
             .execute_unpaged(
@@ -503,7 +502,7 @@ impl ScyllaStore {
         let mut created = None;
         let mut events = Vec::new();
         for row in rows
-            .rows::<(i32, Option<i64>, Option<String>)>()
+            .rows::<(i64, Option<i64>, Option<String>)>()
             .map_err(cql::from)?
         {
             let (ordinal, created_at, payload) = row.map_err(cql::from)?;
@@ -527,7 +526,7 @@ impl ScyllaStore {
             created_at,
             ttl,
         } = *rows;
-        type EventValues<'a> = (&'a str, i64, i64, i64, i64, i32, i64, &'a str, i32);
+        type EventValues<'a> = (&'a str, i64, i64, i64, i64, i64, i64, &'a str, i32);
         let values = |e: &'a Event| -> EventValues<'a> {
             (
                 user,
@@ -535,7 +534,7 @@ impl ScyllaStore {
                 day,
                 seq,
                 digest,
-                e.event_ordinal as i32,
+                i64::from(e.event_ordinal),
                 created_at,
                 e.payload.as_str(),
                 ttl,

@@ -216,13 +216,18 @@ impl ScyllaStore {
                 .map_err(cql::from)?;
             let rows = result.into_rows_result().map_err(cql::from)?;
             for row in rows
-                .rows::<(i64, i64, i32, Option<i64>, Option<String>)>()
+                .rows::<(i64, i64, i64, Option<i64>, Option<String>)>()
                 .map_err(cql::from)?
             {
                 let (seq, digest, ordinal, created_at, payload) = row.map_err(cql::from)?;
                 if !wanted.contains(&(seq, digest)) {
                     continue;
                 }
+                let event_ordinal = u32::try_from(ordinal).map_err(|_| {
+                    StoreError::corrupt(CorruptKind::BadProof {
+                        detail: format!("seq {seq}: event ordinal {ordinal} is outside u32"),
+                    })
+                })?;
                 let payload = Payload::from_canonical(payload.as_deref().unwrap_or("null"))
                     .map_err(|e| {
                         StoreError::corrupt(CorruptKind::BadProof {
@@ -234,7 +239,7 @@ impl ScyllaStore {
                     .or_insert_with(|| (created_at.unwrap_or(0), Vec::new()))
                     .1
                     .push(Event {
-                        event_ordinal: ordinal as u32,
+                        event_ordinal,
                         payload,
                     });
             }

@@ -15,7 +15,9 @@
 //!
 //!   The slot that is not live is a repair's staging copy (SPEC 7.1); the swap flips `live_slot`.
 //! - `mailbox_events`: one partition per `(user_id, generation, day)`, clustered by
-//!   `(seq, digest, ordinal)`, written `USING TTL` so rows vanish at `expires_at(day)`. Rows of a
+//!   `(seq, digest, ordinal)`, written `USING TTL` so rows vanish at `expires_at(day)`. The
+//!   ordinal is a `bigint`: CQL has no unsigned 32-bit type, and a u32 cast to `int` would order
+//!   ordinals from 2^31 up before 0. Rows of a
 //!   digest no identity names (an append interrupted before its commit, a replaced group) or of a
 //!   generation no slot names (an old epoch, a replaced or abandoned copy) are never read.
 //! - `repair_registry`: the repairs that took a fence, so that garbage collection finds the staging
@@ -63,7 +65,7 @@ pub const EXPECTED: &[(&str, &[Column])] = &[
             ("day", "bigint", PARTITION_KEY),
             ("seq", "bigint", CLUSTERING),
             ("digest", "bigint", CLUSTERING),
-            ("ordinal", "int", CLUSTERING),
+            ("ordinal", "bigint", CLUSTERING),
             ("created_at", "bigint", REGULAR),
             ("payload", "text", REGULAR),
         ],
@@ -96,7 +98,7 @@ pub fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_events (
-                user_id text, generation bigint, day bigint, seq bigint, digest bigint, ordinal int,
+                user_id text, generation bigint, day bigint, seq bigint, digest bigint, ordinal bigint,
                 created_at bigint, payload text,
                 PRIMARY KEY ((user_id, generation, day), seq, digest, ordinal))"
         ),
