@@ -571,3 +571,72 @@ async fn driver_errors_are_classified_by_kind() {
         "{nobody}"
     );
 }
+
+// ---- cost (issue: one Paxos round per append) ----
+
+/// An append costs the cluster one Paxos round (its commit), a replay that changes nothing and a
+/// scan cost none: their reads are plain quorum reads of one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_costs_one_paxos_round_and_a_no_op_replay_none() {
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let store = f.store.clone();
+    let mb = mailbox("paxos", 1);
+    let rounds = |before: u64| store.paxos_rounds() - before;
+
+    let before = store.paxos_rounds();
+    assert_eq!(
+        store.append(&group(&mb, 1, TODAY0, 3, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(rounds(before), 1, "a cold append");
+    for seq in 2..=5 {
+        let before = store.paxos_rounds();
+        assert_eq!(
+            store
+                .append(&group(&mb, seq, TODAY0 - seq % 2, 3, "a"))
+                .await,
+            Ok(AppendOutcome::Inserted)
+        );
+        assert_eq!(rounds(before), 1, "a warm append of seq {seq}");
+    }
+    let before = store.paxos_rounds();
+    assert_eq!(
+        store.append(&group(&mb, 3, TODAY0 - 1, 3, "a")).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    assert!(matches!(
+        store.append(&group(&mb, 3, TODAY0, 3, "a")).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(
+        store
+            .append(&group(&mailbox("paxos", 0), 9, TODAY0, 1, "old"))
+            .await,
+        Ok(AppendOutcome::StaleEpoch)
+    );
+    let page = store
+        .range_scan(
+            &mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 3,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.groups.len(), 3);
+    store.inspect(&mb).await.unwrap();
+    assert_eq!(
+        rounds(before),
+        0,
+        "replays that change nothing, refusals, scans and inspections"
+    );
+    let before = store.paxos_rounds();
+    assert_eq!(
+        store.append(&group(&mb, 3, TODAY0 - 1, 2, "b")).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    store.truncate_before(&mb, 2).await.unwrap();
+    assert_eq!(rounds(before), 2, "a replacement and a truncate");
+}

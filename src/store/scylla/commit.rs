@@ -125,6 +125,7 @@ impl ScyllaStore {
             batch.append_statement(statement);
             values.push(row);
         }
+        self.count_paxos_round();
         let result = self
             .session
             .batch(&batch, values)

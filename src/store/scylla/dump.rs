@@ -10,8 +10,8 @@ use crate::store::classify::cql;
 impl ScyllaStore {
     /// Every row of `user`: the user row's fence and live slot, both slots' meta rows (with the
     /// write time of their last commit) and identity rows (with theirs), the user's repair
-    /// registrations, and the event rows of every generation the partition can have named, for
-    /// each day in `days`.
+    /// registrations, and the event rows of every generation the partition can have named, in
+    /// the partitions of the days in `days`.
     ///
     /// The commit point's `version` is left out: taking and lifting a fence advances it, and an
     /// aborted repair must leave a fingerprint equal to the one before it began. Every change a
@@ -69,12 +69,17 @@ impl ScyllaStore {
         if days.is_empty() {
             return Ok(out);
         }
-        let days: Vec<i64> = days.iter().map(|&d| d as i64).collect();
+        let buckets: Vec<i64> = days
+            .iter()
+            .map(|&d| super::schema::event_bucket(d as i64))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let events = self
             .session
             .prepare(format!(
-                "SELECT generation, day, seq, digest, ordinal, created_at, payload \
-                 FROM {ks}.mailbox_events WHERE user_id = ? AND generation = ? AND day IN ?"
+                "SELECT generation, bucket, seq, digest, ordinal, created_at, payload \
+                 FROM {ks}.mailbox_events WHERE user_id = ? AND generation = ? AND bucket IN ?"
             ))
             .await
             .map_err(cql::from)?;
@@ -83,7 +88,7 @@ impl ScyllaStore {
         for generation in 1..=version + 1 {
             let result = self
                 .session
-                .execute_unpaged(&events, (u, generation, &days))
+                .execute_unpaged(&events, (u, generation, &buckets))
                 .await
                 .map_err(cql::from)?;
             let rows = result.into_rows_result().map_err(cql::from)?;

@@ -34,7 +34,7 @@ mod state;
 mod statements;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ use crate::model::{
 use crate::store::classify::cql;
 use crate::store::{Clock, MailboxStore, PhaseHook, RepairToken, SwapReport};
 
-use state::Writer;
+use state::{ReadAt, Writer};
 use statements::Statements;
 
 const BACKEND: &str = "scylla";
@@ -123,6 +123,8 @@ pub struct ScyllaStore {
     failpoint: AtomicI64,
     after_scan_read: Mutex<Option<PhaseHook>>,
     before_commit: Mutex<Option<PhaseHook>>,
+    /// Lightweight transactions and `SERIAL` reads sent: each costs the cluster a Paxos round.
+    paxos_rounds: AtomicU64,
 }
 
 impl std::fmt::Debug for ScyllaStore {
@@ -213,6 +215,7 @@ impl ScyllaStore {
             failpoint: AtomicI64::new(-1),
             after_scan_read: Mutex::new(None),
             before_commit: Mutex::new(None),
+            paxos_rounds: AtomicU64::new(0),
         })
     }
 
@@ -240,6 +243,16 @@ impl ScyllaStore {
     /// on its snapshot: tests race another writer into that window.
     pub fn set_before_commit_hook(&self, hook: Option<PhaseHook>) {
         *lock(&self.before_commit) = hook;
+    }
+
+    /// Paxos rounds this handle has asked the cluster for (lightweight transactions and
+    /// `SERIAL` reads): what the store's operations cost the cluster beyond plain reads and writes.
+    pub fn paxos_rounds(&self) -> u64 {
+        self.paxos_rounds.load(Ordering::Relaxed)
+    }
+
+    fn count_paxos_round(&self) {
+        self.paxos_rounds.fetch_add(1, Ordering::Relaxed);
     }
 
     fn tick_failpoint(&self) -> Result<(), StoreError> {
@@ -283,14 +296,29 @@ impl ScyllaStore {
 
     /// Runs one attempt of an operation after another, each on a fresh snapshot and a fresh
     /// "now", until one is not overtaken by a concurrent commit ([`MAX_ATTEMPTS`] at most).
-    async fn settle<T, F, Fut>(&self, mut attempt: F) -> Result<T, StoreError>
+    ///
+    /// The first attempt reads at `first` (plain quorum for the mailbox operations: no Paxos
+    /// round). After a lost condition the next attempts read at the serial level, which finishes
+    /// any commit left in flight, so contention converges. A corrupt verdict reached on a plain
+    /// read is decided again on a serial one before it is returned: it blocks the mailbox, so it
+    /// must not rest on anything but the latest committed state.
+    async fn settle<T, F, Fut>(&self, first: ReadAt, mut attempt: F) -> Result<T, StoreError>
     where
-        F: FnMut(i64) -> Fut,
+        F: FnMut(i64, ReadAt) -> Fut,
         Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
     {
+        let mut read = first;
         for _ in 0..MAX_ATTEMPTS {
-            if let Attempt::Done(result) = attempt(self.now()).await? {
-                return result;
+            match attempt(self.now(), read).await {
+                Ok(Attempt::Done(Err(StoreError::Corrupt { .. })))
+                | Err(StoreError::Corrupt { .. })
+                    if read == ReadAt::Quorum =>
+                {
+                    read = ReadAt::Serial;
+                }
+                Ok(Attempt::Done(result)) => return result,
+                Ok(Attempt::Retry) => read = ReadAt::Serial,
+                Err(e) => return Err(e),
             }
         }
         Err(StoreError::Unavailable {
@@ -302,7 +330,7 @@ impl ScyllaStore {
     /// True when nobody committed since the snapshot at `expected`: a verdict built from that
     /// snapshot and a later read saw one committed state.
     async fn unchanged_since(&self, user: &str, expected: Option<i64>) -> Result<bool, StoreError> {
-        Ok(self.read_snapshot(user, &[]).await?.version == expected)
+        Ok(self.read_snapshot(user, &[], ReadAt::Serial).await?.version == expected)
     }
 }
 

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::commit::Commit;
-use super::state::{Admission, Meta, Slot, Writer};
+use super::schema::event_bucket;
+use super::state::{Admission, Meta, ReadAt, Slot, Writer};
 use super::{digest, ttl_until, Attempt, ScyllaStore, BACKEND, FORMAT_VERSION};
 use crate::model::error::{ConflictKind, CorruptKind, RejectKind};
 use crate::model::validate::{validate_before_seq, validate_group};
@@ -18,7 +19,7 @@ use crate::store::classify::cql;
 #[derive(Debug, Clone, Copy)]
 struct GroupRows {
     generation: i64,
-    day: i64,
+    bucket: i64,
     seq: i64,
     digest: i64,
     created_at: i64,
@@ -54,7 +55,10 @@ impl ScyllaStore {
                 ),
             ));
         }
-        self.settle(|now| self.try_append(group, writer, now)).await
+        self.settle(ReadAt::Quorum, |now, read| {
+            self.try_append(group, writer, now, read)
+        })
+        .await
     }
 
     pub(super) async fn truncate_as(
@@ -65,8 +69,10 @@ impl ScyllaStore {
     ) -> Result<TruncateOutcome, StoreError> {
         validate_before_seq(before_seq)?;
         check_writer_user(writer, mailbox)?;
-        self.settle(|now| self.try_truncate(mailbox, before_seq as i64, writer, now))
-            .await
+        self.settle(ReadAt::Quorum, |now, read| {
+            self.try_truncate(mailbox, before_seq as i64, writer, now, read)
+        })
+        .await
     }
 
     async fn try_append(
@@ -74,6 +80,7 @@ impl ScyllaStore {
         group: &EventGroup,
         writer: Writer<'_>,
         now: i64,
+        read: ReadAt,
     ) -> Result<Attempt<AppendOutcome>, StoreError> {
         let mb = &group.mailbox;
         let user = mb.user_id.as_str();
@@ -84,7 +91,7 @@ impl ScyllaStore {
         // The previous seq is read along as a probe of the identity index: for appends in
         // source order it is live, which proves the index present without a second read.
         let probe = seq - 1;
-        let snapshot = self.read_snapshot(user, &[seq, probe]).await?;
+        let snapshot = self.read_snapshot(user, &[seq, probe], read).await?;
         let Admission { slot, clear_fence } = snapshot.admit(writer, now)?;
         let current = snapshot.slot(slot);
         let expected = snapshot.version;
@@ -176,7 +183,7 @@ impl ScyllaStore {
                 }));
             }
             let stored = self
-                .read_group(user, generation, day, seq, existing_digest)
+                .read_group(user, generation, event_bucket(day), seq, existing_digest)
                 .await?;
             let same = stored.as_ref().is_some_and(|(created_at, stored_events)| {
                 *created_at == group.created_at as i64
@@ -197,7 +204,7 @@ impl ScyllaStore {
             };
             let rows = GroupRows {
                 generation,
-                day,
+                bucket: event_bucket(day),
                 seq,
                 digest: row_digest,
                 created_at: group.created_at as i64,
@@ -215,7 +222,7 @@ impl ScyllaStore {
             }
             self.write(
                 &self.statements.delete_events_digest,
-                (user, generation, day, seq, existing_digest),
+                (user, generation, event_bucket(day), seq, existing_digest),
             )
             .await?;
             return Ok(Attempt::Done(Ok(AppendOutcome::Replaced)));
@@ -264,7 +271,7 @@ impl ScyllaStore {
         // Insert: event rows, then meta and identity in one commit.
         let rows = GroupRows {
             generation,
-            day,
+            bucket: event_bucket(day),
             seq,
             digest: content,
             created_at: group.created_at as i64,
@@ -301,10 +308,11 @@ impl ScyllaStore {
         before: i64,
         writer: Writer<'_>,
         now: i64,
+        read: ReadAt,
     ) -> Result<Attempt<TruncateOutcome>, StoreError> {
         let user = mb.user_id.as_str();
         let epoch = i64::from(mb.epoch);
-        let snapshot = self.read_snapshot(user, &[]).await?;
+        let snapshot = self.read_snapshot(user, &[], read).await?;
         let Admission { slot, clear_fence } = snapshot.admit(writer, now)?;
         let current = snapshot.slot(slot);
         let expected = snapshot.version;
@@ -367,10 +375,10 @@ impl ScyllaStore {
         if !self.commit(commit).await? {
             return Ok(Attempt::Retry);
         }
-        for day in meta.known_days() {
+        for bucket in meta.known_buckets() {
             self.write(
                 &self.statements.delete_events_below,
-                (user, generation, day, trim),
+                (user, generation, bucket, trim),
             )
             .await?;
         }
@@ -384,17 +392,21 @@ impl ScyllaStore {
         &self,
         mailbox: &MailboxId,
     ) -> Result<PromoteOutcome, StoreError> {
-        self.settle(|now| self.try_promote(mailbox, now)).await
+        self.settle(ReadAt::Quorum, |now, read| {
+            self.try_promote(mailbox, now, read)
+        })
+        .await
     }
 
     async fn try_promote(
         &self,
         mb: &MailboxId,
         now: i64,
+        read: ReadAt,
     ) -> Result<Attempt<PromoteOutcome>, StoreError> {
         let user = mb.user_id.as_str();
         let epoch = i64::from(mb.epoch);
-        let snapshot = self.read_snapshot(user, &[]).await?;
+        let snapshot = self.read_snapshot(user, &[], read).await?;
         let slot = snapshot.live_slot;
         let current = snapshot.slot(slot);
         if current.epoch != Some(epoch) {
@@ -428,7 +440,7 @@ impl ScyllaStore {
     ) -> Result<MailboxInspection, StoreError> {
         let now = self.now();
         let user = mb.user_id.as_str();
-        let snapshot = self.read_snapshot(user, &[]).await?;
+        let snapshot = self.read_snapshot(user, &[], ReadAt::Quorum).await?;
         let slot = snapshot.live_slot;
         let current = snapshot.slot(slot);
         let current_epoch = current.epoch.and_then(|e| u32::try_from(e).ok());
@@ -486,7 +498,7 @@ impl ScyllaStore {
         &self,
         user: &str,
         generation: i64,
-        day: i64,
+        bucket: i64,
         seq: i64,
         digest: i64,
     ) -> Result<Option<(i64, Vec<(i64, String)>)>, StoreError> {
@@ -494,7 +506,7 @@ impl ScyllaStore {
             .session
             .execute_unpaged(
                 &self.statements.read_group,
-                (user, generation, day, seq, digest),
+                (user, generation, bucket, seq, digest),
             )
             .await
             .map_err(cql::from)?;
@@ -520,7 +532,7 @@ impl ScyllaStore {
     ) -> Result<(), StoreError> {
         let GroupRows {
             generation,
-            day,
+            bucket,
             seq,
             digest,
             created_at,
@@ -531,7 +543,7 @@ impl ScyllaStore {
             (
                 user,
                 generation,
-                day,
+                bucket,
                 seq,
                 digest,
                 i64::from(e.event_ordinal),
@@ -562,15 +574,18 @@ impl ScyllaStore {
     }
 
     /// Deletes the event partitions of a generation no slot names any more (an old epoch, a
-    /// replaced or abandoned copy): one partition per day its meta knew.
+    /// replaced or abandoned copy): the buckets of the days its meta knew.
     pub(super) async fn drop_generation(&self, user: &str, old: &Slot) -> Result<u64, StoreError> {
         let Some(generation) = old.generation else {
             return Ok(0);
         };
         let mut dropped = 0;
-        for day in old.meta.known_days() {
-            self.write(&self.statements.delete_events_day, (user, generation, day))
-                .await?;
+        for bucket in old.meta.known_buckets() {
+            self.write(
+                &self.statements.delete_events_bucket,
+                (user, generation, bucket),
+            )
+            .await?;
             dropped += 1;
         }
         Ok(dropped)

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use super::commit::Commit;
-use super::state::{fence_lost, Slot};
+use super::state::{fence_lost, ReadAt, Slot};
 use super::{Attempt, ScyllaStore};
 use crate::model::{StoreError, UserId};
 use crate::store::classify::cql;
@@ -57,7 +57,10 @@ impl ScyllaStore {
         // Registered before the fence is taken: a repair that dies holding it is always found.
         self.write(&self.statements.registry_insert, (u, token.holder.as_str()))
             .await?;
-        match self.settle(|now| self.try_begin(&token, lease, now)).await {
+        match self
+            .settle(ReadAt::Serial, |now, _| self.try_begin(&token, lease, now))
+            .await
+        {
             Ok(previous) => {
                 // The previous staging copy's slot was reset by the commit; its event rows and
                 // the registrations of repairs that can no longer swap go now.
@@ -81,7 +84,7 @@ impl ScyllaStore {
         now: i64,
     ) -> Result<Attempt<Slot>, StoreError> {
         let u = token.user.as_str();
-        let snapshot = self.read_snapshot(u, &[]).await?;
+        let snapshot = self.read_snapshot(u, &[], ReadAt::Serial).await?;
         if let Some(fence) = snapshot.fence.as_ref().filter(|f| f.live(now)) {
             return Ok(Attempt::Done(Err(StoreError::UnderRepair {
                 holder: fence.holder.clone(),
@@ -104,8 +107,8 @@ impl ScyllaStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let u = token.user.as_str();
-        self.settle(|now| async move {
-            let snapshot = self.read_snapshot(u, &[]).await?;
+        self.settle(ReadAt::Serial, |now, read| async move {
+            let snapshot = self.read_snapshot(u, &[], read).await?;
             match &snapshot.fence {
                 // Only the holder renews, and only a fence that has not lapsed: live writes may
                 // have passed a lapsed one.
@@ -127,7 +130,9 @@ impl ScyllaStore {
 
     pub(super) async fn swap_repair(&self, token: &RepairToken) -> Result<SwapReport, StoreError> {
         let u = token.user.as_str();
-        let (report, replaced) = self.settle(|now| self.try_swap(token, now)).await?;
+        let (report, replaced) = self
+            .settle(ReadAt::Serial, |now, _| self.try_swap(token, now))
+            .await?;
         let partitions = self.drop_generation(u, &replaced).await?;
         self.write(&self.statements.registry_delete, (u, token.holder.as_str()))
             .await?;
@@ -143,7 +148,7 @@ impl ScyllaStore {
         now: i64,
     ) -> Result<Attempt<(SwapReport, Slot)>, StoreError> {
         let u = token.user.as_str();
-        let snapshot = self.read_snapshot(u, &[]).await?;
+        let snapshot = self.read_snapshot(u, &[], ReadAt::Serial).await?;
         match &snapshot.fence {
             Some(fence) if fence.holder == token.holder && fence.live(now) => {}
             _ => return Ok(Attempt::Done(Err(fence_lost(token)))),
@@ -177,7 +182,9 @@ impl ScyllaStore {
     pub(super) async fn abort_repair(&self, token: &RepairToken) -> Result<(), StoreError> {
         let u = token.user.as_str();
         let garbage = self
-            .settle(|now| self.try_collect(u, &token.holder, true, now))
+            .settle(ReadAt::Serial, |now, _| {
+                self.try_collect(u, &token.holder, true, now)
+            })
             .await?;
         if let Garbage::Removed(slot) = &garbage {
             self.drop_generation(u, slot).await?;
@@ -197,7 +204,7 @@ impl ScyllaStore {
         own: bool,
         now: i64,
     ) -> Result<Attempt<Garbage>, StoreError> {
-        let snapshot = self.read_snapshot(user, &[]).await?;
+        let snapshot = self.read_snapshot(user, &[], ReadAt::Serial).await?;
         if let Some(fence) = snapshot.fence.as_ref().filter(|f| f.live(now)) {
             if fence.holder != holder {
                 return Ok(Attempt::Done(Ok(Garbage::Stale)));
@@ -237,7 +244,9 @@ impl ScyllaStore {
         let mut removed = 0;
         for (user, holder) in entries {
             match self
-                .settle(|now| self.try_collect(&user, &holder, false, now))
+                .settle(ReadAt::Serial, |now, _| {
+                    self.try_collect(&user, &holder, false, now)
+                })
                 .await?
             {
                 Garbage::Running => continue,

@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::commit::Commit;
-use super::state::{Meta, Snapshot};
+use super::schema::event_bucket;
+use super::state::{Meta, ReadAt, Snapshot};
 use super::{lock, Attempt, ScyllaStore};
 use crate::model::error::CorruptKind;
 use crate::model::validate::validate_scan;
@@ -51,8 +52,10 @@ impl ScyllaStore {
         if request.until_seq.is_some_and(|u| u <= request.after_seq) {
             return Ok(ScanPage::empty(request.after_seq));
         }
-        self.settle(|now| self.try_scan(mailbox, &request, now))
-            .await
+        self.settle(ReadAt::Quorum, |now, read| {
+            self.try_scan(mailbox, &request, now, read)
+        })
+        .await
     }
 
     /// Commits promote's changes to the live meta of `view`. `Ok(false)`: a concurrent commit
@@ -74,10 +77,11 @@ impl ScyllaStore {
         mb: &MailboxId,
         request: &ScanRequest,
         now: i64,
+        read_at: ReadAt,
     ) -> Result<Attempt<ScanPage>, StoreError> {
         let user = mb.user_id.as_str();
         let epoch = i64::from(mb.epoch);
-        let before = self.read_snapshot(user, &[]).await?;
+        let before = self.read_snapshot(user, &[], read_at).await?;
         let Some(mut read) = view(&before, epoch)? else {
             return Ok(Attempt::Done(Ok(ScanPage::empty(request.after_seq))));
         };
@@ -97,7 +101,7 @@ impl ScyllaStore {
         }
 
         // Check again after the read (SPEC 4.4 step 7), on a fresh snapshot.
-        let after = self.read_snapshot(user, &[]).await?;
+        let after = self.read_snapshot(user, &[], read_at).await?;
         let same_copy = after.live_slot == read.slot
             && after.slot(read.slot).generation == Some(read.generation);
         if !same_copy {
@@ -154,7 +158,9 @@ impl ScyllaStore {
             .until_seq
             .map_or(i64::MAX, |u| u.min(i64::MAX as u64) as i64);
         let mut cursor = request.after_seq.min(i64::MAX as u64) as i64;
-        let chunk = (limit as i32).saturating_mul(2).saturating_add(16);
+        // One row past the limit tells `has_more`; rows skipped (expired, inactive day) make
+        // the next chunk larger.
+        let mut chunk = (limit as i32).saturating_add(1);
         let mut selected: Vec<(i64, i64, i64)> = Vec::new(); // (seq, day, digest)
         'paging: loop {
             let result = self
@@ -189,17 +195,18 @@ impl ScyllaStore {
             if seen < chunk {
                 break;
             }
+            chunk = chunk.saturating_mul(2).min(5_000);
         }
         let has_more = selected.len() > limit;
         selected.truncate(limit);
 
-        // One read for every day of the page: the days' partitions, the page's seq range; rows of
-        // digests no identity names are skipped.
+        // One read for every day of the page: their buckets' partitions, the page's seq range;
+        // rows of digests no identity names are skipped.
         let mut groups: BTreeMap<i64, (i64, Vec<Event>)> = BTreeMap::new();
         if !selected.is_empty() {
-            let days: Vec<i64> = selected
+            let buckets: Vec<i64> = selected
                 .iter()
-                .map(|s| s.1)
+                .map(|s| event_bucket(s.1))
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect();
@@ -210,7 +217,7 @@ impl ScyllaStore {
                 .session
                 .execute_unpaged(
                     &self.statements.read_events_range,
-                    (user, view.generation, days, low, high),
+                    (user, view.generation, buckets, low, high),
                 )
                 .await
                 .map_err(cql::from)?;

@@ -14,7 +14,8 @@
 //!     the committed copy of the group's event rows (`mbseqbucket` on Redis), `USING TTL`.
 //!
 //!   The slot that is not live is a repair's staging copy (SPEC 7.1); the swap flips `live_slot`.
-//! - `mailbox_events`: one partition per `(user_id, generation, day)`, clustered by
+//! - `mailbox_events`: one partition per `(user_id, generation, bucket)`, where the bucket is
+//!   [`DAYS_PER_EVENT_PARTITION`] consecutive days ([`event_bucket`]), clustered by
 //!   `(seq, digest, ordinal)`, written `USING TTL` so rows vanish at `expires_at(day)`. The
 //!   ordinal is a `bigint`: CQL has no unsigned 32-bit type, and a u32 cast to `int` would order
 //!   ordinals from 2^31 up before 0. Rows of a
@@ -23,6 +24,21 @@
 //! - `repair_registry`: the repairs that took a fence, so that garbage collection finds the staging
 //!   copies of crashed repairs without scanning every user. One partition (`shard = 0`): repairs
 //!   are operator commands, few at a time.
+
+/// Days of events one partition of `mailbox_events` holds.
+///
+/// A scan page reads every partition its groups live in, one partition lookup each: with one
+/// partition per day, a page of 50 groups spread over 25 days cost 25 lookups, more than the rows
+/// themselves (`BENCHMARKS.md`). A week per partition keeps a page to a handful of lookups, and a
+/// partition holds at most a week of one mailbox's events. Expiry stays exact per day: every row
+/// carries its own TTL, and a scan's seq range never reaches the rows of days that expired (their
+/// seqs are at or below the gap boundary, which a cursor never precedes).
+pub const DAYS_PER_EVENT_PARTITION: i64 = 7;
+
+/// The `mailbox_events` partition bucket of `day`.
+pub fn event_bucket(day: i64) -> i64 {
+    day.div_euclid(DAYS_PER_EVENT_PARTITION)
+}
 
 /// The kind of a column in `system_schema.columns`.
 pub const PARTITION_KEY: &str = "partition_key";
@@ -62,7 +78,7 @@ pub const EXPECTED: &[(&str, &[Column])] = &[
         &[
             ("user_id", "text", PARTITION_KEY),
             ("generation", "bigint", PARTITION_KEY),
-            ("day", "bigint", PARTITION_KEY),
+            ("bucket", "bigint", PARTITION_KEY),
             ("seq", "bigint", CLUSTERING),
             ("digest", "bigint", CLUSTERING),
             ("ordinal", "bigint", CLUSTERING),
@@ -98,9 +114,9 @@ pub fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_events (
-                user_id text, generation bigint, day bigint, seq bigint, digest bigint, ordinal bigint,
-                created_at bigint, payload text,
-                PRIMARY KEY ((user_id, generation, day), seq, digest, ordinal))"
+                user_id text, generation bigint, bucket bigint, seq bigint, digest bigint,
+                ordinal bigint, created_at bigint, payload text,
+                PRIMARY KEY ((user_id, generation, bucket), seq, digest, ordinal))"
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.repair_registry (

@@ -114,13 +114,14 @@ impl Meta {
         })
     }
 
-    /// Every day this meta knows of: the event partitions a generation may hold.
-    pub fn known_days(&self) -> std::collections::BTreeSet<i64> {
+    /// The event partitions (buckets) of every day this meta knows of: where a generation's
+    /// live rows are.
+    pub fn known_buckets(&self) -> std::collections::BTreeSet<i64> {
         self.days
             .keys()
             .chain(self.proof_max_seq.keys())
             .chain(self.proof_expires_at.keys())
-            .copied()
+            .map(|&day| super::schema::event_bucket(day))
             .collect()
     }
 }
@@ -200,6 +201,16 @@ impl Snapshot {
             },
         }
     }
+}
+
+/// How a snapshot is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadAt {
+    /// The plain consistency: no Paxos round. Enough to decide, because every write decided on
+    /// it commits with `IF version = ?` and every write-free verdict is a state that was committed.
+    Quorum,
+    /// The serial consistency: a Paxos round that also finishes a commit left in flight.
+    Serial,
 }
 
 /// Who writes: the daemon and the CLI write the live mailbox; a repair writes its staging copy.
@@ -303,6 +314,7 @@ impl ScyllaStore {
         &self,
         user: &str,
         seqs: &[i64],
+        read: ReadAt,
     ) -> Result<Snapshot, StoreError> {
         let mut keys: Vec<i64> = Vec::with_capacity(seqs.len() + 1);
         keys.push(0);
@@ -311,9 +323,16 @@ impl ScyllaStore {
                 keys.push(seq);
             }
         }
+        let statement = match read {
+            ReadAt::Quorum => &self.statements.snapshot,
+            ReadAt::Serial => {
+                self.count_paxos_round();
+                &self.statements.snapshot_serial
+            }
+        };
         let result = self
             .session
-            .execute_unpaged(&self.statements.snapshot, (user, keys))
+            .execute_unpaged(statement, (user, keys))
             .await
             .map_err(cql::from)?;
         let rows = result.into_rows_result().map_err(cql::from)?;

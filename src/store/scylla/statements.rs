@@ -15,9 +15,14 @@ pub(super) const PARTITION_COLUMNS: &str = "slot, seq, version, live_slot, fence
 
 pub(super) struct Statements {
     // ---- reads of the user partition ----
-    /// The user row, both meta rows and the identity rows of the given seqs, with the commit
-    /// point's consistency (`SERIAL`): one read sees one committed state of the whole user.
+    /// The user row, both meta rows and the identity rows of the given seqs: one read of one
+    /// partition sees one committed state of the whole user. At the plain consistency
+    /// (`LOCAL_QUORUM`), which sees every commit acknowledged in the datacenter (commits are
+    /// written at that level too) ...
     pub snapshot: PreparedStatement,
+    /// ... and at the commit point's serial consistency, which also completes a commit still in
+    /// flight: used after a lost condition and to confirm a corrupt verdict.
+    pub snapshot_serial: PreparedStatement,
     /// Whether a slot holds any identity that has not expired (by the store's clock), newest
     /// first, so a healthy index answers at its first row.
     pub probe_live_identity: PreparedStatement,
@@ -26,7 +31,7 @@ pub(super) struct Statements {
     // ---- reads of event rows ----
     /// One committed copy of one group.
     pub read_group: PreparedStatement,
-    /// The events of several days of one generation, in a seq range.
+    /// The events of several buckets of one generation, in a seq range.
     pub read_events_range: PreparedStatement,
     // ---- the commit point (first statement of every conditional batch) ----
     /// `SET version = ? ... IF version = ?` on the user row.
@@ -43,7 +48,7 @@ pub(super) struct Statements {
     pub delete_slot: PreparedStatement,
     // ---- event rows (idempotent, outside the commit point) ----
     pub insert_event: PreparedStatement,
-    pub delete_events_day: PreparedStatement,
+    pub delete_events_bucket: PreparedStatement,
     pub delete_events_below: PreparedStatement,
     pub delete_events_digest: PreparedStatement,
     // ---- the repair registry ----
@@ -70,15 +75,13 @@ pub(super) async fn prepare_all(
     };
     let plain = settings.consistency;
     let user_row = "user_id = ? AND slot = -1 AND seq = 0";
+    let snapshot_cql = format!(
+        "SELECT {PARTITION_COLUMNS} FROM {ks}.user_mailbox \
+         WHERE user_id = ? AND slot IN (-1, 0, 1) AND seq IN ?"
+    );
     Ok(Statements {
-        snapshot: prepare(
-            format!(
-                "SELECT {PARTITION_COLUMNS} FROM {ks}.user_mailbox \
-                 WHERE user_id = ? AND slot IN (-1, 0, 1) AND seq IN ?"
-            ),
-            serial,
-        )
-        .await?,
+        snapshot: prepare(snapshot_cql.clone(), plain).await?,
+        snapshot_serial: prepare(snapshot_cql, serial).await?,
         probe_live_identity: prepare(
             format!(
                 "SELECT seq FROM {ks}.user_mailbox WHERE user_id = ? AND slot = ? AND seq > 0 \
@@ -98,7 +101,7 @@ pub(super) async fn prepare_all(
         read_group: prepare(
             format!(
                 "SELECT ordinal, created_at, payload FROM {ks}.mailbox_events \
-                 WHERE user_id = ? AND generation = ? AND day = ? AND seq = ? AND digest = ?"
+                 WHERE user_id = ? AND generation = ? AND bucket = ? AND seq = ? AND digest = ?"
             ),
             plain,
         )
@@ -106,7 +109,7 @@ pub(super) async fn prepare_all(
         read_events_range: prepare(
             format!(
                 "SELECT seq, digest, ordinal, created_at, payload FROM {ks}.mailbox_events \
-                 WHERE user_id = ? AND generation = ? AND day IN ? AND seq >= ? AND seq <= ?"
+                 WHERE user_id = ? AND generation = ? AND bucket IN ? AND seq >= ? AND seq <= ?"
             ),
             plain,
         )
@@ -168,15 +171,15 @@ pub(super) async fn prepare_all(
         insert_event: prepare(
             format!(
                 "INSERT INTO {ks}.mailbox_events \
-                 (user_id, generation, day, seq, digest, ordinal, created_at, payload) \
+                 (user_id, generation, bucket, seq, digest, ordinal, created_at, payload) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
             ),
             plain,
         )
         .await?,
-        delete_events_day: prepare(
+        delete_events_bucket: prepare(
             format!(
-                "DELETE FROM {ks}.mailbox_events WHERE user_id = ? AND generation = ? AND day = ?"
+                "DELETE FROM {ks}.mailbox_events WHERE user_id = ? AND generation = ? AND bucket = ?"
             ),
             plain,
         )
@@ -184,7 +187,7 @@ pub(super) async fn prepare_all(
         delete_events_below: prepare(
             format!(
                 "DELETE FROM {ks}.mailbox_events \
-                 WHERE user_id = ? AND generation = ? AND day = ? AND seq < ?"
+                 WHERE user_id = ? AND generation = ? AND bucket = ? AND seq < ?"
             ),
             plain,
         )
@@ -192,7 +195,7 @@ pub(super) async fn prepare_all(
         delete_events_digest: prepare(
             format!(
                 "DELETE FROM {ks}.mailbox_events \
-                 WHERE user_id = ? AND generation = ? AND day = ? AND seq = ? AND digest = ?"
+                 WHERE user_id = ? AND generation = ? AND bucket = ? AND seq = ? AND digest = ?"
             ),
             plain,
         )
