@@ -94,6 +94,11 @@ impl RetentionPolicy {
         (day + 1 + u64::from(self.retention_days)) * DAY_SECS
     }
 
+    /// The day whose expiry is `expires_at` (the inverse of [`expires_at`](Self::expires_at)).
+    pub fn day_of_expiry(&self, expires_at: u64) -> u64 {
+        (expires_at / DAY_SECS).saturating_sub(1 + u64::from(self.retention_days))
+    }
+
     /// A day is expired once `expires_at(day) <= now`.
     pub fn is_expired(&self, day: u64, now_secs: u64) -> bool {
         self.expires_at(day) <= now_secs

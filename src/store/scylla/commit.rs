@@ -9,9 +9,12 @@ use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 
-use super::state::Meta;
+use std::collections::BTreeMap;
+
+use super::state::{stored, Meta};
 use super::statements::Statements;
-use super::{applied, ScyllaStore, FORMAT_VERSION};
+use super::{applied, ScyllaStore};
+use crate::model::rules::FORMAT_VERSION;
 use crate::model::StoreError;
 use crate::store::classify::cql;
 
@@ -47,16 +50,19 @@ impl<'s> Commit<'s> {
 
     /// The slot's meta row: generation, epoch and every V4 field, written whole.
     pub fn write_meta(&mut self, slot: i32, generation: i64, epoch: i64, meta: &Meta) {
+        let map = |m: &BTreeMap<u64, u64>| -> BTreeMap<i64, i64> {
+            m.iter().map(|(&k, &v)| (stored(k), stored(v))).collect()
+        };
         let values = (
             generation,
             epoch,
-            meta.format_version.unwrap_or(FORMAT_VERSION),
-            meta.expired_gap_boundary,
-            meta.seqbucket_max_seq,
-            meta.user_trim_seq,
-            meta.days.clone(),
-            meta.proof_max_seq.clone(),
-            meta.proof_expires_at.clone(),
+            meta.format_version.unwrap_or(FORMAT_VERSION as i32),
+            stored(meta.expired_gap_boundary),
+            stored(meta.seqbucket_max_seq),
+            stored(meta.user_trim_seq),
+            map(&meta.days),
+            map(&meta.proof_max_seq),
+            map(&meta.proof_expires_at),
             self.user.clone(),
             slot,
         );
@@ -93,8 +99,8 @@ impl<'s> Commit<'s> {
         self.push(&self.statements.delete_slot, Box::new(values));
     }
 
-    pub fn set_fence(&mut self, holder: &str, until: i64, ttl: i32) {
-        let values = (ttl, holder.to_owned(), until, self.user.clone());
+    pub fn set_fence(&mut self, holder: &str, until: u64, ttl: i32) {
+        let values = (ttl, holder.to_owned(), stored(until), self.user.clone());
         self.push(&self.statements.set_fence, Box::new(values));
     }
 
@@ -113,10 +119,7 @@ impl ScyllaStore {
     /// Runs `commit` as one conditional batch. `Ok(false)`: another writer committed first and
     /// nothing was applied; the operation decides again on a fresh snapshot.
     pub(super) async fn commit(&self, commit: Commit<'_>) -> Result<bool, StoreError> {
-        let hook = super::lock(&self.before_commit).clone();
-        if let Some(hook) = hook {
-            hook().await;
-        }
+        self.failpoints.before_commit().await;
         let mut batch = Batch::new(BatchType::Logged);
         batch.set_consistency(self.settings.consistency);
         batch.set_serial_consistency(Some(self.settings.serial_consistency));

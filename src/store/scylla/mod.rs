@@ -24,17 +24,20 @@
 //! Time is the store's [`Clock`]: rows whose day is expired by that clock are treated as gone even
 //! before the server's TTL purges them; the fence's lease is measured by it too.
 
+mod append;
 mod commit;
 mod dump;
-mod ops;
+mod failpoints;
+mod inspect;
 mod repair;
 mod scan;
 pub mod schema;
 mod state;
 mod statements;
+mod truncate;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,7 +50,7 @@ use scylla::value::{CqlValue, Row};
 
 use crate::model::{
     AppendOutcome, Event, EventGroup, MailboxId, MailboxInspection, PromoteOutcome,
-    RetentionPolicy, ScanPage, ScanRequest, StoreError, TruncateOutcome, UserId, DAY_SECS,
+    RetentionPolicy, ScanPage, ScanRequest, StoreError, TruncateOutcome, UserId,
 };
 use crate::store::classify::cql;
 use crate::store::{Clock, MailboxStore, PhaseHook, RepairToken, SwapReport};
@@ -56,7 +59,6 @@ use state::{ReadAt, Writer};
 use statements::Statements;
 
 const BACKEND: &str = "scylla";
-const FORMAT_VERSION: i32 = 4;
 
 /// How many times an operation re-runs after losing its commit to a concurrent writer before it
 /// reports the mailbox as unavailable (transient; the caller retries later).
@@ -119,10 +121,9 @@ pub struct ScyllaStore {
     settings: ScyllaSettings,
     policy: RetentionPolicy,
     clock: Arc<dyn Clock>,
-    /// Writes left before an injected failure; negative when disarmed (tests only).
-    failpoint: AtomicI64,
+    /// Injected failures and commit hooks (feature `failpoints`, tests only).
+    failpoints: failpoints::Failpoints,
     after_scan_read: Mutex<Option<PhaseHook>>,
-    before_commit: Mutex<Option<PhaseHook>>,
     /// Lightweight transactions and `SERIAL` reads sent: each costs the cluster a Paxos round.
     paxos_rounds: AtomicU64,
 }
@@ -161,8 +162,8 @@ fn digest(created_at: u64, events: &[&Event]) -> i64 {
 }
 
 /// Seconds from `now` until `expires_at`, as a CQL TTL (at least 1).
-fn ttl_until(expires_at: i64, now: i64) -> i32 {
-    (expires_at - now).clamp(1, i64::from(i32::MAX)) as i32
+fn ttl_until(expires_at: u64, now: u64) -> i32 {
+    expires_at.saturating_sub(now).clamp(1, i32::MAX as u64) as i32
 }
 
 /// Whether a lightweight transaction applied (its first column, `[applied]`).
@@ -212,9 +213,8 @@ impl ScyllaStore {
             settings,
             policy,
             clock,
-            failpoint: AtomicI64::new(-1),
+            failpoints: failpoints::Failpoints::default(),
             after_scan_read: Mutex::new(None),
-            before_commit: Mutex::new(None),
             paxos_rounds: AtomicU64::new(0),
         })
     }
@@ -227,22 +227,9 @@ impl ScyllaStore {
         &self.session
     }
 
-    /// Makes the `n`-th write from now fail after it has been executed (n >= 1), aborting the
-    /// operation there as a crash would; `None` disarms. For crash-convergence tests.
-    pub fn arm_failpoint(&self, n: Option<u32>) {
-        self.failpoint
-            .store(n.map_or(-1, i64::from), Ordering::SeqCst);
-    }
-
     /// Installs (or clears) the hook run between a scan's reads and its post-read check.
     pub fn set_after_scan_read_hook(&self, hook: Option<PhaseHook>) {
         *lock(&self.after_scan_read) = hook;
-    }
-
-    /// Installs (or clears) the hook run just before every commit, after the operation decided
-    /// on its snapshot: tests race another writer into that window.
-    pub fn set_before_commit_hook(&self, hook: Option<PhaseHook>) {
-        *lock(&self.before_commit) = hook;
     }
 
     /// Paxos rounds this handle has asked the cluster for (lightweight transactions and
@@ -256,27 +243,11 @@ impl ScyllaStore {
     }
 
     fn tick_failpoint(&self) -> Result<(), StoreError> {
-        let left = self.failpoint.load(Ordering::SeqCst);
-        if left < 0 {
-            return Ok(());
-        }
-        let left = self.failpoint.fetch_sub(1, Ordering::SeqCst) - 1;
-        if left == 0 {
-            self.failpoint.store(-1, Ordering::SeqCst);
-            return Err(StoreError::Unavailable {
-                backend: BACKEND,
-                detail: "injected failure after a write (failpoint)".to_owned(),
-            });
-        }
-        Ok(())
+        self.failpoints.after_write()
     }
 
-    fn now(&self) -> i64 {
-        self.clock.now_secs() as i64
-    }
-
-    fn day_of_expiry(&self, expires_at: i64) -> i64 {
-        (expires_at / DAY_SECS as i64) - 1 - i64::from(self.policy.retention_days)
+    fn now(&self) -> u64 {
+        self.clock.now_secs()
     }
 
     /// One plain (unconditional) write, counted by the failpoint.
@@ -304,7 +275,7 @@ impl ScyllaStore {
     /// must not rest on anything but the latest committed state.
     async fn settle<T, F, Fut>(&self, first: ReadAt, mut attempt: F) -> Result<T, StoreError>
     where
-        F: FnMut(i64, ReadAt) -> Fut,
+        F: FnMut(u64, ReadAt) -> Fut,
         Fut: std::future::Future<Output = Result<Attempt<T>, StoreError>>,
     {
         let mut read = first;

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use super::commit::Commit;
-use super::state::{fence_lost, ReadAt, Slot};
+use super::state::{fence_lost, unsigned, ReadAt, Slot};
 use super::{Attempt, ScyllaStore};
 use crate::model::{StoreError, UserId};
 use crate::store::classify::cql;
@@ -28,12 +28,12 @@ use crate::store::{RepairToken, SwapReport};
 /// clock differences between the repair's process and the server.
 const FENCE_TTL_MARGIN: u64 = 60;
 
-fn lease_secs(lease: Duration) -> i64 {
-    lease.as_secs().clamp(1, i32::MAX as u64 / 2) as i64
+fn lease_secs(lease: Duration) -> u64 {
+    lease.as_secs().clamp(1, i32::MAX as u64 / 2)
 }
 
-fn fence_ttl(lease: i64) -> i32 {
-    (lease as u64 + FENCE_TTL_MARGIN).min(i32::MAX as u64) as i32
+fn fence_ttl(lease: u64) -> i32 {
+    (lease + FENCE_TTL_MARGIN).min(i32::MAX as u64) as i32
 }
 
 /// What garbage collection found for one registered repair.
@@ -81,7 +81,7 @@ impl ScyllaStore {
         &self,
         token: &RepairToken,
         lease: Duration,
-        now: i64,
+        now: u64,
     ) -> Result<Attempt<Slot>, StoreError> {
         let u = token.user.as_str();
         let snapshot = self.read_snapshot(u, &[], ReadAt::Serial).await?;
@@ -145,7 +145,7 @@ impl ScyllaStore {
     async fn try_swap(
         &self,
         token: &RepairToken,
-        now: i64,
+        now: u64,
     ) -> Result<Attempt<(SwapReport, Slot)>, StoreError> {
         let u = token.user.as_str();
         let snapshot = self.read_snapshot(u, &[], ReadAt::Serial).await?;
@@ -159,7 +159,7 @@ impl ScyllaStore {
             .slot_identities(u, staging, 0, i64::MAX)
             .await?
             .iter()
-            .filter(|(_, e, _)| *e > now)
+            .filter(|(_, e, _)| unsigned(*e) > now)
             .count() as u64;
         let replaced_rows = self.slot_identities(u, live, 0, i64::MAX).await?.len() as u64
             + u64::from(snapshot.slot(live).generation.is_some());
@@ -202,7 +202,7 @@ impl ScyllaStore {
         user: &str,
         holder: &str,
         own: bool,
-        now: i64,
+        now: u64,
     ) -> Result<Attempt<Garbage>, StoreError> {
         let snapshot = self.read_snapshot(user, &[], ReadAt::Serial).await?;
         if let Some(fence) = snapshot.fence.as_ref().filter(|f| f.live(now)) {

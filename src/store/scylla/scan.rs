@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::commit::Commit;
 use super::schema::event_bucket;
-use super::state::{Meta, ReadAt, Snapshot};
+use super::state::{stored, unsigned, Meta, ReadAt, Snapshot};
 use super::{lock, Attempt, ScyllaStore};
 use crate::model::error::CorruptKind;
+use crate::model::rules;
 use crate::model::validate::validate_scan;
 use crate::model::{Event, MailboxId, Payload, ScanPage, ScanRequest, ScannedGroup, StoreError};
 use crate::store::classify::cql;
@@ -19,17 +20,11 @@ struct View {
 }
 
 /// The live mailbox of `epoch` in `snapshot`; `None` when there is nothing to read.
-fn view(snapshot: &Snapshot, epoch: i64) -> Result<Option<View>, StoreError> {
+fn view(snapshot: &Snapshot, epoch: u32) -> Result<Option<View>, StoreError> {
     let slot = snapshot.live_slot;
     let current = snapshot.slot(slot);
-    match current.epoch {
-        None => return Ok(None),
-        Some(c) if c != epoch => {
-            return Err(StoreError::EpochMismatch {
-                current: u32::try_from(c).ok(),
-            })
-        }
-        Some(_) => {}
+    if !rules::check_epoch(current.epoch.map(unsigned), u64::from(epoch))? {
+        return Ok(None);
     }
     current.meta.check_format()?;
     if !current.meta.exists() {
@@ -64,11 +59,11 @@ impl ScyllaStore {
         &self,
         user: &str,
         expected: Option<i64>,
-        epoch: i64,
+        epoch: u32,
         view: &View,
     ) -> Result<bool, StoreError> {
         let mut commit = Commit::new(&self.statements, user, expected);
-        commit.write_meta(view.slot, view.generation, epoch, &view.meta);
+        commit.write_meta(view.slot, view.generation, i64::from(epoch), &view.meta);
         self.commit(commit).await
     }
 
@@ -76,11 +71,11 @@ impl ScyllaStore {
         &self,
         mb: &MailboxId,
         request: &ScanRequest,
-        now: i64,
+        now: u64,
         read_at: ReadAt,
     ) -> Result<Attempt<ScanPage>, StoreError> {
         let user = mb.user_id.as_str();
-        let epoch = i64::from(mb.epoch);
+        let epoch = mb.epoch;
         let before = self.read_snapshot(user, &[], read_at).await?;
         let Some(mut read) = view(&before, epoch)? else {
             return Ok(Attempt::Done(Ok(ScanPage::empty(request.after_seq))));
@@ -107,18 +102,14 @@ impl ScyllaStore {
         if !same_copy {
             // A swap or an epoch move replaced the copy the page was read from.
             return match after.slot(after.live_slot).epoch {
-                Some(c) if c == epoch => Ok(Attempt::Retry),
+                Some(c) if c == i64::from(epoch) => Ok(Attempt::Retry),
                 other => Ok(Attempt::Done(Err(StoreError::EpochMismatch {
                     current: other.and_then(|c| u32::try_from(c).ok()),
                 }))),
             };
         }
         let Some(mut check) = view(&after, epoch)? else {
-            return Ok(Attempt::Done(Err(StoreError::corrupt(
-                CorruptKind::BadProof {
-                    detail: "meta disappeared between the scan read and its check".to_owned(),
-                },
-            ))));
+            return Ok(Attempt::Done(Err(rules::meta_vanished_during_scan())));
         };
         if !check.meta.promote(self.now())?.is_empty()
             && !self
@@ -129,18 +120,17 @@ impl ScyllaStore {
         }
         check.meta.check_cursor(request.after_seq)?;
 
-        let last = groups.last().map(|g| g.mailbox_seq);
-        let (up_to, has_more) = if more_than_limit {
-            (last.unwrap_or(request.after_seq), true)
-        } else {
-            let sbmax = read.meta.seqbucket_max_seq as u64;
-            let bound = request.until_seq.map_or(sbmax, |u| u.min(sbmax));
-            (bound.max(request.after_seq).max(last.unwrap_or(0)), false)
-        };
+        let up_to = rules::page_up_to(
+            request.after_seq,
+            request.until_seq,
+            read.meta.seqbucket_max_seq,
+            groups.last().map(|g| g.mailbox_seq),
+            more_than_limit,
+        );
         Ok(Attempt::Done(Ok(ScanPage {
             groups,
             up_to,
-            has_more,
+            has_more: more_than_limit,
         })))
     }
 
@@ -151,7 +141,7 @@ impl ScyllaStore {
         user: &str,
         view: &View,
         request: &ScanRequest,
-        now: i64,
+        now: u64,
     ) -> Result<(Vec<ScannedGroup>, bool), StoreError> {
         let limit = request.limit_groups as usize;
         let until = request
@@ -161,7 +151,7 @@ impl ScyllaStore {
         // One row past the limit tells `has_more`; rows skipped (expired, inactive day) make
         // the next chunk larger.
         let mut chunk = (limit as i32).saturating_add(1);
-        let mut selected: Vec<(i64, i64, i64)> = Vec::new(); // (seq, day, digest)
+        let mut selected: Vec<(i64, u64, i64)> = Vec::new(); // (seq, day, digest)
         'paging: loop {
             let result = self
                 .session
@@ -180,10 +170,10 @@ impl ScyllaStore {
                 let (seq, expires_at, digest) = row.map_err(cql::from)?;
                 seen += 1;
                 cursor = seq;
-                let Some(expires_at) = expires_at.filter(|e| *e > now) else {
+                let Some(expires_at) = expires_at.map(unsigned).filter(|e| *e > now) else {
                     continue;
                 };
-                let day = self.day_of_expiry(expires_at);
+                let day = self.policy.day_of_expiry(expires_at);
                 if !view.meta.days.contains_key(&day) {
                     continue;
                 }
@@ -206,7 +196,7 @@ impl ScyllaStore {
         if !selected.is_empty() {
             let buckets: Vec<i64> = selected
                 .iter()
-                .map(|s| event_bucket(s.1))
+                .map(|s| event_bucket(stored(s.1)))
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect();

@@ -1,31 +1,32 @@
 //! What one read of a user's partition shows: the commit point, the fence, both slots' meta and
 //! the identity rows asked for, decoded into plain values the operations decide on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use scylla::DeserializeRow;
 
-use crate::model::error::{CorruptKind, CursorExpired};
+use crate::model::rules;
 use crate::model::StoreError;
 use crate::store::classify::cql;
 use crate::store::RepairToken;
 
-use super::{ScyllaStore, FORMAT_VERSION};
+use super::ScyllaStore;
 
 /// The clustering value of `slot` on the user row.
 pub(super) const USER_ROW_SLOT: i32 = -1;
 
-/// The meta of one slot: the fields of the V4 meta hash and the day set.
+/// The meta of one slot: the fields of the V4 meta hash and the day set. Stored as `bigint`s;
+/// decided on as the unsigned values of the rules (`crate::model::rules`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Meta {
     pub format_version: Option<i32>,
-    pub expired_gap_boundary: i64,
-    pub seqbucket_max_seq: i64,
-    pub user_trim_seq: i64,
+    pub expired_gap_boundary: u64,
+    pub seqbucket_max_seq: u64,
+    pub user_trim_seq: u64,
     /// The day set: day -> expires_at.
-    pub days: BTreeMap<i64, i64>,
-    pub proof_max_seq: BTreeMap<i64, i64>,
-    pub proof_expires_at: BTreeMap<i64, i64>,
+    pub days: BTreeMap<u64, u64>,
+    pub proof_max_seq: BTreeMap<u64, u64>,
+    pub proof_expires_at: BTreeMap<u64, u64>,
 }
 
 impl Meta {
@@ -34,107 +35,102 @@ impl Meta {
     }
 
     pub fn check_format(&self) -> Result<(), StoreError> {
-        match self.format_version {
-            Some(v) if v != FORMAT_VERSION => {
-                Err(StoreError::corrupt(CorruptKind::UnsupportedFormat {
-                    found: v.to_string(),
-                }))
-            }
-            _ => Ok(()),
+        rules::check_format(self.format_version.map(i64::from))
+    }
+
+    fn proof(&self, day: u64) -> rules::Proof {
+        rules::Proof {
+            max_seq: self.proof_max_seq.get(&day).copied(),
+            expires_at: self.proof_expires_at.get(&day).copied(),
         }
     }
 
     /// Promote phase 1 and 2 on this in-memory copy (SPEC 4.5): validates every expired day,
     /// then merges them. Returns the days compacted; on a bad proof nothing is changed.
-    pub fn promote(&mut self, now: i64) -> Result<Vec<i64>, StoreError> {
-        let mut boundary = self.expired_gap_boundary;
-        let mut expired = Vec::new();
-        for (&day, &score) in &self.days {
-            if score > now {
-                continue;
-            }
-            let bad = |what: String| {
-                StoreError::corrupt(CorruptKind::BadProof {
-                    detail: format!("expired day {day}: {what}"),
-                })
-            };
-            let max_seq = *self
-                .proof_max_seq
-                .get(&day)
-                .ok_or_else(|| bad("bucket_max_seq is missing".into()))?;
-            let expires_at = *self
-                .proof_expires_at
-                .get(&day)
-                .ok_or_else(|| bad("bucket_expires_at is missing".into()))?;
-            if expires_at != score {
-                return Err(bad(format!(
-                    "bucket_expires_at {expires_at} disagrees with the day set score {score}"
-                )));
-            }
-            if max_seq >= self.user_trim_seq {
-                boundary = boundary.max(max_seq);
-            }
-            expired.push(day);
-        }
-        for day in &expired {
+    pub fn promote(&mut self, now: u64) -> Result<Vec<u64>, StoreError> {
+        let plan = rules::plan_promote(
+            self.days.iter().map(|(&day, &score)| (day, score)),
+            |day| self.proof(day),
+            self.expired_gap_boundary,
+            self.user_trim_seq,
+            now,
+        )?;
+        for day in &plan.expired_days {
             self.days.remove(day);
             self.proof_max_seq.remove(day);
             self.proof_expires_at.remove(day);
         }
-        self.expired_gap_boundary = boundary;
-        Ok(expired)
+        self.expired_gap_boundary = plan.new_boundary;
+        Ok(plan.expired_days)
     }
 
     pub fn check_cursor(&self, after: u64) -> Result<(), StoreError> {
-        let trim = self.user_trim_seq as u64;
-        if after.saturating_add(1) < trim {
-            return Err(StoreError::CursorExpired {
-                cursor: CursorExpired::Trimmed {
-                    resume_after: trim - 1,
-                },
-            });
-        }
-        let boundary = self.expired_gap_boundary as u64;
-        if after < boundary {
-            return Err(StoreError::CursorExpired {
-                cursor: CursorExpired::ExpiredGap { boundary },
-            });
-        }
-        Ok(())
+        rules::check_cursor(after, self.user_trim_seq, self.expired_gap_boundary)
     }
 
-    /// True when a non-expired proof covers a seq at or above the trim (SPEC 4.2.6).
-    pub fn proves_live_groups(&self, now: i64) -> bool {
-        self.proof_expires_at.iter().any(|(day, &e)| {
-            e > now
-                && self
-                    .proof_max_seq
-                    .get(day)
-                    .is_some_and(|&m| m >= self.user_trim_seq)
-        })
+    /// SPEC 4.2.6.
+    pub fn proves_live_groups(&self, now: u64) -> bool {
+        let days: BTreeSet<u64> = self
+            .proof_max_seq
+            .keys()
+            .chain(self.proof_expires_at.keys())
+            .copied()
+            .collect();
+        rules::proves_live_groups(
+            days.into_iter().map(|day| self.proof(day)),
+            self.user_trim_seq,
+            now,
+        )
+    }
+
+    /// The first and last day of the day set.
+    pub fn active_days(&self) -> Option<(u64, u64)> {
+        self.days
+            .first_key_value()
+            .zip(self.days.last_key_value())
+            .map(|((&low, _), (&high, _))| (low, high))
     }
 
     /// The event partitions (buckets) of every day this meta knows of: where a generation's
     /// live rows are.
-    pub fn known_buckets(&self) -> std::collections::BTreeSet<i64> {
+    pub fn known_buckets(&self) -> BTreeSet<i64> {
         self.days
             .keys()
             .chain(self.proof_max_seq.keys())
             .chain(self.proof_expires_at.keys())
-            .map(|&day| super::schema::event_bucket(day))
+            .map(|&day| super::schema::event_bucket(stored(day)))
             .collect()
     }
+}
+
+/// A stored `bigint` as the unsigned value the rules use (a negative one can only come from
+/// damage, and reads as 0).
+pub(super) fn unsigned(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// An unsigned value as the `bigint` it is stored as (every value the rules produce fits: seqs
+/// stop at 16 digits, days and seconds at year 9999).
+pub(super) fn stored(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn unsigned_map(map: Option<BTreeMap<i64, i64>>) -> BTreeMap<u64, u64> {
+    map.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (unsigned(k), unsigned(v)))
+        .collect()
 }
 
 /// The repair fence as stored: who holds it and until when (seconds of the store's clock).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fence {
     pub holder: String,
-    pub until: i64,
+    pub until: u64,
 }
 
 impl Fence {
-    pub fn live(&self, now: i64) -> bool {
+    pub fn live(&self, now: u64) -> bool {
         now < self.until
     }
 }
@@ -170,16 +166,17 @@ impl Snapshot {
         &self.slots[slot_index(slot)]
     }
 
-    /// The identity of `seq` in `slot`, if its row was read and has not expired.
-    pub fn live_identity(&self, slot: i32, seq: i64, now: i64) -> Option<(i64, i64)> {
+    /// The identity of `seq` in `slot` (its expiry and digest), if its row was read and has not
+    /// expired.
+    pub fn live_identity(&self, slot: i32, seq: i64, now: u64) -> Option<(u64, i64)> {
         self.identities
             .get(&(slot, seq))
-            .copied()
+            .map(|&(expires_at, digest)| (unsigned(expires_at), digest))
             .filter(|(expires_at, _)| *expires_at > now)
     }
 
     /// Decides which slot a writer may change, or why it may not (SPEC 7.1).
-    pub fn admit(&self, writer: Writer<'_>, now: i64) -> Result<Admission, StoreError> {
+    pub fn admit(&self, writer: Writer<'_>, now: u64) -> Result<Admission, StoreError> {
         match writer {
             Writer::Live => match &self.fence {
                 Some(fence) if fence.live(now) => Err(StoreError::UnderRepair {
@@ -272,7 +269,10 @@ impl Snapshot {
                     snapshot.version = row.version;
                     snapshot.live_slot = i32::from(row.live_slot == Some(1));
                     snapshot.fence = match (row.fence_holder, row.fence_until) {
-                        (Some(holder), Some(until)) => Some(Fence { holder, until }),
+                        (Some(holder), Some(until)) => Some(Fence {
+                            holder,
+                            until: unsigned(until),
+                        }),
                         // A holder without a lease (or the reverse) is a fence nobody can
                         // renew: treat it as lapsed at once.
                         (Some(holder), None) => Some(Fence { holder, until: 0 }),
@@ -285,12 +285,12 @@ impl Snapshot {
                         epoch: row.epoch,
                         meta: Meta {
                             format_version: row.format_version,
-                            expired_gap_boundary: row.expired_gap_boundary.unwrap_or(0),
-                            seqbucket_max_seq: row.seqbucket_max_seq.unwrap_or(0),
-                            user_trim_seq: row.user_trim_seq.unwrap_or(0),
-                            days: row.days.unwrap_or_default(),
-                            proof_max_seq: row.proof_max_seq.unwrap_or_default(),
-                            proof_expires_at: row.proof_expires_at.unwrap_or_default(),
+                            expired_gap_boundary: unsigned(row.expired_gap_boundary.unwrap_or(0)),
+                            seqbucket_max_seq: unsigned(row.seqbucket_max_seq.unwrap_or(0)),
+                            user_trim_seq: unsigned(row.user_trim_seq.unwrap_or(0)),
+                            days: unsigned_map(row.days),
+                            proof_max_seq: unsigned_map(row.proof_max_seq),
+                            proof_expires_at: unsigned_map(row.proof_expires_at),
                         },
                     };
                 }
@@ -349,11 +349,14 @@ impl ScyllaStore {
         &self,
         user: &str,
         slot: i32,
-        now: i64,
+        now: u64,
     ) -> Result<bool, StoreError> {
         let result = self
             .session
-            .execute_unpaged(&self.statements.probe_live_identity, (user, slot, now))
+            .execute_unpaged(
+                &self.statements.probe_live_identity,
+                (user, slot, stored(now)),
+            )
             .await
             .map_err(cql::from)?;
         let rows = result.into_rows_result().map_err(cql::from)?;
