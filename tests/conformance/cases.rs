@@ -860,3 +860,26 @@ pub async fn ordinals_above_two_to_the_31_keep_identity_and_order(h: &H) {
         r#"{"o":3000000000,"tag":"b"}"#
     );
 }
+
+// ---- scan order of checks ----
+
+/// SPEC 4.4 puts the epoch check (step 1) before the reverse-range answer (step 2): a cursor of
+/// another epoch gets `EpochMismatch` even with `until <= after`, while the current epoch's
+/// reverse range stays an empty page.
+pub async fn scan_epoch_check_comes_before_the_reverse_range(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-epoch-first", 3);
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    for wrong in [2, 4] {
+        for (after, until) in [(5, Some(5)), (5, Some(3)), (0, Some(0))] {
+            assert_eq!(
+                scan(&*s, &mailbox("u-epoch-first", wrong), after, until, 1).await,
+                Err(StoreError::EpochMismatch { current: Some(3) }),
+                "epoch {wrong}, ({after}, {until:?}]"
+            );
+        }
+    }
+    assert_eq!(scan(&*s, &mb, 5, Some(5), 1).await, Ok(ScanPage::empty(5)));
+    assert_eq!(scan(&*s, &mb, 5, Some(3), 1).await, Ok(ScanPage::empty(5)));
+}

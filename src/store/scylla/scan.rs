@@ -19,11 +19,13 @@ struct View {
     meta: Meta,
 }
 
-/// The live mailbox of `epoch` in `snapshot`; `None` when there is nothing to read.
-fn view(snapshot: &Snapshot, epoch: u32) -> Result<Option<View>, StoreError> {
+/// The live mailbox of `epoch` in `snapshot`, in the order of SPEC 4.4: the epoch first, then a
+/// `reverse` range (nothing to read, whatever the mailbox holds), then the format. `None` when
+/// there is nothing to read.
+fn view(snapshot: &Snapshot, epoch: u32, reverse: bool) -> Result<Option<View>, StoreError> {
     let slot = snapshot.live_slot;
     let current = snapshot.slot(slot);
-    if !rules::check_epoch(current.epoch.map(unsigned), u64::from(epoch))? {
+    if !rules::check_epoch(current.epoch.map(unsigned), u64::from(epoch))? || reverse {
         return Ok(None);
     }
     current.meta.check_format()?;
@@ -44,9 +46,6 @@ impl ScyllaStore {
         request: ScanRequest,
     ) -> Result<ScanPage, StoreError> {
         validate_scan(&request)?;
-        if request.until_seq.is_some_and(|u| u <= request.after_seq) {
-            return Ok(ScanPage::empty(request.after_seq));
-        }
         self.settle(ReadAt::Quorum, |now, read| {
             self.try_scan(mailbox, &request, now, read)
         })
@@ -77,7 +76,8 @@ impl ScyllaStore {
         let user = mb.user_id.as_str();
         let epoch = mb.epoch;
         let before = self.read_snapshot(user, &[], read_at).await?;
-        let Some(mut read) = view(&before, epoch)? else {
+        let reverse = request.until_seq.is_some_and(|u| u <= request.after_seq);
+        let Some(mut read) = view(&before, epoch, reverse)? else {
             return Ok(Attempt::Done(Ok(ScanPage::empty(request.after_seq))));
         };
         if !read.meta.promote(now)?.is_empty()
@@ -108,7 +108,7 @@ impl ScyllaStore {
                 }))),
             };
         }
-        let Some(mut check) = view(&after, epoch)? else {
+        let Some(mut check) = view(&after, epoch, false)? else {
             return Ok(Attempt::Done(Err(rules::meta_vanished_during_scan())));
         };
         if !check.meta.promote(self.now())?.is_empty()
