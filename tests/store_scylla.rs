@@ -640,3 +640,45 @@ async fn an_append_costs_one_paxos_round_and_a_no_op_replay_none() {
     store.truncate_before(&mb, 2).await.unwrap();
     assert_eq!(rounds(before), 2, "a replacement and a truncate");
 }
+
+// ---- readiness ----
+
+/// `ping` is a real round trip: it fails while the server is down and succeeds again once it is
+/// back, on a Cassandra this test starts and stops itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_follows_the_server_down_and_up() {
+    let server = support::cassandra::PrivateCassandra::start("ping", (29442, 27400, 27499), "");
+    let store = ScyllaStore::connect(
+        mailbox_materializer::store::scylla::ScyllaSettings::new(
+            vec![server.contact_point()],
+            "mm_ping",
+        ),
+        policy(),
+        Arc::new(mailbox_materializer::store::ManualClock::new(NOW0)),
+    )
+    .await
+    .expect("connect to the private server");
+    store.ping().await.expect("ping while the server runs");
+
+    server.stop();
+    let down = tokio::time::timeout(Duration::from_secs(30), store.ping())
+        .await
+        .expect("a ping answers within its own timeout, not later");
+    assert!(
+        matches!(down, Err(StoreError::Unavailable { .. })),
+        "ping of a stopped server: {down:?}"
+    );
+
+    server.start_again();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        match store.ping().await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("ping never recovered after the restart: {e}"),
+        }
+    }
+}

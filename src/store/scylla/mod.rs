@@ -425,4 +425,14 @@ impl MailboxStore for ScyllaStore {
     async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
         self.collect_repair_garbage().await
     }
+
+    /// One cheap query (the coordinator's `system.local`), bounded by a short timeout: fails
+    /// while no node of the cluster answers.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.statements.ping, ())
+            .await
+            .map_err(cql::from)?;
+        Ok(())
+    }
 }

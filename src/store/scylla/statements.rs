@@ -13,6 +13,10 @@ pub(super) const PARTITION_COLUMNS: &str = "slot, seq, version, live_slot, fence
      fence_until, generation, epoch, format_version, expired_gap_boundary, seqbucket_max_seq, \
      user_trim_seq, days, proof_max_seq, proof_expires_at, expires_at, digest";
 
+/// How long a readiness probe waits for the cluster: short, so `/readyz` turns false while the
+/// cluster is unreachable instead of hanging on the driver's default request timeout.
+pub(super) const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(super) struct Statements {
     // ---- reads of the user partition ----
     /// The user row, both meta rows and the identity rows of the given seqs: one read of one
@@ -51,6 +55,8 @@ pub(super) struct Statements {
     pub delete_events_bucket: PreparedStatement,
     pub delete_events_below: PreparedStatement,
     pub delete_events_digest: PreparedStatement,
+    /// Readiness: one row of the coordinator's local system table, with a short timeout.
+    pub ping: PreparedStatement,
     // ---- the repair registry ----
     pub registry_all: PreparedStatement,
     pub registry_of_user: PreparedStatement,
@@ -200,6 +206,15 @@ pub(super) async fn prepare_all(
             plain,
         )
         .await?,
+        ping: {
+            let mut ping = prepare(
+                "SELECT release_version FROM system.local".to_owned(),
+                Consistency::One,
+            )
+            .await?;
+            ping.set_request_timeout(Some(PING_TIMEOUT));
+            ping
+        },
         registry_all: prepare(
             format!("SELECT user_id, holder FROM {ks}.repair_registry WHERE shard = 0"),
             plain,
