@@ -206,6 +206,41 @@ pub struct ScyllaConfig {
     pub password: Option<String>,
     /// Time allowed to connect, in milliseconds.
     pub connect_timeout_ms: u64,
+    /// The datacenter this process runs next to: requests go only to its nodes (datacenter-aware
+    /// routing), which is what `LOCAL_*` consistency levels mean. Empty: no preference.
+    pub local_dc: String,
+    /// `[store.scylla.tls]`: client-to-node encryption. Absent: plain connections.
+    pub tls: Option<ScyllaTlsConfig>,
+}
+
+/// `[store.scylla.tls]`: TLS to the cluster, with the server certificate verified by default.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScyllaTlsConfig {
+    /// `false` turns TLS off while keeping the table (e.g. in an overlay file).
+    pub enabled: bool,
+    /// PEM file of the CA(s) the nodes' certificates must chain to; empty: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for clusters that require client authentication; goes with
+    /// `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file` (unencrypted; mount it from a secret).
+    pub key_file: Option<PathBuf>,
+    /// Verify each node's certificate (chain to the CA, and the node's IP address in it). On by
+    /// default; turning it off leaves the connection open to interception.
+    pub verify: bool,
+}
+
+impl Default for ScyllaTlsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            verify: true,
+        }
+    }
 }
 
 impl Default for ScyllaConfig {
@@ -219,6 +254,8 @@ impl Default for ScyllaConfig {
             username: None,
             password: None,
             connect_timeout_ms: 10_000,
+            local_dc: String::new(),
+            tls: None,
         }
     }
 }
@@ -234,6 +271,8 @@ impl fmt::Debug for ScyllaConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("local_dc", &self.local_dc)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -379,6 +418,10 @@ pub const ENV_VARS: &[&str] = &[
     "MATERIALIZER_SCYLLA_KEYSPACE",
     "MATERIALIZER_SCYLLA_USERNAME",
     "MATERIALIZER_SCYLLA_PASSWORD",
+    "MATERIALIZER_SCYLLA_LOCAL_DC",
+    "MATERIALIZER_SCYLLA_TLS_CA_FILE",
+    "MATERIALIZER_SCYLLA_TLS_CERT_FILE",
+    "MATERIALIZER_SCYLLA_TLS_KEY_FILE",
     "MATERIALIZER_KAFKA_BROKERS",
     "MATERIALIZER_KAFKA_TOPIC",
     "MATERIALIZER_KAFKA_GROUP_ID",
@@ -450,6 +493,25 @@ impl Config {
         }
         if let Some(v) = get("MATERIALIZER_SCYLLA_PASSWORD") {
             self.store.scylla.password = Some(v);
+        }
+        if let Some(v) = get("MATERIALIZER_SCYLLA_LOCAL_DC") {
+            self.store.scylla.local_dc = v;
+        }
+        // A TLS file given in the environment turns TLS on (paths of mounted secrets).
+        for (name, field) in [
+            ("MATERIALIZER_SCYLLA_TLS_CA_FILE", 0),
+            ("MATERIALIZER_SCYLLA_TLS_CERT_FILE", 1),
+            ("MATERIALIZER_SCYLLA_TLS_KEY_FILE", 2),
+        ] {
+            if let Some(v) = get(name) {
+                let tls = self.store.scylla.tls.get_or_insert_with(Default::default);
+                let path = Some(PathBuf::from(v));
+                match field {
+                    0 => tls.ca_file = path,
+                    1 => tls.cert_file = path,
+                    _ => tls.key_file = path,
+                }
+            }
         }
         if let Some(v) = get("MATERIALIZER_KAFKA_BROKERS") {
             self.kafka.brokers = v;
@@ -631,6 +693,31 @@ impl Config {
                 "store.scylla.connect_timeout_ms",
                 format!("{} is outside 1..=600000", scylla.connect_timeout_ms),
             ));
+        }
+        if scylla.local_dc.len() > 256 || scylla.local_dc.chars().any(char::is_control) {
+            return Err(invalid(
+                "store.scylla.local_dc",
+                "must be a datacenter name (at most 256 printable characters)",
+            ));
+        }
+        if let Some(tls) = scylla.tls.as_ref().filter(|t| t.enabled) {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(invalid(
+                    "store.scylla.tls.cert_file",
+                    "cert_file and key_file go together (a client certificate needs its key)",
+                ));
+            }
+            for (key, path) in [
+                ("store.scylla.tls.ca_file", &tls.ca_file),
+                ("store.scylla.tls.cert_file", &tls.cert_file),
+                ("store.scylla.tls.key_file", &tls.key_file),
+            ] {
+                if let Some(path) = path {
+                    if let Err(e) = std::fs::File::open(path) {
+                        return Err(invalid(key, format!("cannot read {}: {e}", path.display())));
+                    }
+                }
+            }
         }
 
         let kafka = &self.kafka;
@@ -890,6 +977,48 @@ mod tests {
         }
         let mut c = Config::default();
         c.store.scylla.serial_consistency = "LOCAL_SERIAL".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn scylla_tls_and_local_dc_are_checked() {
+        let c = Config::from_toml(
+            "[store.scylla]\nlocal_dc = \"dc1\"\n[store.scylla.tls]\nverify = true\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let tls = c.store.scylla.tls.as_ref().unwrap();
+        assert!(tls.enabled && tls.verify && tls.ca_file.is_none());
+        assert_eq!(c.store.scylla.local_dc, "dc1");
+
+        let mut c = Config::default();
+        c.store.scylla.tls = Some(ScyllaTlsConfig {
+            ca_file: Some(PathBuf::from("/nonexistent/ca.pem")),
+            ..Default::default()
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("store.scylla.tls.ca_file") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+
+        let mut c = Config::default();
+        c.store.scylla.tls = Some(ScyllaTlsConfig {
+            cert_file: Some(PathBuf::from("Cargo.toml")),
+            ..Default::default()
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("store.scylla.tls.cert_file"), "{e}");
+
+        let mut c = Config::default();
+        c.apply_env(|name| {
+            (name == "MATERIALIZER_SCYLLA_TLS_CA_FILE").then(|| "Cargo.toml".to_owned())
+        })
+        .unwrap();
+        assert_eq!(
+            c.store.scylla.tls.as_ref().and_then(|t| t.ca_file.clone()),
+            Some(PathBuf::from("Cargo.toml"))
+        );
         c.validate().unwrap();
     }
 

@@ -682,3 +682,281 @@ async fn ping_follows_the_server_down_and_up() {
         }
     }
 }
+
+// ---- TLS and datacenter-aware routing ----
+
+/// Runs a command of the certificate tooling; a failure is loud.
+fn tool(dir: &std::path::Path, program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA, a node certificate for 127.0.0.1 signed by it (in a PKCS12 keystore for
+/// Cassandra), a client certificate signed by it, the CA in a truststore, and an unrelated CA.
+fn make_certificates(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let days = ["-days", "2"];
+    for (key, cert, cn) in [
+        ("ca.key", "ca.crt", "/CN=mm-test-ca"),
+        ("other.key", "other.crt", "/CN=mm-other-ca"),
+    ] {
+        tool(
+            dir,
+            "openssl",
+            &[
+                &[
+                    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-subj", cn,
+                ][..],
+                &days[..],
+            ]
+            .concat(),
+        );
+    }
+    std::fs::write(dir.join("node.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    for (name, cn, ext) in [
+        ("node", "/CN=127.0.0.1", true),
+        ("client", "/CN=materializer", false),
+    ] {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        tool(
+            dir,
+            "openssl",
+            &[
+                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", cn,
+            ],
+        );
+        let mut sign = vec![
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+        ];
+        if ext {
+            sign.extend(["-extfile", "node.ext"]);
+        }
+        tool(dir, "openssl", &sign);
+    }
+    tool(
+        dir,
+        "openssl",
+        &[
+            "pkcs12",
+            "-export",
+            "-in",
+            "node.crt",
+            "-inkey",
+            "node.key",
+            "-certfile",
+            "ca.crt",
+            "-out",
+            "node.p12",
+            "-passout",
+            "pass:changeit",
+            "-name",
+            "node",
+        ],
+    );
+    tool(
+        dir,
+        "keytool",
+        &[
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "ca",
+            "-file",
+            "ca.crt",
+            "-keystore",
+            "trust.p12",
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            "changeit",
+        ],
+    );
+}
+
+/// A Cassandra that only speaks TLS and requires a client certificate, both from a private CA:
+/// refused without that CA (or with another one, or without the client certificate), accepted
+/// with it, through the library and through the command line's `[store.scylla.tls]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_verified_against_the_configured_ca() {
+    use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaTls};
+
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("tls-test-{}", std::process::id()));
+    make_certificates(&dir);
+    let path = |f: &str| dir.join(f);
+    let yaml = format!(
+        "client_encryption_options:\n  enabled: true\n  optional: false\n  keystore: {}\n  \
+         keystore_password: changeit\n  store_type: PKCS12\n  require_client_auth: true\n  \
+         truststore: {}\n  truststore_password: changeit",
+        path("node.p12").display(),
+        path("trust.p12").display()
+    );
+    let server = support::cassandra::PrivateCassandra::start("tls", (29542, 27500, 27599), &yaml);
+    let client = Some((path("client.crt"), path("client.key")));
+    let connect = |tls: Option<ScyllaTls>| {
+        let mut settings = ScyllaSettings::new(vec![server.contact_point()], "mm_tls");
+        settings.connect_timeout = Duration::from_secs(5);
+        settings.tls = tls;
+        ScyllaStore::connect(
+            settings,
+            policy(),
+            Arc::new(mailbox_materializer::store::ManualClock::new(NOW0)),
+        )
+    };
+    let refusals = [
+        ("plain connection", None),
+        (
+            "system roots only",
+            Some(ScyllaTls {
+                ca_file: None,
+                client_cert: client.clone(),
+                verify: true,
+            }),
+        ),
+        (
+            "another CA",
+            Some(ScyllaTls {
+                ca_file: Some(path("other.crt")),
+                client_cert: client.clone(),
+                verify: true,
+            }),
+        ),
+        (
+            "no client certificate",
+            Some(ScyllaTls {
+                ca_file: Some(path("ca.crt")),
+                client_cert: None,
+                verify: true,
+            }),
+        ),
+    ];
+    for (case, tls) in refusals {
+        match connect(tls).await {
+            Err(StoreError::Unavailable { detail, .. }) => eprintln!("{case}: refused: {detail}"),
+            Err(other) => panic!("{case}: {other:?}"),
+            Ok(_) => panic!("{case}: connected"),
+        }
+    }
+
+    let store = connect(Some(ScyllaTls {
+        ca_file: Some(path("ca.crt")),
+        client_cert: client.clone(),
+        verify: true,
+    }))
+    .await
+    .expect("TLS with the private CA and the client certificate");
+    let mb = mailbox("over-tls", 1);
+    assert_eq!(
+        store.append(&group(&mb, 1, TODAY0, 2, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(seqs(&store, &mb).await, vec![1]);
+    store.ping().await.expect("ping over TLS");
+
+    // The same through the configuration file the daemon and the commands read.
+    let config = |ca: Option<&str>| {
+        let ca = ca.map_or(String::new(), |f| {
+            format!("ca_file = {:?}\n", path(f).display().to_string())
+        });
+        let text = format!(
+            "[store]\nbackend = \"scylla\"\n[store.scylla]\nnodes = [\"{}\"]\nkeyspace = \"mm_tls\"\n\
+             [store.scylla.tls]\n{ca}cert_file = {:?}\nkey_file = {:?}\n",
+            server.contact_point(),
+            path("client.crt").display().to_string(),
+            path("client.key").display().to_string()
+        );
+        let file = path(&format!("config-{}.toml", ca.len()));
+        std::fs::write(&file, text).unwrap();
+        file
+    };
+    let with_ca = config(Some("ca.crt"));
+    let inspect = |file: &std::path::Path| {
+        support::cli::run_materializer(
+            &[
+                "--config",
+                file.to_str().unwrap(),
+                "inspect",
+                "--user",
+                "over-tls",
+                "--epoch",
+                "1",
+            ],
+            None,
+        )
+    };
+    let out = inspect(&with_ca);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(support::cli::json_lines(&out)[0]["seqbucket_max_seq"], 1);
+    let out = inspect(&config(None));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "without the CA the store is unreachable: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(store);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `local_dc` routes to the named datacenter; a name no node carries is refused at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_dc_routes_to_a_datacenter_of_the_cluster() {
+    use mailbox_materializer::store::scylla::ScyllaSettings;
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let connect = |dc: &str| {
+        let mut settings = ScyllaSettings::new(conformance::scylla::nodes(), f.store.keyspace());
+        settings.local_dc = Some(dc.to_owned());
+        ScyllaStore::connect(
+            settings,
+            policy(),
+            Arc::new(mailbox_materializer::store::ManualClock::new(NOW0)),
+        )
+    };
+    let local = connect("datacenter1")
+        .await
+        .expect("the cluster's datacenter");
+    let mb = mailbox("routed", 1);
+    assert_eq!(
+        local.append(&group(&mb, 1, TODAY0, 1, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    match connect("dc-nowhere").await {
+        Err(StoreError::Unavailable { detail, .. }) => assert!(
+            detail.contains("local_dc") && detail.contains("datacenter1"),
+            "{detail}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

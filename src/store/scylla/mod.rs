@@ -34,16 +34,20 @@ mod scan;
 pub mod schema;
 mod state;
 mod statements;
+mod tls;
 mod truncate;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::response::query_result::QueryResult;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
@@ -80,6 +84,23 @@ pub struct ScyllaSettings {
     /// Consistency of the lightweight transactions and the reads of the commit point.
     pub serial_consistency: SerialConsistency,
     pub connect_timeout: Duration,
+    /// The datacenter to route every request to (`LOCAL_*` consistency is relative to the
+    /// coordinator's datacenter); `None`: no preference.
+    pub local_dc: Option<String>,
+    /// Client-to-node TLS; `None`: plain connections.
+    pub tls: Option<ScyllaTls>,
+}
+
+/// TLS to the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScyllaTls {
+    /// PEM CA file the nodes' certificates must chain to; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) and its private key, for client authentication.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Verify each node's certificate: its chain and its IP address (the driver connects to the
+    /// addresses the cluster reports).
+    pub verify: bool,
 }
 
 impl std::fmt::Debug for ScyllaSettings {
@@ -88,6 +109,8 @@ impl std::fmt::Debug for ScyllaSettings {
             .field("nodes", &self.nodes)
             .field("keyspace", &self.keyspace)
             .field("username", &self.username)
+            .field("local_dc", &self.local_dc)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +126,8 @@ impl ScyllaSettings {
             consistency: Consistency::LocalQuorum,
             serial_consistency: SerialConsistency::Serial,
             connect_timeout: Duration::from_secs(10),
+            local_dc: None,
+            tls: None,
         }
     }
 }
@@ -190,6 +215,21 @@ impl ScyllaStore {
         if let (Some(user), Some(password)) = (&settings.username, &settings.password) {
             builder = builder.user(user, password);
         }
+        if let Some(tls) = &settings.tls {
+            builder = builder.tls_context(Some(tls::context(tls)?));
+        }
+        if let Some(dc) = &settings.local_dc {
+            // Only the local datacenter's nodes coordinate: a remote coordinator would make
+            // LOCAL_QUORUM mean a quorum of its own datacenter.
+            let policy = DefaultPolicy::builder()
+                .prefer_datacenter(dc.clone())
+                .permit_dc_failover(false)
+                .build();
+            let profile = ExecutionProfile::builder()
+                .load_balancing_policy(policy)
+                .build();
+            builder = builder.default_execution_profile_handle(profile.into_handle());
+        }
         let session = tokio::time::timeout(settings.connect_timeout * 2, builder.build())
             .await
             .map_err(|_| StoreError::Unavailable {
@@ -197,6 +237,9 @@ impl ScyllaStore {
                 detail: format!("no CQL connection to {:?}", settings.nodes),
             })?
             .map_err(cql::from)?;
+        if let Some(dc) = &settings.local_dc {
+            check_datacenter(&session, dc)?;
+        }
         let ks = &settings.keyspace;
         for statement in schema::create_statements(ks, &settings.replication) {
             session
@@ -303,6 +346,27 @@ impl ScyllaStore {
     async fn unchanged_since(&self, user: &str, expected: Option<i64>) -> Result<bool, StoreError> {
         Ok(self.read_snapshot(user, &[], ReadAt::Serial).await?.version == expected)
     }
+}
+
+/// Refuses a `local_dc` no node of the cluster belongs to: with datacenter-aware routing and no
+/// failover, every request would find no node.
+fn check_datacenter(session: &Session, dc: &str) -> Result<(), StoreError> {
+    let state = session.get_cluster_state();
+    let known: BTreeSet<&str> = state
+        .get_nodes_info()
+        .iter()
+        .filter_map(|node| node.datacenter.as_deref())
+        .collect();
+    if known.contains(dc) {
+        return Ok(());
+    }
+    Err(StoreError::Unavailable {
+        backend: BACKEND,
+        detail: format!(
+            "store.scylla.local_dc {dc:?} names no datacenter of the cluster (its datacenters: {})",
+            known.into_iter().collect::<Vec<_>>().join(", ")
+        ),
+    })
 }
 
 async fn check_schema(session: &Session, keyspace: &str) -> Result<(), StoreError> {
