@@ -77,7 +77,9 @@ pub(super) use armed::Failpoints;
 
 #[cfg(not(feature = "failpoints"))]
 #[derive(Default)]
-pub(super) struct Failpoints;
+pub(super) struct Failpoints {
+    _off: (),
+}
 
 #[cfg(not(feature = "failpoints"))]
 impl Failpoints {
