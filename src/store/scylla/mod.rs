@@ -79,9 +79,11 @@ pub struct ScyllaSettings {
     /// Credentials, if the cluster requires them.
     pub username: Option<String>,
     pub password: Option<String>,
-    /// Consistency of reads and plain writes (default LOCAL_QUORUM).
+    /// Consistency of reads, plain writes and the commit phase of lightweight transactions
+    /// (default LOCAL_QUORUM; never weaker, see `Config::validate`).
     pub consistency: Consistency,
-    /// Consistency of the lightweight transactions and the reads of the commit point.
+    /// Consistency of the lightweight transactions' conditions, and of the snapshot reads that
+    /// follow a lost condition or confirm a corrupt verdict.
     pub serial_consistency: SerialConsistency,
     pub connect_timeout: Duration,
     /// The datacenter to route every request to (`LOCAL_*` consistency is relative to the
