@@ -222,6 +222,41 @@ pub struct ScyllaConfig {
     pub password: Option<String>,
     /// Time allowed to connect, in milliseconds.
     pub connect_timeout_ms: u64,
+    /// The datacenter this process runs next to: requests go only to its nodes (datacenter-aware
+    /// routing), which is what `LOCAL_*` consistency levels mean. Empty: no preference.
+    pub local_dc: String,
+    /// `[store.scylla.tls]`: client-to-node encryption. Absent: plain connections.
+    pub tls: Option<ScyllaTlsConfig>,
+}
+
+/// `[store.scylla.tls]`: TLS to the cluster, with the server certificate verified by default.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScyllaTlsConfig {
+    /// `false` turns TLS off while keeping the table (e.g. in an overlay file).
+    pub enabled: bool,
+    /// PEM file of the CA(s) the nodes' certificates must chain to; empty: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for clusters that require client authentication; goes with
+    /// `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file` (unencrypted; mount it from a secret).
+    pub key_file: Option<PathBuf>,
+    /// Verify each node's certificate (chain to the CA, and the node's IP address in it). On by
+    /// default; turning it off leaves the connection open to interception.
+    pub verify: bool,
+}
+
+impl Default for ScyllaTlsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            verify: true,
+        }
+    }
 }
 
 impl Default for ScyllaConfig {
@@ -235,6 +270,8 @@ impl Default for ScyllaConfig {
             username: None,
             password: None,
             connect_timeout_ms: 10_000,
+            local_dc: String::new(),
+            tls: None,
         }
     }
 }
@@ -250,22 +287,23 @@ impl fmt::Debug for ScyllaConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("local_dc", &self.local_dc)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
-/// The CQL consistency names `[store.scylla] consistency` accepts.
-pub const CONSISTENCY_NAMES: &[&str] = &[
-    "ANY",
-    "ONE",
-    "TWO",
-    "THREE",
-    "QUORUM",
-    "ALL",
-    "LOCAL_QUORUM",
-    "EACH_QUORUM",
-    "LOCAL_ONE",
-];
+/// The CQL consistency levels `[store.scylla] consistency` accepts. A record counts as final
+/// only once its write is durable (SPEC 7): at least a quorum of the local datacenter, which is
+/// also what the commit point's reads need to see every acknowledged commit. `EACH_QUORUM` is
+/// refused because CQL allows it for writes only, and this level serves reads too.
+pub const CONSISTENCY_NAMES: &[&str] = &["LOCAL_QUORUM", "QUORUM", "ALL"];
+
+/// Levels below a local quorum: a write acknowledged by them can be lost with one node.
+const WEAK_CONSISTENCY_NAMES: &[&str] = &["ANY", "ONE", "TWO", "THREE", "LOCAL_ONE"];
+
+/// The serial consistency levels of lightweight transactions (the commit point's conditions).
+pub const SERIAL_CONSISTENCY_NAMES: &[&str] = &["SERIAL", "LOCAL_SERIAL"];
 
 /// `[retention]`.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
@@ -443,6 +481,10 @@ pub const ENV_VARS: &[&str] = &[
     "MATERIALIZER_SCYLLA_KEYSPACE",
     "MATERIALIZER_SCYLLA_USERNAME",
     "MATERIALIZER_SCYLLA_PASSWORD",
+    "MATERIALIZER_SCYLLA_LOCAL_DC",
+    "MATERIALIZER_SCYLLA_TLS_CA_FILE",
+    "MATERIALIZER_SCYLLA_TLS_CERT_FILE",
+    "MATERIALIZER_SCYLLA_TLS_KEY_FILE",
     "MATERIALIZER_KAFKA_BROKERS",
     "MATERIALIZER_KAFKA_TOPIC",
     "MATERIALIZER_KAFKA_GROUP_ID",
@@ -515,6 +557,25 @@ impl Config {
         }
         if let Some(v) = get("MATERIALIZER_SCYLLA_PASSWORD") {
             self.store.scylla.password = Some(v);
+        }
+        if let Some(v) = get("MATERIALIZER_SCYLLA_LOCAL_DC") {
+            self.store.scylla.local_dc = v;
+        }
+        // A TLS file given in the environment turns TLS on (paths of mounted secrets).
+        for (name, field) in [
+            ("MATERIALIZER_SCYLLA_TLS_CA_FILE", 0),
+            ("MATERIALIZER_SCYLLA_TLS_CERT_FILE", 1),
+            ("MATERIALIZER_SCYLLA_TLS_KEY_FILE", 2),
+        ] {
+            if let Some(v) = get(name) {
+                let tls = self.store.scylla.tls.get_or_insert_with(Default::default);
+                let path = Some(PathBuf::from(v));
+                match field {
+                    0 => tls.ca_file = path,
+                    1 => tls.cert_file = path,
+                    _ => tls.key_file = path,
+                }
+            }
         }
         if let Some(v) = get("MATERIALIZER_KAFKA_BROKERS") {
             self.kafka.brokers = v;
@@ -690,21 +751,30 @@ impl Config {
             ));
         }
 
-        if !CONSISTENCY_NAMES.contains(&scylla.consistency.as_str()) {
+        let consistency = scylla.consistency.as_str();
+        if !CONSISTENCY_NAMES.contains(&consistency) {
+            let why = if WEAK_CONSISTENCY_NAMES.contains(&consistency) {
+                "is below LOCAL_QUORUM: a write it acknowledges can be lost with one replica, and \
+                 a record counts as final only once durable (SPEC 7)"
+            } else if consistency == "EACH_QUORUM" {
+                "is for writes only in CQL, and this level also serves every read"
+            } else {
+                "is not a CQL consistency level"
+            };
             return Err(invalid(
                 "store.scylla.consistency",
                 format!(
-                    "{:?} is not one of {}",
-                    scylla.consistency,
+                    "{consistency:?} {why}; use one of {}",
                     CONSISTENCY_NAMES.join(", ")
                 ),
             ));
         }
-        if !["SERIAL", "LOCAL_SERIAL"].contains(&scylla.serial_consistency.as_str()) {
+        if !SERIAL_CONSISTENCY_NAMES.contains(&scylla.serial_consistency.as_str()) {
             return Err(invalid(
                 "store.scylla.serial_consistency",
                 format!(
-                    "{:?} is not SERIAL or LOCAL_SERIAL",
+                    "{:?} is not a serial consistency: the commit point's conditions need SERIAL or \
+                     LOCAL_SERIAL",
                     scylla.serial_consistency
                 ),
             ));
@@ -726,6 +796,31 @@ impl Config {
                 "store.scylla.connect_timeout_ms",
                 format!("{} is outside 1..=600000", scylla.connect_timeout_ms),
             ));
+        }
+        if scylla.local_dc.len() > 256 || scylla.local_dc.chars().any(char::is_control) {
+            return Err(invalid(
+                "store.scylla.local_dc",
+                "must be a datacenter name (at most 256 printable characters)",
+            ));
+        }
+        if let Some(tls) = scylla.tls.as_ref().filter(|t| t.enabled) {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(invalid(
+                    "store.scylla.tls.cert_file",
+                    "cert_file and key_file go together (a client certificate needs its key)",
+                ));
+            }
+            for (key, path) in [
+                ("store.scylla.tls.ca_file", &tls.ca_file),
+                ("store.scylla.tls.cert_file", &tls.cert_file),
+                ("store.scylla.tls.key_file", &tls.key_file),
+            ] {
+                if let Some(path) = path {
+                    if let Err(e) = std::fs::File::open(path) {
+                        return Err(invalid(key, format!("cannot read {}: {e}", path.display())));
+                    }
+                }
+            }
         }
 
         let kafka = &self.kafka;
@@ -1071,6 +1166,104 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("http.listen"));
+    }
+
+    #[test]
+    fn scylla_consistency_below_local_quorum_is_refused() {
+        for weak in [
+            "ANY",
+            "ONE",
+            "TWO",
+            "THREE",
+            "LOCAL_ONE",
+            "EACH_QUORUM",
+            "SERIAL",
+            "one",
+        ] {
+            let mut c = Config::default();
+            c.store.scylla.consistency = weak.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.starts_with("store.scylla.consistency") && e.contains("LOCAL_QUORUM"),
+                "{weak}: {e}"
+            );
+        }
+        for strong in CONSISTENCY_NAMES {
+            let mut c = Config::default();
+            c.store.scylla.consistency = (*strong).into();
+            c.validate().unwrap();
+        }
+        for bad in ["QUORUM", "ONE", "LOCAL_QUORUM", ""] {
+            let mut c = Config::default();
+            c.store.scylla.serial_consistency = bad.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.starts_with("store.scylla.serial_consistency") && e.contains("SERIAL"),
+                "{bad}: {e}"
+            );
+        }
+        let mut c = Config::default();
+        c.store.scylla.serial_consistency = "LOCAL_SERIAL".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn scylla_tls_and_local_dc_are_checked() {
+        let c = Config::from_toml(
+            "[store.scylla]\nlocal_dc = \"dc1\"\n[store.scylla.tls]\nverify = true\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let tls = c.store.scylla.tls.as_ref().unwrap();
+        assert!(tls.enabled && tls.verify && tls.ca_file.is_none());
+        assert_eq!(c.store.scylla.local_dc, "dc1");
+
+        let mut c = Config::default();
+        c.store.scylla.tls = Some(ScyllaTlsConfig {
+            ca_file: Some(PathBuf::from("/nonexistent/ca.pem")),
+            ..Default::default()
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("store.scylla.tls.ca_file") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+
+        let mut c = Config::default();
+        c.store.scylla.tls = Some(ScyllaTlsConfig {
+            cert_file: Some(PathBuf::from("Cargo.toml")),
+            ..Default::default()
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.starts_with("store.scylla.tls.cert_file"), "{e}");
+
+        let mut c = Config::default();
+        c.apply_env(|name| {
+            (name == "MATERIALIZER_SCYLLA_TLS_CA_FILE").then(|| "Cargo.toml".to_owned())
+        })
+        .unwrap();
+        assert_eq!(
+            c.store.scylla.tls.as_ref().and_then(|t| t.ca_file.clone()),
+            Some(PathBuf::from("Cargo.toml"))
+        );
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn retention_beyond_the_backends_ttl_limit_is_refused_for_every_backend() {
+        for backend in [Backend::Memory, Backend::Redis, Backend::Scylla] {
+            let mut c = Config::default();
+            c.store.backend = backend;
+            c.retention.days = 3_650;
+            c.retention.future_window_days = 3_649;
+            c.validate().unwrap();
+            c.retention.future_window_days = 3_650;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("retention.days") && e.contains("retention.future_window_days"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -161,3 +161,55 @@ fn a_mismatched_schema_is_refused() {
         "{stderr}"
     );
 }
+
+/// `check-config` refuses what the Scylla backend cannot make durable or hold, naming the key.
+#[test]
+fn check_config_refuses_weak_consistency_and_ttls_beyond_the_limit() {
+    let dir = std::env::temp_dir().join(format!("mm-check-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "[store]\nbackend = \"scylla\"\n[store.scylla]\nconsistency = \"ONE\"\n",
+            "store.scylla.consistency",
+        ),
+        (
+            "[store]\nbackend = \"scylla\"\n[store.scylla]\nconsistency = \"LOCAL_ONE\"\n",
+            "store.scylla.consistency",
+        ),
+        (
+            "[store]\nbackend = \"scylla\"\n[store.scylla]\nserial_consistency = \"QUORUM\"\n",
+            "store.scylla.serial_consistency",
+        ),
+        // No backend can hold rows of 3650 + 3650 + 1 days: refused even for memory.
+        (
+            "[retention]\ndays = 3650\nfuture_window_days = 3650\n",
+            "retention.future_window_days",
+        ),
+        (
+            "[store]\nbackend = \"scylla\"\n[retention]\ndays = 3650\nfuture_window_days = 3650\n",
+            "retention.future_window_days",
+        ),
+    ];
+    for (i, (toml, key)) in cases.iter().enumerate() {
+        let path = dir.join(format!("case-{i}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        let out = run_materializer(&["--config", path.to_str().unwrap(), "check-config"], None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{toml}");
+        assert!(stderr.contains(key), "{toml}: {stderr}");
+    }
+    let path = dir.join("ok.toml");
+    std::fs::write(
+        &path,
+        "[store]\nbackend = \"scylla\"\n[store.scylla]\nconsistency = \"QUORUM\"\nserial_consistency = \"LOCAL_SERIAL\"\n[retention]\ndays = 3650\nfuture_window_days = 3649\n",
+    )
+    .unwrap();
+    let out = run_materializer(&["--config", path.to_str().unwrap(), "check-config"], None);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

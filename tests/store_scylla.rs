@@ -274,3 +274,689 @@ async fn racing_first_writes_are_never_mistaken_for_corruption() {
         }
     }
 }
+
+// ---- repair racing live writers (SPEC 7.1) ----
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use mailbox_materializer::store::scylla::ScyllaStore;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+async fn seqs(store: &dyn MailboxStore, mb: &MailboxId) -> Vec<u64> {
+    store
+        .range_scan(
+            mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 1000,
+            },
+        )
+        .await
+        .expect("scan")
+        .groups
+        .iter()
+        .map(|g| g.mailbox_seq)
+        .collect()
+}
+
+/// A hook that, the first time a commit is about to run, reports "decided" and holds the commit
+/// until `go` is notified; later commits pass.
+fn hold_first_commit(
+    decided: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+) -> mailbox_materializer::store::PhaseHook {
+    let first = Arc::new(AtomicBool::new(true));
+    Arc::new(move || {
+        let (decided, go, first) = (decided.clone(), go.clone(), first.clone());
+        Box::pin(async move {
+            if first.swap(false, Ordering::SeqCst) {
+                decided.notify_one();
+                go.notified().await;
+            }
+        })
+    })
+}
+
+/// A live append that read the mailbox before a repair took the fence but commits after it:
+/// its commit is refused (the fence moved the commit point), and on its fresh attempt it either
+/// waits (`UnderRepair`, fence still held) or lands in the rebuilt mailbox (swap done). It never
+/// commits into the copy the swap replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_write_decided_before_the_fence_never_lands_in_the_replaced_copy() {
+    let a = ScyllaFixture::start(policy(), NOW0).await;
+    let b = ScyllaFixture::start_in(a.store.keyspace().to_owned(), policy(), NOW0).await;
+    let live = |name: &str, seq| group(&mailbox(name, 1), seq, TODAY0, 2, "log");
+
+    for (name, swap_before_release) in [("held-past-swap", true), ("held-past-fence", false)] {
+        let mb = mailbox(name, 1);
+        for seq in 1..=3 {
+            assert_eq!(
+                a.store.append(&live(name, seq)).await,
+                Ok(AppendOutcome::Inserted)
+            );
+        }
+        let (decided, go) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        a.store
+            .set_before_commit_hook(Some(hold_first_commit(decided.clone(), go.clone())));
+        let writer = {
+            let store = a.store.clone();
+            let g = live(name, 4);
+            tokio::spawn(async move { store.append(&g).await })
+        };
+        decided.notified().await;
+
+        // The repair: fence, rebuild of the log up to seq 3, and (first round) the swap.
+        let token = b
+            .store
+            .repair_begin(&mb.user_id, LEASE)
+            .await
+            .expect("fence");
+        for seq in 1..=3 {
+            b.store
+                .repair_append(&token, &live(name, seq))
+                .await
+                .expect("staged");
+        }
+        if swap_before_release {
+            b.store.repair_swap(&token).await.expect("swap");
+        }
+        go.notify_one();
+        let outcome = writer.await.expect("writer task");
+        a.store.set_before_commit_hook(None);
+        if swap_before_release {
+            assert_eq!(
+                outcome,
+                Ok(AppendOutcome::Inserted),
+                "{name}: the write lands in the rebuilt copy"
+            );
+        } else {
+            assert!(
+                matches!(outcome, Err(StoreError::UnderRepair { .. })),
+                "{name}: {outcome:?}"
+            );
+            b.store.repair_swap(&token).await.expect("swap");
+            assert_eq!(
+                a.store.append(&live(name, 4)).await,
+                Ok(AppendOutcome::Inserted),
+                "{name}: the waiting delivery resumes after the swap"
+            );
+        }
+        assert_eq!(seqs(&*a.store, &mb).await, vec![1, 2, 3, 4], "{name}");
+    }
+}
+
+/// A live writer streams a mailbox's log while repairs fence, rebuild (up to the end of the log
+/// at the moment their fence was taken) and swap, again and again: every write the writer saw
+/// acknowledged is in the final mailbox, exactly once, and its deliveries only ever waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_writer_racing_repairs_loses_no_acknowledged_write() {
+    let a = ScyllaFixture::start(policy(), NOW0).await;
+    let b = ScyllaFixture::start_in(a.store.keyspace().to_owned(), policy(), NOW0).await;
+    let mb = mailbox("raced", 1);
+    const SEQS: u64 = 60;
+    let record = |seq: u64| group(&mailbox("raced", 1), seq, TODAY0 - seq % 3, 2, "log");
+    // The highest seq whose record exists in the log (the writer is applying or has applied it).
+    let log_end = Arc::new(AtomicU64::new(0));
+
+    let writer = {
+        let store: Arc<ScyllaStore> = a.store.clone();
+        let log_end = log_end.clone();
+        tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            let mut waits = 0;
+            for seq in 1..=SEQS {
+                log_end.store(seq, Ordering::SeqCst);
+                loop {
+                    match store.append(&record(seq)).await {
+                        Ok(outcome) => {
+                            outcomes.push((seq, outcome));
+                            break;
+                        }
+                        Err(StoreError::UnderRepair { .. }) => {
+                            waits += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("seq {seq}: {e}"),
+                    }
+                }
+            }
+            (outcomes, waits)
+        })
+    };
+    let repairer = {
+        let store: Arc<ScyllaStore> = b.store.clone();
+        let log_end = log_end.clone();
+        let user = mb.user_id.clone();
+        tokio::spawn(async move {
+            let mut swaps = 0;
+            while log_end.load(Ordering::SeqCst) < SEQS {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let token = store.repair_begin(&user, LEASE).await.expect("fence");
+                let end = log_end.load(Ordering::SeqCst);
+                for seq in 1..=end {
+                    store
+                        .repair_append(&token, &record(seq))
+                        .await
+                        .expect("staged");
+                }
+                store.repair_swap(&token).await.expect("swap");
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (outcomes, waits) = writer.await.expect("writer");
+    let swaps = repairer.await.expect("repairer");
+    eprintln!("{swaps} swaps, {waits} waits");
+    assert!(swaps >= 2, "the repairs raced the writer ({swaps} swaps)");
+    for (seq, outcome) in &outcomes {
+        assert!(
+            matches!(outcome, AppendOutcome::Inserted | AppendOutcome::Unchanged),
+            "seq {seq}: {outcome:?}"
+        );
+    }
+    assert_eq!(
+        seqs(&*a.store, &mb).await,
+        (1..=SEQS).collect::<Vec<_>>(),
+        "every acknowledged write is in the rebuilt mailbox, once"
+    );
+}
+
+// ---- error classes (SPEC 7) ----
+
+/// A value the server cannot hold (here a TTL beyond Cassandra's 20-year limit, reachable only
+/// by a policy that skipped the shared validation) is a deterministic refusal: the delivery ends
+/// `rejected`/`store_refused` instead of being retried forever, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_server_cannot_hold_is_refused_not_retried() {
+    let unchecked = mailbox_materializer::model::RetentionPolicy {
+        retention_days: 3_650,
+        future_window_days: 3_650,
+        max_active_span_days: 30,
+    };
+    assert!(
+        unchecked.validate().is_err(),
+        "the shared validation refuses this policy for every backend"
+    );
+    let f = ScyllaFixture::start(unchecked, NOW0).await;
+    let mb = mailbox("too-long", 1);
+    let result = f
+        .store
+        .append(&group(&mb, 1, TODAY0 + 3_650, 1, "far"))
+        .await;
+    match &result {
+        Err(e @ StoreError::Refused { .. }) => {
+            assert_eq!((e.outcome(), e.kind()), ("rejected", "store_refused"));
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        f.store.inspect(&mb).await.unwrap().current_epoch,
+        None,
+        "nothing written"
+    );
+}
+
+/// Real server and driver errors, classified from the driver's error kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_errors_are_classified_by_kind() {
+    use mailbox_materializer::store::classify::cql;
+
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let ks = f.store.keyspace().to_owned();
+    let session = f.store.session();
+
+    // Invalid request: a TTL above the server's maximum.
+    let invalid = session
+        .query_unpaged(
+            format!(
+                "INSERT INTO {ks}.repair_registry (shard, user_id, holder) VALUES (0, 'u', 'h') \
+                 USING TTL 700000000"
+            ),
+            (),
+        )
+        .await
+        .expect_err("the server refuses the TTL");
+    assert!(
+        matches!(cql::classify(&invalid), StoreError::Refused { .. }),
+        "{invalid}"
+    );
+
+    // Unavailable: LOCAL_QUORUM of three replicas on a one-node cluster.
+    let wide = format!("{ks}_rf3");
+    session
+        .query_unpaged(
+            format!(
+                "CREATE KEYSPACE {wide} WITH replication = \
+                 {{'class': 'SimpleStrategy', 'replication_factor': 3}}"
+            ),
+            (),
+        )
+        .await
+        .expect("create keyspace");
+    session
+        .query_unpaged(format!("CREATE TABLE {wide}.t (k int PRIMARY KEY)"), ())
+        .await
+        .expect("create table");
+    let mut insert =
+        scylla::statement::Statement::new(format!("INSERT INTO {wide}.t (k) VALUES (1)"));
+    insert.set_consistency(scylla::statement::Consistency::LocalQuorum);
+    let unavailable = session
+        .query_unpaged(insert, ())
+        .await
+        .expect_err("two of three replicas are missing");
+    let _ = session
+        .query_unpaged(format!("DROP KEYSPACE {wide}"), ())
+        .await;
+    assert!(
+        matches!(cql::classify(&unavailable), StoreError::Unavailable { .. }),
+        "{unavailable}"
+    );
+
+    // No server at all.
+    let nobody = scylla::client::session_builder::SessionBuilder::new()
+        .known_node("127.0.0.1:1")
+        .connection_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        matches!(cql::classify(&nobody), StoreError::Unavailable { .. }),
+        "{nobody}"
+    );
+}
+
+// ---- cost (issue: one Paxos round per append) ----
+
+/// An append costs the cluster one Paxos round (its commit), a replay that changes nothing and a
+/// scan cost none: their reads are plain quorum reads of one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_costs_one_paxos_round_and_a_no_op_replay_none() {
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let store = f.store.clone();
+    let mb = mailbox("paxos", 1);
+    let rounds = |before: u64| store.paxos_rounds() - before;
+
+    let before = store.paxos_rounds();
+    assert_eq!(
+        store.append(&group(&mb, 1, TODAY0, 3, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(rounds(before), 1, "a cold append");
+    for seq in 2..=5 {
+        let before = store.paxos_rounds();
+        assert_eq!(
+            store
+                .append(&group(&mb, seq, TODAY0 - seq % 2, 3, "a"))
+                .await,
+            Ok(AppendOutcome::Inserted)
+        );
+        assert_eq!(rounds(before), 1, "a warm append of seq {seq}");
+    }
+    let before = store.paxos_rounds();
+    assert_eq!(
+        store.append(&group(&mb, 3, TODAY0 - 1, 3, "a")).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    assert!(matches!(
+        store.append(&group(&mb, 3, TODAY0, 3, "a")).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(
+        store
+            .append(&group(&mailbox("paxos", 0), 9, TODAY0, 1, "old"))
+            .await,
+        Ok(AppendOutcome::StaleEpoch)
+    );
+    let page = store
+        .range_scan(
+            &mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 3,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.groups.len(), 3);
+    store.inspect(&mb).await.unwrap();
+    assert_eq!(
+        rounds(before),
+        0,
+        "replays that change nothing, refusals, scans and inspections"
+    );
+    let before = store.paxos_rounds();
+    assert_eq!(
+        store.append(&group(&mb, 3, TODAY0 - 1, 2, "b")).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    store.truncate_before(&mb, 2).await.unwrap();
+    assert_eq!(rounds(before), 2, "a replacement and a truncate");
+}
+
+// ---- readiness ----
+
+/// `ping` is a real round trip: it fails while the server is down and succeeds again once it is
+/// back, on a Cassandra this test starts and stops itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_follows_the_server_down_and_up() {
+    let server = support::cassandra::PrivateCassandra::start("ping", (29442, 27400, 27499), "");
+    let store = ScyllaStore::connect(
+        mailbox_materializer::store::scylla::ScyllaSettings::new(
+            vec![server.contact_point()],
+            "mm_ping",
+        ),
+        policy(),
+        Arc::new(mailbox_materializer::store::ManualClock::new(NOW0)),
+    )
+    .await
+    .expect("connect to the private server");
+    store.ping().await.expect("ping while the server runs");
+
+    server.stop();
+    let down = tokio::time::timeout(Duration::from_secs(30), store.ping())
+        .await
+        .expect("a ping answers within its own timeout, not later");
+    assert!(
+        matches!(down, Err(StoreError::Unavailable { .. })),
+        "ping of a stopped server: {down:?}"
+    );
+
+    server.start_again();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        match store.ping().await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("ping never recovered after the restart: {e}"),
+        }
+    }
+}
+
+// ---- TLS and datacenter-aware routing ----
+
+/// Runs a command of the certificate tooling; a failure is loud.
+fn tool(dir: &std::path::Path, program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA, a node certificate for 127.0.0.1 signed by it (in a PKCS12 keystore for
+/// Cassandra), a client certificate signed by it, the CA in a truststore, and an unrelated CA.
+fn make_certificates(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let days = ["-days", "2"];
+    for (key, cert, cn) in [
+        ("ca.key", "ca.crt", "/CN=mm-test-ca"),
+        ("other.key", "other.crt", "/CN=mm-other-ca"),
+    ] {
+        tool(
+            dir,
+            "openssl",
+            &[
+                &[
+                    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-subj", cn,
+                ][..],
+                &days[..],
+            ]
+            .concat(),
+        );
+    }
+    std::fs::write(dir.join("node.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    for (name, cn, ext) in [
+        ("node", "/CN=127.0.0.1", true),
+        ("client", "/CN=materializer", false),
+    ] {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        tool(
+            dir,
+            "openssl",
+            &[
+                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", cn,
+            ],
+        );
+        let mut sign = vec![
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+        ];
+        if ext {
+            sign.extend(["-extfile", "node.ext"]);
+        }
+        tool(dir, "openssl", &sign);
+    }
+    tool(
+        dir,
+        "openssl",
+        &[
+            "pkcs12",
+            "-export",
+            "-in",
+            "node.crt",
+            "-inkey",
+            "node.key",
+            "-certfile",
+            "ca.crt",
+            "-out",
+            "node.p12",
+            "-passout",
+            "pass:changeit",
+            "-name",
+            "node",
+        ],
+    );
+    tool(
+        dir,
+        "keytool",
+        &[
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "ca",
+            "-file",
+            "ca.crt",
+            "-keystore",
+            "trust.p12",
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            "changeit",
+        ],
+    );
+}
+
+/// A Cassandra that only speaks TLS and requires a client certificate, both from a private CA:
+/// refused without that CA (or with another one, or without the client certificate), accepted
+/// with it, through the library and through the command line's `[store.scylla.tls]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_verified_against_the_configured_ca() {
+    use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaTls};
+
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("tls-test-{}", std::process::id()));
+    make_certificates(&dir);
+    let path = |f: &str| dir.join(f);
+    let yaml = format!(
+        "client_encryption_options:\n  enabled: true\n  optional: false\n  keystore: {}\n  \
+         keystore_password: changeit\n  store_type: PKCS12\n  require_client_auth: true\n  \
+         truststore: {}\n  truststore_password: changeit",
+        path("node.p12").display(),
+        path("trust.p12").display()
+    );
+    let server = support::cassandra::PrivateCassandra::start("tls", (29542, 27500, 27599), &yaml);
+    let client = Some((path("client.crt"), path("client.key")));
+    let connect = |tls: Option<ScyllaTls>| {
+        let mut settings = ScyllaSettings::new(vec![server.contact_point()], "mm_tls");
+        settings.connect_timeout = Duration::from_secs(5);
+        settings.tls = tls;
+        ScyllaStore::connect(
+            settings,
+            policy(),
+            Arc::new(mailbox_materializer::store::ManualClock::new(NOW0)),
+        )
+    };
+    let refusals = [
+        ("plain connection", None),
+        (
+            "system roots only",
+            Some(ScyllaTls {
+                ca_file: None,
+                client_cert: client.clone(),
+                verify: true,
+            }),
+        ),
+        (
+            "another CA",
+            Some(ScyllaTls {
+                ca_file: Some(path("other.crt")),
+                client_cert: client.clone(),
+                verify: true,
+            }),
+        ),
+        (
+            "no client certificate",
+            Some(ScyllaTls {
+                ca_file: Some(path("ca.crt")),
+                client_cert: None,
+                verify: true,
+            }),
+        ),
+    ];
+    for (case, tls) in refusals {
+        match connect(tls).await {
+            Err(StoreError::Unavailable { detail, .. }) => eprintln!("{case}: refused: {detail}"),
+            Err(other) => panic!("{case}: {other:?}"),
+            Ok(_) => panic!("{case}: connected"),
+        }
+    }
+
+    let store = connect(Some(ScyllaTls {
+        ca_file: Some(path("ca.crt")),
+        client_cert: client.clone(),
+        verify: true,
+    }))
+    .await
+    .expect("TLS with the private CA and the client certificate");
+    let mb = mailbox("over-tls", 1);
+    assert_eq!(
+        store.append(&group(&mb, 1, TODAY0, 2, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(seqs(&store, &mb).await, vec![1]);
+    store.ping().await.expect("ping over TLS");
+
+    // The same through the configuration file the daemon and the commands read.
+    let config = |ca: Option<&str>| {
+        let ca = ca.map_or(String::new(), |f| {
+            format!("ca_file = {:?}\n", path(f).display().to_string())
+        });
+        let text = format!(
+            "[store]\nbackend = \"scylla\"\n[store.scylla]\nnodes = [\"{}\"]\nkeyspace = \"mm_tls\"\n\
+             [store.scylla.tls]\n{ca}cert_file = {:?}\nkey_file = {:?}\n",
+            server.contact_point(),
+            path("client.crt").display().to_string(),
+            path("client.key").display().to_string()
+        );
+        let file = path(&format!("config-{}.toml", ca.len()));
+        std::fs::write(&file, text).unwrap();
+        file
+    };
+    let with_ca = config(Some("ca.crt"));
+    let inspect = |file: &std::path::Path| {
+        support::cli::run_materializer(
+            &[
+                "--config",
+                file.to_str().unwrap(),
+                "inspect",
+                "--user",
+                "over-tls",
+                "--epoch",
+                "1",
+            ],
+            None,
+        )
+    };
+    let out = inspect(&with_ca);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(support::cli::json_lines(&out)[0]["seqbucket_max_seq"], 1);
+    let out = inspect(&config(None));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "without the CA the store is unreachable: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(store);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `local_dc` routes to the named datacenter; a name no node carries is refused at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_dc_routes_to_a_datacenter_of_the_cluster() {
+    use mailbox_materializer::store::scylla::ScyllaSettings;
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let connect = |dc: &str| {
+        let mut settings = ScyllaSettings::new(conformance::scylla::nodes(), f.store.keyspace());
+        settings.local_dc = Some(dc.to_owned());
+        ScyllaStore::connect(
+            settings,
+            policy(),
+            Arc::new(mailbox_materializer::store::ManualClock::new(NOW0)),
+        )
+    };
+    let local = connect("datacenter1")
+        .await
+        .expect("the cluster's datacenter");
+    let mb = mailbox("routed", 1);
+    assert_eq!(
+        local.append(&group(&mb, 1, TODAY0, 1, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    match connect("dc-nowhere").await {
+        Err(StoreError::Unavailable { detail, .. }) => assert!(
+            detail.contains("local_dc") && detail.contains("datacenter1"),
+            "{detail}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

@@ -21,7 +21,7 @@ use crate::config::{Backend, Config, Overrides};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::scylla::{ScyllaSettings, ScyllaStore};
+use crate::store::scylla::{ScyllaSettings, ScyllaStore, ScyllaTls};
 use crate::store::{Clock, MailboxStore, ManualClock, SystemClock};
 use scylla::statement::{Consistency, SerialConsistency};
 
@@ -336,6 +336,16 @@ fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
     settings.username = scylla.username.clone();
     settings.password = scylla.password.clone();
     settings.connect_timeout = Duration::from_millis(scylla.connect_timeout_ms);
+    settings.local_dc = Some(scylla.local_dc.clone()).filter(|dc| !dc.is_empty());
+    settings.tls = scylla
+        .tls
+        .as_ref()
+        .filter(|t| t.enabled)
+        .map(|t| ScyllaTls {
+            ca_file: t.ca_file.clone(),
+            client_cert: t.cert_file.clone().zip(t.key_file.clone()),
+            verify: t.verify,
+        });
     settings.consistency = match scylla.consistency.as_str() {
         "ANY" => Consistency::Any,
         "ONE" => Consistency::One,

@@ -8,6 +8,7 @@ pub mod group;
 pub mod ids;
 pub mod outcome;
 pub mod retention;
+pub mod rules;
 pub mod validate;
 
 pub use error::{ConflictKind, CorruptKind, CursorExpired, RejectKind, StoreError};

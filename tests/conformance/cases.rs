@@ -847,3 +847,75 @@ pub async fn concurrent_appends_to_one_mailbox(h: &H) {
 pub async fn randomized_histories_keep_the_invariants(h: &H) {
     super::history::check_random_histories(h.clone(), 48).await;
 }
+
+// ---- ordinals over the whole u32 range ----
+
+/// Ordinals at and above 2^31 keep their identity and their order: an identical replay is
+/// unchanged, a scan returns the events by ordinal (3,000,000,000 after 0), and a change of the
+/// event at the high ordinal is a replacement.
+pub async fn ordinals_above_two_to_the_31_keep_identity_and_order(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-ordinals", 1);
+    let event = |ordinal: u32, tag: &str| Event {
+        event_ordinal: ordinal,
+        payload: Payload::from_value(&serde_json::json!({"o": ordinal, "tag": tag})),
+    };
+    let mut g = group(&mb, 1, TODAY0, 1, "x");
+    g.events = vec![
+        event(3_000_000_000, "a"),
+        event(0, "a"),
+        event(u32::MAX, "a"),
+        event(1 << 31, "a"),
+    ];
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Inserted));
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Unchanged));
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    let ordinals: Vec<u32> = page.groups[0]
+        .events
+        .iter()
+        .map(|e| e.event_ordinal)
+        .collect();
+    assert_eq!(ordinals, vec![0, 1 << 31, 3_000_000_000, u32::MAX]);
+    assert_eq!(
+        page.groups[0].events[2].payload.as_str(),
+        r#"{"o":3000000000,"tag":"a"}"#
+    );
+
+    let mut changed = g.clone();
+    changed.events[0] = event(3_000_000_000, "b");
+    assert_eq!(s.append(&changed).await, Ok(AppendOutcome::Replaced));
+    let page = scan(&*s, &mb, 0, None, 10).await.unwrap();
+    assert_eq!(
+        page.groups[0].events.len(),
+        4,
+        "no event of the old copy survives"
+    );
+    assert_eq!(
+        page.groups[0].events[2].payload.as_str(),
+        r#"{"o":3000000000,"tag":"b"}"#
+    );
+}
+
+// ---- scan order of checks ----
+
+/// SPEC 4.4 puts the epoch check (step 1) before the reverse-range answer (step 2): a cursor of
+/// another epoch gets `EpochMismatch` even with `until <= after`, while the current epoch's
+/// reverse range stays an empty page.
+pub async fn scan_epoch_check_comes_before_the_reverse_range(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-epoch-first", 3);
+    append_ok(&*s, &mb, 1, TODAY0, "a").await;
+    for wrong in [2, 4] {
+        for (after, until) in [(5, Some(5)), (5, Some(3)), (0, Some(0))] {
+            assert_eq!(
+                scan(&*s, &mailbox("u-epoch-first", wrong), after, until, 1).await,
+                Err(StoreError::EpochMismatch { current: Some(3) }),
+                "epoch {wrong}, ({after}, {until:?}]"
+            );
+        }
+    }
+    assert_eq!(scan(&*s, &mb, 5, Some(5), 1).await, Ok(ScanPage::empty(5)));
+    assert_eq!(scan(&*s, &mb, 5, Some(3), 1).await, Ok(ScanPage::empty(5)));
+}

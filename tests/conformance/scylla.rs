@@ -73,6 +73,22 @@ impl ScyllaFixture {
             .expect("admin statement");
     }
 
+    async fn scalar_i32(&self, cql: String) -> Option<i32> {
+        let result = self
+            .store
+            .session()
+            .query_unpaged(cql, ())
+            .await
+            .expect("admin query");
+        result
+            .into_rows_result()
+            .ok()?
+            .maybe_first_row::<(Option<i32>,)>()
+            .ok()
+            .flatten()
+            .and_then(|r| r.0)
+    }
+
     async fn has_rows(&self, cql: String) -> bool {
         let result = self
             .store
@@ -152,21 +168,28 @@ impl Fixture for ScyllaFixture {
 
     async fn corrupt(&self, mb: &MailboxId, corruption: Corruption) -> bool {
         let ks = self.store.keyspace();
-        let pk = format!(
-            "user_id = '{}' AND epoch = {}",
-            mb.user_id.as_str(),
-            mb.epoch
-        );
+        let user = mb.user_id.as_str();
+        // The live slot, and whether it holds the meta of this epoch.
+        let live_slot = self
+            .scalar_i32(format!(
+                "SELECT live_slot FROM {ks}.user_mailbox WHERE user_id = '{user}' AND slot = -1 AND seq = 0"
+            ))
+            .await
+            .unwrap_or(0);
+        let meta_row = format!("user_id = '{user}' AND slot = {live_slot} AND seq = 0");
+        let slot = format!("user_id = '{user}' AND slot = {live_slot}");
         let meta_exists = self
             .has_rows(format!(
-                "SELECT format_version FROM {ks}.mailbox WHERE {pk} AND format_version > 0 LIMIT 1 ALLOW FILTERING"
+                "SELECT format_version FROM {ks}.user_mailbox WHERE {meta_row} \
+                 AND epoch = {} AND format_version > 0 ALLOW FILTERING",
+                mb.epoch
             ))
             .await;
         match corruption {
             Corruption::FormatVersion(v) => {
                 if meta_exists {
                     self.cql(format!(
-                        "UPDATE {ks}.mailbox SET format_version = {v} WHERE {pk}"
+                        "UPDATE {ks}.user_mailbox SET format_version = {v} WHERE {meta_row}"
                     ))
                     .await;
                 }
@@ -175,11 +198,11 @@ impl Fixture for ScyllaFixture {
             Corruption::LoseIdentityIndex => {
                 let had = self
                     .has_rows(format!(
-                        "SELECT seq FROM {ks}.mailbox WHERE {pk} AND seq > -1 LIMIT 1"
+                        "SELECT seq FROM {ks}.user_mailbox WHERE {slot} AND seq > 0 LIMIT 1"
                     ))
                     .await;
                 self.cql(format!(
-                    "DELETE FROM {ks}.mailbox WHERE {pk} AND seq >= -9223372036854775808"
+                    "DELETE FROM {ks}.user_mailbox WHERE {slot} AND seq > 0"
                 ))
                 .await;
                 had
@@ -187,19 +210,22 @@ impl Fixture for ScyllaFixture {
             Corruption::LoseIdentity(seq) => {
                 let had = self
                     .has_rows(format!(
-                        "SELECT seq FROM {ks}.mailbox WHERE {pk} AND seq = {seq}"
+                        "SELECT seq FROM {ks}.user_mailbox WHERE {slot} AND seq = {seq}"
                     ))
                     .await;
                 self.cql(format!(
-                    "DELETE FROM {ks}.mailbox WHERE {pk} AND seq = {seq}"
+                    "DELETE FROM {ks}.user_mailbox WHERE {slot} AND seq = {seq}"
                 ))
                 .await;
                 had
             }
             Corruption::LoseMeta => {
+                // The meta fields go; the slot's epoch and generation (the user's epoch record)
+                // stay, as `P:epoch` stays on Redis when `mbmeta` is lost.
                 self.cql(format!(
-                    "DELETE format_version, version, expired_gap_boundary, seqbucket_max_seq, \
-                     user_trim_seq, days, proof_max_seq, proof_expires_at FROM {ks}.mailbox WHERE {pk}"
+                    "DELETE format_version, expired_gap_boundary, seqbucket_max_seq, \
+                     user_trim_seq, days, proof_max_seq, proof_expires_at FROM {ks}.user_mailbox \
+                     WHERE {meta_row}"
                 ))
                 .await;
                 meta_exists
@@ -211,7 +237,7 @@ impl Fixture for ScyllaFixture {
                     .get(&day)
                     .is_some_and(|d| d.max_seq > 0);
                 self.cql(format!(
-                    "DELETE proof_max_seq[{day}] FROM {ks}.mailbox WHERE {pk}"
+                    "DELETE proof_max_seq[{day}] FROM {ks}.user_mailbox WHERE {meta_row}"
                 ))
                 .await;
                 had
@@ -222,10 +248,6 @@ impl Fixture for ScyllaFixture {
     async fn fingerprint(&self, user: &UserId) -> String {
         let today = NOW0 / DAY_SECS;
         let days: Vec<u64> = (today - 70..=today + 40).collect();
-        let epochs: Vec<u32> = (0..=8).collect();
-        self.store
-            .dump_user(user, &epochs, &days)
-            .await
-            .expect("dump")
+        self.store.dump_user(user, &days).await.expect("dump")
     }
 }

@@ -1,6 +1,7 @@
 //! Real servers for integration tests.
 #![allow(dead_code)]
 
+pub mod cassandra;
 pub mod cli;
 pub mod kafka;
 pub mod redis_server;

@@ -1,28 +1,125 @@
-//! Classification of CQL driver errors (see the module above for the classes).
+//! Classification of CQL driver errors (see the module above for the classes), from the driver's
+//! error enums rather than their text.
+//!
+//! - **Deterministic** ([`StoreError::Refused`]): the server answered that this request is wrong
+//!   and always will be — `Invalid` (invalid request, e.g. a TTL above the server's limit),
+//!   `SyntaxError`, `FunctionFailure`, `AlreadyExists` — or the driver refused to send values it
+//!   cannot encode for the statement (`BadQuery`: serialization, a key too long, too many
+//!   statements in a batch).
+//! - **Transient** ([`StoreError::Unavailable`]): everything about reaching and loading the
+//!   cluster — `Unavailable`, `Overloaded`, `IsBootstrapping`, read/write timeouts and failures,
+//!   rate limits, broken or refused connections, empty query plans, client-side timeouts, schema
+//!   agreement. Also the server's `Unauthorized`, `AuthenticationError` and `ConfigError`: they
+//!   hold for every record alike (a grant or a setting is missing), so dead-lettering would drop
+//!   the whole stream; retrying keeps it, with readiness false, until an operator fixes it.
+//! - A reply the driver cannot decode (a row of an unexpected type) means the schema is not the
+//!   one checked at start; it is transient too, for the same reason.
+
+use scylla::errors::{
+    BadQuery, DbError, DeserializationError, ExecutionError, IntoRowsResultError,
+    MaybeFirstRowError, NewSessionError, PrepareError, RequestAttemptError, RowsError,
+    SchemaAgreementError, TypeCheckError,
+};
 
 use super::{refused, transient};
 use crate::model::StoreError;
 
 const BACKEND: &str = "scylla";
 
-/// Classifies one error of the CQL driver from its rendered text.
-///
-/// Deterministic: the server's `Invalid` (invalid request), `SyntaxError`, `Unauthorized`,
-/// `ConfigError` answers, and values the server cannot hold. Transient: everything about reaching
-/// the cluster (`Unavailable`, `Overloaded`, `IsBootstrapping`, read/write timeouts and failures,
-/// connection and pool errors).
-pub fn classify(e: &dyn std::fmt::Display) -> StoreError {
-    let text = e.to_string();
-    let deterministic = [
-        "Invalid query",
-        "invalid request",
-        "Syntax error",
-        "InvalidRequest",
-        "SyntaxError",
-    ];
-    if deterministic.iter().any(|needle| text.contains(needle)) {
-        refused(BACKEND, text)
-    } else {
-        transient(BACKEND, text)
+/// The class of one driver error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Transient,
+    Refused,
+}
+
+/// A driver error this module can classify.
+pub trait CqlFailure: std::fmt::Display {
+    fn class(&self) -> Class;
+}
+
+/// The class of a server error code.
+pub fn db_error_class(error: &DbError) -> Class {
+    match error {
+        DbError::Invalid
+        | DbError::SyntaxError
+        | DbError::FunctionFailure { .. }
+        | DbError::AlreadyExists { .. } => Class::Refused,
+        _ => Class::Transient,
     }
+}
+
+impl CqlFailure for RequestAttemptError {
+    fn class(&self) -> Class {
+        match self {
+            RequestAttemptError::DbError(db, _) => db_error_class(db),
+            RequestAttemptError::SerializationError(_)
+            | RequestAttemptError::CqlRequestSerialization(_) => Class::Refused,
+            _ => Class::Transient,
+        }
+    }
+}
+
+impl CqlFailure for ExecutionError {
+    fn class(&self) -> Class {
+        match self {
+            ExecutionError::LastAttemptError(attempt) => attempt.class(),
+            ExecutionError::BadQuery(
+                BadQuery::SerializationError(_)
+                | BadQuery::ValuesTooLongForKey(..)
+                | BadQuery::TooManyQueriesInBatchStatement(_),
+            ) => Class::Refused,
+            ExecutionError::PrepareError(prepare) => prepare.class(),
+            _ => Class::Transient,
+        }
+    }
+}
+
+impl CqlFailure for PrepareError {
+    fn class(&self) -> Class {
+        match self {
+            PrepareError::AllAttemptsFailed { first_attempt } => first_attempt.class(),
+            _ => Class::Transient,
+        }
+    }
+}
+
+impl CqlFailure for NewSessionError {
+    fn class(&self) -> Class {
+        // No node reached, a name that does not resolve, credentials refused: configuration or
+        // reachability, never the input.
+        Class::Transient
+    }
+}
+
+macro_rules! transient_failures {
+    ($($error:ty),* $(,)?) => {$(
+        impl CqlFailure for $error {
+            fn class(&self) -> Class {
+                Class::Transient
+            }
+        }
+    )*};
+}
+
+transient_failures!(
+    SchemaAgreementError,
+    IntoRowsResultError,
+    RowsError,
+    MaybeFirstRowError,
+    DeserializationError,
+    TypeCheckError,
+);
+
+/// Classifies one driver error.
+pub fn classify(e: &impl CqlFailure) -> StoreError {
+    match e.class() {
+        Class::Refused => refused(BACKEND, e.to_string()),
+        Class::Transient => transient(BACKEND, e.to_string()),
+    }
+}
+
+/// Convenience for `map_err`.
+pub fn from(e: impl CqlFailure) -> StoreError {
+    classify(&e)
 }

@@ -7,16 +7,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::error::{ConflictKind, CorruptKind, CursorExpired, RejectKind};
-use crate::model::retention::today;
+use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep, FORMAT_VERSION};
 use crate::model::{
     ActiveDay, AppendOutcome, Event, EventGroup, MailboxInspection, PromoteOutcome,
     RetentionPolicy, ScanPage, ScanRequest, ScannedGroup, StoreError, TruncateOutcome,
 };
 use crate::store::fault::Corruption;
-
-/// The retention format this store reads and writes.
-pub const FORMAT_VERSION: u32 = 4;
 
 /// Everything stored for one user: the epoch key and the current epoch's mailbox.
 ///
@@ -71,6 +67,16 @@ struct Meta {
 struct Proof {
     max_seq: Option<u64>,
     expires_at: Option<u64>,
+}
+
+impl From<Proof> for rules::Proof {
+    #[inline]
+    fn from(p: Proof) -> Self {
+        rules::Proof {
+            max_seq: p.max_seq,
+            expires_at: p.expires_at,
+        }
+    }
 }
 
 impl Meta {
@@ -148,23 +154,6 @@ struct StoredGroup {
     events: Arc<[Event]>,
 }
 
-/// The state of promote's phase 1: what phase 2 will apply.
-struct PromotePlan {
-    expired_days: Vec<u64>,
-    new_boundary: u64,
-}
-
-pub(super) fn future_rejection(policy: &RetentionPolicy, day: u64, now: u64) -> StoreError {
-    StoreError::rejected(
-        RejectKind::FutureCreatedAt,
-        format!(
-            "created_at day {day} is beyond today ({}) + future_window_days ({})",
-            today(now),
-            policy.future_window_days
-        ),
-    )
-}
-
 /// Events sorted by ordinal: the order every backend stores and returns them in.
 fn canonical_events(events: &[Event]) -> Arc<[Event]> {
     if events.is_sorted_by_key(|e| e.event_ordinal) {
@@ -193,10 +182,10 @@ impl UserState {
         let incoming_expires_at = policy.expires_at(day);
 
         // 3. Epoch: older input is stale; newer input moves the user and deletes the old epoch.
-        match self.epoch {
-            Some(current) if group.mailbox.epoch < current => return Ok(AppendOutcome::StaleEpoch),
-            Some(current) if group.mailbox.epoch == current => {}
-            _ => {
+        match rules::epoch_step(self.epoch.map(u64::from), u64::from(group.mailbox.epoch)) {
+            EpochStep::Stale => return Ok(AppendOutcome::StaleEpoch),
+            EpochStep::Current => {}
+            EpochStep::Move => {
                 // Checked before the move so a cold user's span rejection cannot happen after it:
                 // a fresh mailbox holds no day, so a single day never exceeds the span.
                 self.epoch = Some(group.mailbox.epoch);
@@ -207,67 +196,48 @@ impl UserState {
         // 4-6. Format, promote, identity hygiene, integrity.
         mailbox.prepare_write(now)?;
 
-        // 7. Trim.
-        let trim = mailbox.meta.as_ref().map_or(0, |m| m.user_trim_seq);
-        if seq < trim {
-            return Ok(AppendOutcome::Trimmed);
-        }
-
-        // 8. Identity lookup.
-        let identity = mailbox
-            .identity
-            .as_ref()
-            .and_then(|index| index.by_seq.get(&seq).copied());
-        if let Some(existing_expires_at) = identity {
-            if existing_expires_at != incoming_expires_at {
-                return Err(StoreError::Conflict {
-                    kind: ConflictKind::CrossDay {
-                        existing_day: day_of_expiry(policy, existing_expires_at),
-                        incoming_day: day,
-                    },
-                });
-            }
-            let events = canonical_events(&group.events);
-            if let Some(stored) = mailbox.groups.get(&seq) {
-                if stored.day == day
-                    && stored.created_at == group.created_at
-                    && stored.events == events
-                {
-                    return Ok(AppendOutcome::Unchanged);
-                }
-            }
-            mailbox.put_group(seq, day, incoming_expires_at, group.created_at, events);
-            return Ok(AppendOutcome::Replaced);
-        }
-
-        if policy.is_expired(day, now) {
-            let meta = mailbox.meta.get_or_insert_with(Meta::new);
-            meta.expired_gap_boundary = meta.expired_gap_boundary.max(seq);
-            return Ok(AppendOutcome::ExpiredMerged);
-        }
-
-        let seqbucket_max_seq = mailbox.meta.as_ref().map_or(0, |m| m.seqbucket_max_seq);
-        if seq <= seqbucket_max_seq {
-            return Err(StoreError::corrupt(CorruptKind::IdentityMissing {
+        // 7-8. Trim, identity lookup.
+        let meta = mailbox.meta.as_ref();
+        let step = rules::append_step(
+            policy,
+            &AppendFacts {
                 seq,
-                seqbucket_max_seq,
-            }));
-        }
-
-        let low = mailbox.day_set.keys().next().map_or(day, |&d| d.min(day));
-        let high = mailbox
-            .day_set
-            .keys()
-            .next_back()
-            .map_or(day, |&d| d.max(day));
-        if high - low > u64::from(policy.max_active_span_days) {
-            return Err(StoreError::rejected(
-                RejectKind::SpanExceeded,
-                format!(
-                    "adding day {day} makes the active days span {low}..={high}, more than max_active_span_days ({})",
-                    policy.max_active_span_days
-                ),
-            ));
+                day,
+                trim: meta.map_or(0, |m| m.user_trim_seq),
+                identity_expires_at: mailbox
+                    .identity
+                    .as_ref()
+                    .and_then(|index| index.by_seq.get(&seq).copied()),
+                seqbucket_max_seq: meta.map_or(0, |m| m.seqbucket_max_seq),
+                active_days: mailbox
+                    .day_set
+                    .first_key_value()
+                    .zip(mailbox.day_set.last_key_value())
+                    .map(|((&low, _), (&high, _))| (low, high)),
+                now,
+            },
+        )?;
+        match step {
+            AppendStep::Trimmed => return Ok(AppendOutcome::Trimmed),
+            AppendStep::SameDayReplay => {
+                let events = canonical_events(&group.events);
+                if let Some(stored) = mailbox.groups.get(&seq) {
+                    if stored.day == day
+                        && stored.created_at == group.created_at
+                        && stored.events == events
+                    {
+                        return Ok(AppendOutcome::Unchanged);
+                    }
+                }
+                mailbox.put_group(seq, day, incoming_expires_at, group.created_at, events);
+                return Ok(AppendOutcome::Replaced);
+            }
+            AppendStep::ExpiredMerge => {
+                let meta = mailbox.meta.get_or_insert_with(Meta::new);
+                meta.expired_gap_boundary = meta.expired_gap_boundary.max(seq);
+                return Ok(AppendOutcome::ExpiredMerged);
+            }
+            AppendStep::Insert => {}
         }
 
         // Insert: events, identity, day member, proofs, range, seqbucket_max_seq.
@@ -386,9 +356,7 @@ impl UserState {
         mailbox.expire_physically(now);
         mailbox.check_format()?;
         if mailbox.meta.is_none() {
-            return Err(StoreError::corrupt(CorruptKind::BadProof {
-                detail: "meta disappeared between the scan's read and its check".to_owned(),
-            }));
+            return Err(rules::meta_vanished_during_scan());
         }
         mailbox.promote(now)?;
         mailbox.check_cursor(request.after_seq)
@@ -518,11 +486,6 @@ fn prefetch<T: ?Sized>(shared: &Arc<T>) {
     let _ = shared;
 }
 
-/// The day whose expiry is `expires_at` under `policy`.
-fn day_of_expiry(policy: &RetentionPolicy, expires_at: u64) -> u64 {
-    (expires_at / crate::model::DAY_SECS).saturating_sub(1 + u64::from(policy.retention_days))
-}
-
 impl Mailbox {
     /// Writes (or replaces) the whole group at `seq` in the bucket of `day`.
     fn put_group(
@@ -636,14 +599,7 @@ impl Mailbox {
 
     /// SPEC 4.2.4: meta of another format is never read or written.
     fn check_format(&self) -> Result<(), StoreError> {
-        match &self.meta {
-            Some(meta) if meta.format_version != FORMAT_VERSION => {
-                Err(StoreError::corrupt(CorruptKind::UnsupportedFormat {
-                    found: meta.format_version.to_string(),
-                }))
-            }
-            _ => Ok(()),
-        }
+        rules::check_format(self.meta.as_ref().map(|m| i64::from(m.format_version)))
     }
 
     fn drop_expired_identities(&mut self, now: u64) {
@@ -661,18 +617,19 @@ impl Mailbox {
     /// SPEC 4.2.6.
     fn check_integrity(&self, now: u64) -> Result<(), StoreError> {
         match (&self.meta, &self.identity) {
-            (Some(meta), None) => {
-                let proves_live_groups = meta.proofs.values().any(|p| {
-                    p.expires_at.is_some_and(|e| e > now)
-                        && p.max_seq.is_some_and(|m| m >= meta.user_trim_seq)
-                });
-                if proves_live_groups {
-                    return Err(StoreError::corrupt(CorruptKind::IndexLost));
-                }
-                Ok(())
-            }
-            (None, Some(_)) => Err(StoreError::corrupt(CorruptKind::MetaLost)),
-            _ => Ok(()),
+            // The common case, with nothing to prove: skip the walk over the proofs.
+            (Some(_), Some(_)) | (None, None) => Ok(()),
+            (meta, identity) => rules::check_integrity(
+                meta.is_some(),
+                meta.as_ref().is_some_and(|m| {
+                    rules::proves_live_groups(
+                        m.proofs.values().map(|&p| p.into()),
+                        m.user_trim_seq,
+                        now,
+                    )
+                }),
+                identity.is_some(),
+            ),
         }
     }
 
@@ -683,7 +640,16 @@ impl Mailbox {
             // No day can have expired: phase 1 would find nothing to validate or merge.
             return Ok(0);
         }
-        let plan = self.plan_promote(now)?;
+        let Some(meta) = self.meta.as_ref() else {
+            return Ok(0);
+        };
+        let plan = rules::plan_promote(
+            self.day_set.iter().map(|(&day, &score)| (day, score)),
+            |day| meta.proofs.get(&day).copied().unwrap_or_default().into(),
+            meta.expired_gap_boundary,
+            meta.user_trim_seq,
+            now,
+        )?;
         let Some(meta) = self.meta.as_mut() else {
             return Ok(0);
         };
@@ -699,68 +665,14 @@ impl Mailbox {
         Ok(plan.expired_days.len() as u32)
     }
 
-    /// Promote phase 1: validate every expired day and compute the new boundary; change nothing.
-    fn plan_promote(&self, now: u64) -> Result<PromotePlan, StoreError> {
-        let Some(meta) = self.meta.as_ref() else {
-            return Ok(PromotePlan {
-                expired_days: Vec::new(),
-                new_boundary: 0,
-            });
-        };
-        let mut plan = PromotePlan {
-            expired_days: Vec::new(),
-            new_boundary: meta.expired_gap_boundary,
-        };
-        for (&day, &score) in &self.day_set {
-            if score > now {
-                continue;
-            }
-            let proof = meta.proofs.get(&day).copied().unwrap_or_default();
-            let bad = |what: &str| {
-                StoreError::corrupt(CorruptKind::BadProof {
-                    detail: format!("expired day {day}: {what}"),
-                })
-            };
-            let max_seq = proof
-                .max_seq
-                .ok_or_else(|| bad("bucket_max_seq is missing"))?;
-            let expires_at = proof
-                .expires_at
-                .ok_or_else(|| bad("bucket_expires_at is missing"))?;
-            if expires_at != score {
-                return Err(bad(&format!(
-                    "bucket_expires_at {expires_at} disagrees with the day set score {score}"
-                )));
-            }
-            // A day wholly below the trim proves no gap: its seqs were removed explicitly.
-            if max_seq >= meta.user_trim_seq {
-                plan.new_boundary = plan.new_boundary.max(max_seq);
-            }
-            plan.expired_days.push(day);
-        }
-        Ok(plan)
-    }
-
     /// SPEC 4.4 steps 4 and 5.
     fn check_cursor(&self, after_seq: u64) -> Result<(), StoreError> {
-        let Some(meta) = self.meta.as_ref() else {
-            return Ok(());
-        };
-        if after_seq.saturating_add(1) < meta.user_trim_seq {
-            return Err(StoreError::CursorExpired {
-                cursor: CursorExpired::Trimmed {
-                    resume_after: meta.user_trim_seq - 1,
-                },
-            });
+        match self.meta.as_ref() {
+            Some(meta) => {
+                rules::check_cursor(after_seq, meta.user_trim_seq, meta.expired_gap_boundary)
+            }
+            None => Ok(()),
         }
-        if after_seq < meta.expired_gap_boundary {
-            return Err(StoreError::CursorExpired {
-                cursor: CursorExpired::ExpiredGap {
-                    boundary: meta.expired_gap_boundary,
-                },
-            });
-        }
-        Ok(())
     }
 
     /// SPEC 4.4 step 6: every active day from the true `min_day` to `max_day` (the whole day set,
@@ -796,17 +708,13 @@ impl Mailbox {
                 events: Arc::clone(&group.events),
             }));
         }
-        let up_to = if has_more {
-            groups.last().map_or(request.after_seq, |g| g.mailbox_seq)
-        } else {
-            let seqbucket_max_seq = self.meta.as_ref().map_or(0, |m| m.seqbucket_max_seq);
-            let covered = request
-                .until_seq
-                .map_or(seqbucket_max_seq, |u| u.min(seqbucket_max_seq));
-            covered
-                .max(request.after_seq)
-                .max(groups.last().map_or(0, |g| g.mailbox_seq))
-        };
+        let up_to = rules::page_up_to(
+            request.after_seq,
+            request.until_seq,
+            self.meta.as_ref().map_or(0, |m| m.seqbucket_max_seq),
+            groups.last().map(|g| g.mailbox_seq),
+            has_more,
+        );
         ScanPage {
             groups,
             up_to,

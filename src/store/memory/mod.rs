@@ -209,9 +209,7 @@ impl MailboxStore for MemoryStore {
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         crate::model::validate::validate_group(group)?;
         let now = self.clock.now_secs();
-        if self.policy.is_beyond_future_window(group.day(), now) {
-            return Err(mailbox::future_rejection(&self.policy, group.day(), now));
-        }
+        crate::model::rules::check_future_window(&self.policy, group.day(), now)?;
         let mut shard = self.shard(&group.mailbox.user_id);
         self.check_fence(&group.mailbox.user_id)?;
         match shard.get_mut(&group.mailbox.user_id) {
@@ -347,9 +345,7 @@ impl MailboxStore for MemoryStore {
         crate::model::validate::validate_group(group)?;
         let policy = self.policy;
         self.with_staging(token, |state, now| {
-            if policy.is_beyond_future_window(group.day(), now) {
-                return Err(mailbox::future_rejection(&policy, group.day(), now));
-            }
+            crate::model::rules::check_future_window(&policy, group.day(), now)?;
             state.append(&policy, now, group)
         })
     }

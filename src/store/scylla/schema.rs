@@ -1,48 +1,97 @@
 //! The CQL schema of the Scylla backend, created on start or checked against what exists.
 //!
-//! - `user_epoch`: the current epoch of a user (`P:epoch` on Redis).
-//! - `mailbox`: one partition per `(user_id, epoch)`. Its **static** columns are the meta (the
-//!   `mbmeta` hash and the `mbdays` set of Redis), with `version` as the lightweight-transaction
-//!   commit point; its **clustering rows** (by `seq`) are the identity index, each naming the
-//!   committed generation `gen` of its group. One partition lets a single conditional batch commit
-//!   meta and identity together.
-//! - `mailbox_events`: one partition per `(user_id, epoch, day)`, clustered by
-//!   `(seq, gen, ordinal)`, written `USING TTL` so rows vanish at `expires_at(day)`. Rows of a
-//!   generation that no identity names (an append interrupted before its commit, or a replaced
-//!   group) are never read and expire with their day.
+//! - `user_mailbox`: **one partition per user**, so that a single lightweight transaction can
+//!   check and change everything a store operation decides on. Clustering `(slot, seq)`:
+//!   - the **user row** `(slot -1, seq 0)`: `version`, the commit point every conditional batch is
+//!     guarded by (`IF version = ?`) and advances; `live_slot`, which of the two slots is the live
+//!     mailbox; the repair fence (`fence_holder`, `fence_until` by the store's clock, written
+//!     `USING TTL` so a crashed repair's fence also vanishes server-side);
+//!   - per slot `s` in {0, 1}, the **meta row** `(s, 0)`: the slot's `generation` (names its event
+//!     partitions; new on every epoch move and every fresh staging copy), its `epoch` (the user's
+//!     current epoch in that slot, `P:epoch` on Redis) and the V4 meta of SPEC 5 (`mbmeta` plus
+//!     the `mbdays` day set as the `days` map);
+//!   - per slot, the **identity rows** `(s, seq > 0)`: `expires_at(day)` and the `digest` naming
+//!     the committed copy of the group's event rows (`mbseqbucket` on Redis), `USING TTL`.
+//!
+//!   The slot that is not live is a repair's staging copy (SPEC 7.1); the swap flips `live_slot`.
+//! - `mailbox_events`: one partition per `(user_id, generation, bucket)`, where the bucket is
+//!   [`DAYS_PER_EVENT_PARTITION`] consecutive days ([`event_bucket`]), clustered by
+//!   `(seq, digest, ordinal)`, written `USING TTL` so rows vanish at `expires_at(day)`. The
+//!   ordinal is a `bigint`: CQL has no unsigned 32-bit type, and a u32 cast to `int` would order
+//!   ordinals from 2^31 up before 0. Rows of a
+//!   digest no identity names (an append interrupted before its commit, a replaced group) or of a
+//!   generation no slot names (an old epoch, a replaced or abandoned copy) are never read.
+//! - `repair_registry`: the repairs that took a fence, so that garbage collection finds the staging
+//!   copies of crashed repairs without scanning every user. One partition (`shard = 0`): repairs
+//!   are operator commands, few at a time.
 
-/// Columns every table must have, with their CQL types (`system_schema.columns.type`).
-pub const EXPECTED: &[(&str, &[(&str, &str)])] = &[
-    ("user_epoch", &[("user_id", "text"), ("epoch", "bigint")]),
+/// Days of events one partition of `mailbox_events` holds.
+///
+/// A scan page reads every partition its groups live in, one partition lookup each: with one
+/// partition per day, a page of 50 groups spread over 25 days cost 25 lookups, more than the rows
+/// themselves (`BENCHMARKS.md`). A week per partition keeps a page to a handful of lookups, and a
+/// partition holds at most a week of one mailbox's events. Expiry stays exact per day: every row
+/// carries its own TTL, and a scan's seq range never reaches the rows of days that expired (their
+/// seqs are at or below the gap boundary, which a cursor never precedes).
+pub const DAYS_PER_EVENT_PARTITION: i64 = 7;
+
+/// The `mailbox_events` partition bucket of `day`.
+pub fn event_bucket(day: i64) -> i64 {
+    day.div_euclid(DAYS_PER_EVENT_PARTITION)
+}
+
+/// The kind of a column in `system_schema.columns`.
+pub const PARTITION_KEY: &str = "partition_key";
+pub const CLUSTERING: &str = "clustering";
+pub const REGULAR: &str = "regular";
+
+/// One expected column: name, CQL type (`system_schema.columns.type`) and kind.
+pub type Column = (&'static str, &'static str, &'static str);
+
+/// Columns every table must have.
+pub const EXPECTED: &[(&str, &[Column])] = &[
     (
-        "mailbox",
+        "user_mailbox",
         &[
-            ("user_id", "text"),
-            ("epoch", "bigint"),
-            ("seq", "bigint"),
-            ("format_version", "int"),
-            ("version", "bigint"),
-            ("expired_gap_boundary", "bigint"),
-            ("seqbucket_max_seq", "bigint"),
-            ("user_trim_seq", "bigint"),
-            ("days", "map<bigint, bigint>"),
-            ("proof_max_seq", "map<bigint, bigint>"),
-            ("proof_expires_at", "map<bigint, bigint>"),
-            ("expires_at", "bigint"),
-            ("gen", "bigint"),
+            ("user_id", "text", PARTITION_KEY),
+            ("slot", "int", CLUSTERING),
+            ("seq", "bigint", CLUSTERING),
+            ("version", "bigint", REGULAR),
+            ("live_slot", "int", REGULAR),
+            ("fence_holder", "text", REGULAR),
+            ("fence_until", "bigint", REGULAR),
+            ("generation", "bigint", REGULAR),
+            ("epoch", "bigint", REGULAR),
+            ("format_version", "int", REGULAR),
+            ("expired_gap_boundary", "bigint", REGULAR),
+            ("seqbucket_max_seq", "bigint", REGULAR),
+            ("user_trim_seq", "bigint", REGULAR),
+            ("days", "map<bigint, bigint>", REGULAR),
+            ("proof_max_seq", "map<bigint, bigint>", REGULAR),
+            ("proof_expires_at", "map<bigint, bigint>", REGULAR),
+            ("expires_at", "bigint", REGULAR),
+            ("digest", "bigint", REGULAR),
         ],
     ),
     (
         "mailbox_events",
         &[
-            ("user_id", "text"),
-            ("epoch", "bigint"),
-            ("day", "bigint"),
-            ("seq", "bigint"),
-            ("gen", "bigint"),
-            ("ordinal", "int"),
-            ("created_at", "bigint"),
-            ("payload", "text"),
+            ("user_id", "text", PARTITION_KEY),
+            ("generation", "bigint", PARTITION_KEY),
+            ("bucket", "bigint", PARTITION_KEY),
+            ("seq", "bigint", CLUSTERING),
+            ("digest", "bigint", CLUSTERING),
+            ("ordinal", "bigint", CLUSTERING),
+            ("created_at", "bigint", REGULAR),
+            ("payload", "text", REGULAR),
+        ],
+    ),
+    (
+        "repair_registry",
+        &[
+            ("shard", "int", PARTITION_KEY),
+            ("user_id", "text", CLUSTERING),
+            ("holder", "text", CLUSTERING),
         ],
     ),
 ];
@@ -52,25 +101,27 @@ pub fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
     vec![
         format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"),
         format!(
-            "CREATE TABLE IF NOT EXISTS {keyspace}.user_epoch (user_id text PRIMARY KEY, epoch bigint)"
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {keyspace}.mailbox (
-                user_id text, epoch bigint, seq bigint,
-                format_version int static, version bigint static,
-                expired_gap_boundary bigint static, seqbucket_max_seq bigint static,
-                user_trim_seq bigint static,
-                days map<bigint, bigint> static,
-                proof_max_seq map<bigint, bigint> static,
-                proof_expires_at map<bigint, bigint> static,
-                expires_at bigint, gen bigint,
-                PRIMARY KEY ((user_id, epoch), seq))"
+            "CREATE TABLE IF NOT EXISTS {keyspace}.user_mailbox (
+                user_id text, slot int, seq bigint,
+                version bigint, live_slot int, fence_holder text, fence_until bigint,
+                generation bigint, epoch bigint, format_version int,
+                expired_gap_boundary bigint, seqbucket_max_seq bigint, user_trim_seq bigint,
+                days map<bigint, bigint>,
+                proof_max_seq map<bigint, bigint>,
+                proof_expires_at map<bigint, bigint>,
+                expires_at bigint, digest bigint,
+                PRIMARY KEY ((user_id), slot, seq))"
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.mailbox_events (
-                user_id text, epoch bigint, day bigint, seq bigint, gen bigint, ordinal int,
-                created_at bigint, payload text,
-                PRIMARY KEY ((user_id, epoch, day), seq, gen, ordinal))"
+                user_id text, generation bigint, bucket bigint, seq bigint, digest bigint,
+                ordinal bigint, created_at bigint, payload text,
+                PRIMARY KEY ((user_id, generation, bucket), seq, digest, ordinal))"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.repair_registry (
+                shard int, user_id text, holder text,
+                PRIMARY KEY ((shard), user_id, holder))"
         ),
     ]
 }

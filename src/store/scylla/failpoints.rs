@@ -1,0 +1,93 @@
+//! Test machinery, compiled only with the `failpoints` feature (the crate's own tests turn it on
+//! through a dev-dependency; a release build never has it):
+//!
+//! - an injected failure after the `n`-th write of the store, as if the process died there, for
+//!   the crash-convergence tests;
+//! - a hook run just before every commit, after the operation decided on its snapshot, so a test
+//!   can race another writer into that window.
+//!
+//! Without the feature, [`Failpoints`] is empty and its checks compile to nothing.
+
+#[cfg(feature = "failpoints")]
+mod armed {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Mutex;
+
+    use crate::model::StoreError;
+    use crate::store::scylla::{lock, ScyllaStore, BACKEND};
+    use crate::store::PhaseHook;
+
+    pub(in crate::store::scylla) struct Failpoints {
+        /// Writes left before an injected failure; negative when disarmed.
+        left: AtomicI64,
+        before_commit: Mutex<Option<PhaseHook>>,
+    }
+
+    impl Default for Failpoints {
+        fn default() -> Self {
+            Self {
+                left: AtomicI64::new(-1),
+                before_commit: Mutex::new(None),
+            }
+        }
+    }
+
+    impl Failpoints {
+        /// Counts one write; fails the operation there when it was the armed one.
+        pub fn after_write(&self) -> Result<(), StoreError> {
+            if self.left.load(Ordering::SeqCst) < 0 {
+                return Ok(());
+            }
+            if self.left.fetch_sub(1, Ordering::SeqCst) - 1 == 0 {
+                self.left.store(-1, Ordering::SeqCst);
+                return Err(StoreError::Unavailable {
+                    backend: BACKEND,
+                    detail: "injected failure after a write (failpoint)".to_owned(),
+                });
+            }
+            Ok(())
+        }
+
+        pub async fn before_commit(&self) {
+            let hook = lock(&self.before_commit).clone();
+            if let Some(hook) = hook {
+                hook().await;
+            }
+        }
+    }
+
+    impl ScyllaStore {
+        /// Makes the `n`-th write from now fail after it has been executed (n >= 1), aborting
+        /// the operation there as a crash would; `None` disarms.
+        pub fn arm_failpoint(&self, n: Option<u32>) {
+            self.failpoints
+                .left
+                .store(n.map_or(-1, i64::from), Ordering::SeqCst);
+        }
+
+        /// Installs (or clears) the hook run just before every commit.
+        pub fn set_before_commit_hook(&self, hook: Option<PhaseHook>) {
+            *lock(&self.failpoints.before_commit) = hook;
+        }
+    }
+}
+
+#[cfg(feature = "failpoints")]
+pub(super) use armed::Failpoints;
+
+#[cfg(not(feature = "failpoints"))]
+#[derive(Default)]
+pub(super) struct Failpoints {
+    _off: (),
+}
+
+#[cfg(not(feature = "failpoints"))]
+impl Failpoints {
+    #[inline(always)]
+    pub fn after_write(&self) -> Result<(), crate::model::StoreError> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    pub async fn before_commit(&self) {}
+}
