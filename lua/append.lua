@@ -26,7 +26,8 @@
   Numbers travel as the caller's decimal strings (see common.lua).
 
   Returns {code, ...}:
-    1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed, 6 stale_epoch
+    1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed (each followed by the
+    number of expired days promote compacted on the way), 6 stale_epoch
     ERR_FUTURE, ERR_SPAN low high, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
     ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
     ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
@@ -76,7 +77,7 @@ end
 
 -- 4, 5. Format, promote with identity hygiene: one read of the meta (with this day's proof).
 local m = load_meta(meta_key, 'bucket_max_seq:' .. day_text)
-local err = prepare_write(m, days_key, seqbucket_key, now)
+local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
 
 -- 6. Integrity. A live identity of this seq proves the index exists (the replay path needs
@@ -88,7 +89,7 @@ err = check_integrity(m, existing or index_expiry ~= -2, now)
 if err then return err end
 
 -- 7. Trim.
-if seq_less(seq, m.trim) then return {5} end
+if seq_less(seq, m.trim) then return {5, promoted} end
 
 -- Below 2^53 a seq's score (a double) is its own; above, neighbouring seqs may share one and
 -- the 16-digit member prefix tells them apart.
@@ -120,7 +121,7 @@ if existing then
       end
     end
   end
-  if same then return {2} end
+  if same then return {2, promoted} end
   -- Different content: the whole old group goes, the new one comes, atomically.
   if exact_score then
     redis.call('ZREMRANGEBYSCORE', day_key, seq, seq)
@@ -129,7 +130,7 @@ if existing then
   end
   zadd_argv(day_key, seq, members_from)
   redis.call('EXPIREAT', day_key, expires_text)
-  return {3}
+  return {3, promoted}
 end
 
 -- The epoch move and the epoch key, applied by the two paths that write.
@@ -148,7 +149,7 @@ if not seq_less(now, expires_text) then
   fields[#fields + 1] = 'expired_gap_boundary'
   fields[#fields + 1] = seq_max(m.boundary, seq)
   redis.call('HSET', meta_key, unpack(fields))
-  return {4}
+  return {4, promoted}
 end
 
 if not seq_less(m.seqbucket_max, seq) then
@@ -209,4 +210,4 @@ else
   end
 end
 redis.call('HSET', meta_key, unpack(fields))
-return {1}
+return {1, promoted}

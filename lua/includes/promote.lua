@@ -108,13 +108,14 @@ end
   The checks every write starts with (SPEC 4.2 steps 4 and 5): format, the seq fields, promote
   with its identity hygiene. The integrity check (step 6) follows in the caller, which knows
   whether the identity index exists (an identity found proves it without another read).
-  Returns nil, or the error reply to return as it is.
+  Returns nil and the number of expired days promote compacted, or the error reply to return
+  as it is.
 ]]
 local function prepare_write(m, days_key, seqbucket_key, now)
   local err = check_format(m)
-  if err then return err end
+  if err then return err, 0 end
   err = meta_seqs(m)
-  if err then return err end
-  local _, perr = promote(m, days_key, seqbucket_key, now)
-  return perr
+  if err then return err, 0 end
+  local promoted, perr = promote(m, days_key, seqbucket_key, now)
+  return perr, promoted or 0
 end

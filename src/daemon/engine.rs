@@ -139,6 +139,8 @@ pub struct Engine {
     intake_lost: bool,
     /// The dead-letter producer hit a fatal error: the run ends in an error.
     producer_failed: bool,
+    /// `store::promoted_days_total()` already added to `promote_expired_days_total`.
+    promoted_reported: u64,
 }
 
 impl Engine {
@@ -162,6 +164,7 @@ impl Engine {
             last_consumer_error: None,
             intake_lost: false,
             producer_failed: false,
+            promoted_reported: crate::store::promoted_days_total(),
         }
     }
 
@@ -672,6 +675,15 @@ impl Engine {
     /// Every second: refresh each assigned partition's gauges (a revoked partition's gauges are
     /// no longer refreshed and disappear) and detect partitions that cannot be read.
     fn housekeeping(&mut self) {
+        // Expired days the store compacted inside appends (and any other promote) since the
+        // last tick.
+        let promoted = crate::store::promoted_days_total();
+        if promoted > self.promoted_reported {
+            metrics::promote_expired_days(
+                u32::try_from(promoted - self.promoted_reported).unwrap_or(u32::MAX),
+            );
+            self.promoted_reported = promoted;
+        }
         let highs = lock(&self.consumer.context().high_watermarks).clone();
         let starts = lock(&self.consumer.context().start_offsets).clone();
         let committed = lock(&self.consumer.context().committed).clone();

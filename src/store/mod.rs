@@ -19,6 +19,23 @@ use crate::model::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
+
+/// Expired days compacted into gap boundaries by this process's stores (every promote: inside
+/// appends, truncates and scans, and explicit ones). The daemon reports its increase as
+/// `promote_expired_days_total`, whatever operation triggered the compaction.
+static PROMOTED_DAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts `days` compacted by a promote that was applied (committed).
+pub fn note_promoted_days(days: u64) {
+    if days > 0 {
+        PROMOTED_DAYS.fetch_add(days, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Expired days compacted by this process's stores so far.
+pub fn promoted_days_total() -> u64 {
+    PROMOTED_DAYS.load(std::sync::atomic::Ordering::Relaxed)
+}
 pub use repair::{RepairToken, StagingView, SwapReport};
 
 /// An async callback a backend runs at a fixed point inside an operation. Tests use it to move

@@ -14,6 +14,8 @@ pub struct PrivateCassandra {
     storage_port: u16,
     jmx_port: u16,
     yaml_extra: String,
+    /// `batch`: every acknowledged write is on disk before the answer (tests that restart it).
+    commitlog_sync: &'static str,
 }
 
 impl PrivateCassandra {
@@ -29,11 +31,42 @@ impl PrivateCassandra {
             storage_port: ports.1,
             jmx_port: ports.2,
             yaml_extra: yaml_extra.to_owned(),
+            commitlog_sync: "periodic",
         };
         // A run killed earlier may have left one behind on the same ports.
         instance.stop();
         instance.start_again();
         instance
+    }
+
+    /// Like [`PrivateCassandra::start`], with every acknowledged write synced to disk first, for
+    /// tests that restart the server and count what survived.
+    pub fn start_durable(name: &str, ports: (u16, u16, u16)) -> Self {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join(format!("cassandra-{name}"));
+        let instance = Self {
+            dir,
+            native_port: ports.0,
+            storage_port: ports.1,
+            jmx_port: ports.2,
+            yaml_extra: String::new(),
+            commitlog_sync: "batch",
+        };
+        instance.stop();
+        instance.start_again();
+        instance
+    }
+
+    /// Stops it and starts it again on the same data; returns once it serves CQL again.
+    pub fn restart(&self) {
+        let out = self.script("restart");
+        assert!(
+            out.status.success(),
+            "scripts/cassandra restart failed for {}:\n{}",
+            self.dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// `host:port` of its native transport.
@@ -67,6 +100,7 @@ impl PrivateCassandra {
             .env("CASSANDRA_JMX_PORT", self.jmx_port.to_string())
             .env("CASSANDRA_HEAP", "768m")
             .env("CASSANDRA_YAML_EXTRA", &self.yaml_extra)
+            .env("CASSANDRA_COMMITLOG_SYNC", self.commitlog_sync)
             .output()
             .expect("scripts/cassandra runs")
     }

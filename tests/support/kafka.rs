@@ -180,6 +180,8 @@ pub struct DaemonSetup {
     pub group: String,
     /// `None`: the memory store, persisted to `dir/snapshot.json` on a graceful exit.
     pub redis_url: Option<String>,
+    /// `(contact points, keyspace)`: the Scylla store instead.
+    pub scylla: Option<(String, String)>,
     pub max_in_flight: usize,
     /// Extra lines for the `[kafka]` section (`key = value`).
     pub kafka_extra: Vec<String>,
@@ -197,6 +199,7 @@ impl DaemonSetup {
             dlq_topic: unique(&format!("{name}-dlq")),
             group: unique(&format!("{name}-group")),
             redis_url,
+            scylla: None,
             max_in_flight: 64,
             kafka_extra: Vec::new(),
             properties_extra: Vec::new(),
@@ -209,9 +212,12 @@ impl DaemonSetup {
 
     /// Writes the config for an instance listening on `http_port`.
     pub fn config_file(&self, http_port: u16) -> PathBuf {
-        let store = match &self.redis_url {
-            Some(url) => format!("[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{url}\"\ncommand_timeout_ms = 1000\nconnect_timeout_ms = 1000\n"),
-            None => format!(
+        let store = match (&self.scylla, &self.redis_url) {
+            (Some((nodes, keyspace)), _) => format!(
+                "[store]\nbackend = \"scylla\"\n[store.scylla]\nnodes = [\"{nodes}\"]\nkeyspace = \"{keyspace}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"\n"
+            ),
+            (None, Some(url)) => format!("[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{url}\"\ncommand_timeout_ms = 1000\nconnect_timeout_ms = 1000\n"),
+            (None, None) => format!(
                 "[store]\nbackend = \"memory\"\n[store.memory]\nsnapshot = \"{}\"\n",
                 self.snapshot().display()
             ),

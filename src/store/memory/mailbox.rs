@@ -662,6 +662,7 @@ impl Mailbox {
         meta.recompute_range(&self.day_set);
         self.drop_expired_identities(now);
         self.recompute_next_expiry();
+        crate::store::note_promoted_days(plan.expired_days.len() as u64);
         Ok(plan.expired_days.len() as u32)
     }
 

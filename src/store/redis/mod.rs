@@ -709,6 +709,9 @@ impl RedisStore {
         reply: Vec<Value>,
         group: &EventGroup,
     ) -> Result<AppendOutcome, StoreError> {
+        if matches!(reply.first().and_then(int), Some(1..=5)) {
+            crate::store::note_promoted_days(num(reply.get(1)));
+        }
         match reply.first().and_then(int) {
             Some(1) => Ok(AppendOutcome::Inserted),
             Some(2) => Ok(AppendOutcome::Unchanged),

@@ -138,12 +138,14 @@ impl ScyllaStore {
                 now,
             },
         );
+        let promoted_days = promoted.len();
         // Outcomes that write nothing but promote's changes.
         let finish = |result: Result<AppendOutcome, StoreError>| {
             let meta = &meta;
             async move {
                 if !promoted.is_empty() {
                     let mut commit = Commit::new(&self.statements, user, expected);
+                    commit.count_promoted(promoted_days);
                     if clear_fence {
                         commit.clear_fence();
                     }
@@ -167,6 +169,7 @@ impl ScyllaStore {
         let ttl = ttl_until(expires_at, now);
         let bucket = event_bucket(stored(day));
         let mut commit = Commit::new(&self.statements, user, expected);
+        commit.count_promoted(promoted_days);
         if clear_fence {
             commit.clear_fence();
         }

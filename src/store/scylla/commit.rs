@@ -25,9 +25,16 @@ pub(super) struct Commit<'s> {
     statements: &'s Statements,
     user: String,
     parts: Vec<(PreparedStatement, Values)>,
+    /// Expired days this commit's meta compacted (counted once the commit applied).
+    promoted_days: u64,
 }
 
 impl<'s> Commit<'s> {
+    /// The meta this commit writes compacted `days` expired days.
+    pub fn count_promoted(&mut self, days: usize) {
+        self.promoted_days = days as u64;
+    }
+
     /// A commit that applies only if the partition's version is still `expected`.
     pub fn new(statements: &'s Statements, user: &str, expected: Option<i64>) -> Self {
         let next = expected.unwrap_or(0) + 1;
@@ -35,6 +42,7 @@ impl<'s> Commit<'s> {
             statements,
             user: user.to_owned(),
             parts: Vec::with_capacity(4),
+            promoted_days: 0,
         };
         let user = commit.user.clone();
         commit.push(
@@ -124,6 +132,7 @@ impl ScyllaStore {
         batch.set_consistency(self.settings.consistency);
         batch.set_serial_consistency(Some(self.settings.serial_consistency));
         let mut values = Vec::with_capacity(commit.parts.len());
+        let promoted_days = commit.promoted_days;
         for (statement, row) in commit.parts {
             batch.append_statement(statement);
             values.push(row);
@@ -135,6 +144,10 @@ impl ScyllaStore {
             .await
             .map_err(cql::from)?;
         self.tick_failpoint()?;
-        applied(&result)
+        let applied = applied(&result)?;
+        if applied {
+            crate::store::note_promoted_days(promoted_days);
+        }
+        Ok(applied)
     }
 }

@@ -1,0 +1,247 @@
+//! The daemon on the Scylla backend (Apache Cassandra in the tests) with a real Kafka broker: a
+//! CQL server stopped and started mid-stream loses nothing, and a repair heals a corrupt mailbox
+//! while the daemon runs.
+
+mod support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
+use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
+use mailbox_materializer::store::{MailboxStore, SystemClock};
+use support::cassandra::PrivateCassandra;
+use support::kafka::{committed, create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
+use support::redis_server::free_port;
+use support::reference::{
+    assert_same_state, end_offsets, now_ms, reference, stream, wait_committed, PARTITIONS,
+};
+
+fn shared_nodes() -> String {
+    std::env::var("SCYLLA_NODES").unwrap_or_else(|_| {
+        panic!("SCYLLA_NODES is not set: run the tests with scripts/test, which starts Cassandra")
+    })
+}
+
+fn keyspace(name: &str) -> String {
+    format!("mmd_{name}_{}", std::process::id())
+}
+
+async fn scylla_store(nodes: &str, keyspace: &str) -> ScyllaStore {
+    ScyllaStore::connect(
+        ScyllaSettings::new(vec![nodes.to_owned()], keyspace),
+        RetentionPolicy::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("connect to the CQL server")
+}
+
+async fn drop_keyspace(store: &ScyllaStore) {
+    let _ = store
+        .session()
+        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", store.keyspace()), ())
+        .await;
+}
+
+fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
+    serde_json::json!({
+        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": now_ms(),
+        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"body": body}}]}]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+async fn seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
+    store
+        .range_scan(
+            &MailboxId::new(UserId::parse(user).expect("user"), 1),
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10_000,
+            },
+        )
+        .await
+        .map(|p| p.groups.iter().map(|g| g.mailbox_seq).collect())
+        .unwrap_or_default()
+}
+
+/// The CQL server is stopped and started again (on its data) while records arrive: the daemon
+/// turns not ready, retries, and ends in the memory reference's state with exactly its dead
+/// letters.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cql_server_restart_mid_stream_loses_nothing() {
+    let cassandra = tokio::task::spawn_blocking(|| {
+        PrivateCassandra::start_durable("daemon-restart", (free_port(), free_port(), free_port()))
+    })
+    .await
+    .expect("start cassandra");
+    let nodes = cassandra.contact_point();
+    let keyspace = keyspace("restart");
+    let mut setup = DaemonSetup::new("cqlrestart", None);
+    setup.scylla = Some((nodes.clone(), keyspace.clone()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(30, 3, 31);
+    let half = records.len() / 2;
+    let mut offsets = produce(&setup.topic, &records[..half]).await;
+    let daemon = Daemon::start(&setup);
+    wait_for(
+        "part of the stream committed",
+        Duration::from_secs(120),
+        || {
+            committed(&setup.group, &setup.topic, PARTITIONS)
+                .iter()
+                .any(|c| *c > 0)
+        },
+        || daemon.log(),
+    );
+
+    let restarting = tokio::task::spawn_blocking(move || {
+        cassandra.restart();
+        cassandra
+    });
+    offsets.extend(produce(&setup.topic, &records[half..]).await);
+    wait_for(
+        "readiness to turn false while the CQL server is away",
+        Duration::from_secs(60),
+        || daemon.ready_status() == Some(503),
+        || daemon.log(),
+    );
+    let cassandra = restarting.await.expect("restart cassandra");
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(180));
+
+    let expected = reference(&records, &offsets).await;
+    let store = scylla_store(&cassandra.contact_point(), &keyspace).await;
+    assert_same_state(&expected, &store).await;
+    let mut got: Vec<(i32, i64)> = read_all(&setup.dlq_topic)
+        .iter()
+        .map(|l| {
+            (
+                l.headers["source_partition"].parse().expect("partition"),
+                l.headers["source_offset"].parse().expect("offset"),
+            )
+        })
+        .collect();
+    got.sort();
+    got.dedup();
+    let want: Vec<(i32, i64)> = expected.dead_letters.keys().copied().collect();
+    assert_eq!(got, want, "exactly the reference's dead letters");
+    drop(daemon);
+    drop(cassandra);
+}
+
+/// A corrupt mailbox on Scylla blocks only itself; `replay --reset-mailboxes` heals it while
+/// the daemon runs, and the daemon's waiting deliveries apply after the swap.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
+    let nodes = shared_nodes();
+    let keyspace = keyspace("repair");
+    let mut setup = DaemonSetup::new("cqlrepair", None);
+    setup.scylla = Some((nodes.clone(), keyspace.clone()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let daemon = Daemon::start(&setup);
+    produce(
+        &setup.topic,
+        &[
+            (0, group_record("victim", 1, "a")),
+            (0, group_record("bystander", 1, "a")),
+            (0, group_record("victim", 2, "b")),
+        ],
+    )
+    .await;
+    wait_for(
+        "the first records committed",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 1) == [3],
+        || daemon.log(),
+    );
+    let store = scylla_store(&nodes, &keyspace).await;
+    // Lose the victim's identity rows in its live slot: its next append fails closed.
+    let ks = store.keyspace().to_owned();
+    let slot: i32 = store
+        .session()
+        .query_unpaged(
+            format!(
+                "SELECT live_slot FROM {ks}.user_mailbox WHERE user_id = 'victim' AND slot = -1 AND seq = 0"
+            ),
+            (),
+        )
+        .await
+        .expect("live slot")
+        .into_rows_result()
+        .expect("rows")
+        .first_row::<(Option<i32>,)>()
+        .expect("a row")
+        .0
+        .unwrap_or(0);
+    store
+        .session()
+        .query_unpaged(
+            format!("DELETE FROM {ks}.user_mailbox WHERE user_id = 'victim' AND slot = {slot} AND seq > 0"),
+            (),
+        )
+        .await
+        .expect("identity rows deleted");
+    produce(
+        &setup.topic,
+        &[
+            (0, group_record("victim", 3, "c")),
+            (0, group_record("bystander", 2, "b")),
+        ],
+    )
+    .await;
+    wait_for(
+        "the victim to fail closed",
+        Duration::from_secs(60),
+        || {
+            daemon
+                .metrics()
+                .get("materializer_partition_blocked{partition=\"0\"}")
+                == 1.0
+        },
+        || daemon.log(),
+    );
+
+    let config = setup.config_file(free_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(["replay", "--config"])
+        .arg(&config)
+        .args([
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            "victim",
+            "--reset-mailboxes",
+            "--progress",
+            "off",
+        ])
+        .output()
+        .expect("run replay");
+    assert!(
+        out.status.success(),
+        "replay: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
+    assert_eq!(summary["swapped_users"], serde_json::json!(["victim"]));
+    wait_for(
+        "the daemon to resume past the repaired mailbox",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 1) == [5],
+        || daemon.log(),
+    );
+    assert_eq!(seqs(&store, "victim").await, vec![1, 2, 3]);
+    assert_eq!(seqs(&store, "bystander").await, vec![1, 2]);
+    drop(daemon);
+    drop_keyspace(&store).await;
+}
