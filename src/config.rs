@@ -431,7 +431,7 @@ impl Default for KafkaConfig {
             topic: "dispatch".to_owned(),
             group_id: "mailbox-materializer".to_owned(),
             dlq_topic: "dispatch.dlq".to_owned(),
-            max_in_flight_records: 1000,
+            max_in_flight_records: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             dlq_max_message_bytes: 1_000_000,
             max_record_bytes: crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES,
