@@ -563,12 +563,68 @@ async fn main() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    if let Ok(nodes) = std::env::var("SCYLLA_NODES") {
+        report.extend(scylla_rows(&bootstrap, &nodes, &pids).await);
+    }
+
     println!(
         "## Daemon throughput ({records} records a workload, {PARTITIONS} partitions, groups of 2 events)"
     );
     for line in report {
         println!("{line}");
     }
+}
+
+/// The daemon into Scylla (Cassandra in the tests): a smaller warm workload, since a CQL append
+/// costs a Paxos round; the CPU of the CQL server's JVM is named when `CASSANDRA_PID_FILE` (or
+/// `target/cassandra-run/pid`) gives it.
+async fn scylla_rows(bootstrap: &str, nodes: &str, pids: &[(&'static str, String)]) -> Vec<String> {
+    use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
+    let records: u64 = std::env::var("BENCH_SCYLLA_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let w = prepare(bootstrap, "scylla", records, records / 10).await;
+    let keyspace = format!("mm_bench_{}", now_ms());
+    let store = Arc::new(
+        ScyllaStore::connect(
+            ScyllaSettings::new(vec![nodes.to_owned()], keyspace.clone()),
+            RetentionPolicy::default(),
+            Arc::new(SystemClock),
+        )
+        .await
+        .expect("scylla"),
+    );
+    let mut scylla_pids = pids.to_vec();
+    let pid_file =
+        std::env::var("CASSANDRA_PID_FILE").unwrap_or_else(|_| "target/cassandra-run/pid".into());
+    if let Ok(pid) = std::fs::read_to_string(pid_file) {
+        scylla_pids.push(("cassandra", pid.trim().to_owned()));
+    }
+    let rate = daemon_run(
+        bootstrap,
+        &w,
+        &format!("{}-scylla", w.topic),
+        store.clone(),
+        &scylla_pids,
+    )
+    .await;
+    let _ = store
+        .session()
+        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {keyspace}"), ())
+        .await;
+    vec![
+        format!(
+            "\n### Scylla, warm ({} records, {} users, {PARTITIONS} partitions)\n",
+            w.records, w.users
+        ),
+        "| path | records/s | CPU (cores: process) |".to_owned(),
+        "|---|---|---|".to_owned(),
+        format!(
+            "| daemon into Cassandra 5.0 (LWT commit per append) | {:.0} | {} |",
+            rate.per_sec, rate.cpu
+        ),
+    ]
 }
 
 fn tempdir(name: &str) -> std::path::PathBuf {
