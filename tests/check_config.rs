@@ -172,7 +172,7 @@ async fn scylla_keyspace_is_checked_and_a_mismatched_schema_fails() {
             .await
             .expect("drop");
     }
-    // A keyspace whose user_epoch table has the wrong column type.
+    // A keyspace whose repair_registry table has the wrong column type.
     session
         .query_unpaged(
             format!("CREATE KEYSPACE {bad} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"),
@@ -182,7 +182,9 @@ async fn scylla_keyspace_is_checked_and_a_mismatched_schema_fails() {
         .expect("create keyspace");
     session
         .query_unpaged(
-            format!("CREATE TABLE {bad}.user_epoch (user_id text PRIMARY KEY, epoch text)"),
+            format!(
+                "CREATE TABLE {bad}.repair_registry (shard int, user_id text, holder bigint, PRIMARY KEY ((shard), user_id, holder))"
+            ),
             (),
         )
         .await
@@ -211,7 +213,10 @@ async fn scylla_keyspace_is_checked_and_a_mismatched_schema_fails() {
     assert_eq!(code, 1, "{lines:#?}");
     let store = line(&lines, "store (scylla)");
     assert!(store.starts_with("FAIL"), "{store}");
-    assert!(store.contains("user_epoch.epoch"), "{store}");
+    assert!(
+        store.contains("schema mismatch") && store.contains("repair_registry.holder"),
+        "{store}"
+    );
 
     for ks in [&good, &bad] {
         let _ = session

@@ -163,6 +163,42 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         || daemon.log(),
     );
     let store = scylla_store(&nodes, &keyspace).await;
+    // Refusals read the rows back unchanged (nothing touched before anything is decided).
+    let today = now_ms() / 86_400_000;
+    let victim = UserId::parse("victim").expect("user");
+    let rows_before = store.dump_user(&victim, &[today]).await.expect("dump");
+    let config = setup.config_file(free_port());
+    for (args, reason) in [
+        (vec!["--from-offset", "999999"], "empty_range"),
+        (
+            vec!["--from-offset", "0", "--to-offset", "0"],
+            "end_below_committed",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+            .args(["replay", "--config"])
+            .arg(&config)
+            .args([
+                "--partition",
+                "0",
+                "--user",
+                "victim",
+                "--reset-mailboxes",
+                "--progress",
+                "off",
+            ])
+            .args(&args)
+            .output()
+            .expect("run replay");
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
+        assert_eq!(out.status.code(), Some(1), "{summary}");
+        assert_eq!(summary["refused"]["reason"], reason, "{summary}");
+        assert_eq!(
+            store.dump_user(&victim, &[today]).await.expect("dump"),
+            rows_before,
+            "{args:?} left every row as it was"
+        );
+    }
     // Lose the victim's identity rows in its live slot: its next append fails closed.
     let ks = store.keyspace().to_owned();
     let slot: i32 = store
@@ -209,7 +245,6 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         || daemon.log(),
     );
 
-    let config = setup.config_file(free_port());
     let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
         .args(["replay", "--config"])
         .arg(&config)

@@ -573,3 +573,39 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
     let _ = stop.send(true);
     daemon.await.expect("daemon task").expect("daemon");
 }
+
+/// SIGINT or SIGTERM during a repair (in the rebuild, or with everything staged and the swap
+/// next) stops it: exit 4, the live mailbox exactly as it was, no staging copy or fence left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_stops_a_repair_before_the_swap_and_changes_nothing() {
+    let stand = Stand::start("signals", history(5)).await;
+    let before = stand.fingerprint("victim").await;
+    for (point, signal) in [
+        ("replay.rebuilding:3000", "-INT"),
+        ("replay.before_swap:3000", "-TERM"),
+    ] {
+        let mut child = stand.replay_paused_at(
+            point,
+            &[
+                "--from-offset",
+                "0",
+                "--user",
+                "victim",
+                "--reset-mailboxes",
+            ],
+        );
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill")
+            .success());
+        let status = child.wait().expect("wait");
+        assert_eq!(status.code(), Some(4), "{signal} at {point}: aborted");
+        assert_eq!(
+            stand.fingerprint("victim").await,
+            before,
+            "{signal} at {point}: nothing swapped, nothing left"
+        );
+    }
+}

@@ -363,6 +363,20 @@ pub async fn replay(
         return summary;
     }
     pause_point("replay.before_swap").await;
+    // A signal that arrived after the last record was read still stops the repair: nothing has
+    // been swapped yet.
+    if *interrupt.borrow() {
+        if let Some(renewal) = renewal.take() {
+            renewal.stop();
+        }
+        abort_all(store.as_ref(), &tokens).await;
+        summary.abort(
+            "interrupted by a signal before the swap; the live mailboxes are as they were"
+                .to_owned(),
+            false,
+        );
+        return summary;
+    }
     if let Some(reason) = renewal.as_ref().and_then(Renewal::is_lost) {
         if let Some(renewal) = renewal.take() {
             renewal.stop();
