@@ -48,6 +48,10 @@ use tokio::sync::watch;
 
 const PARTITIONS: i32 = 3;
 
+/// The allocator of the `materializer` binary, so the in-process daemon runs as `run` does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn records_wanted() -> u64 {
     std::env::var("BENCH_RECORDS")
         .ok()
