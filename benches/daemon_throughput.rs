@@ -18,6 +18,8 @@
 //! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
 //! record count; set `SCYLLA_NODES` to add the Scylla rows). Prints a Markdown report.
 
+#[path = "support/proc.rs"]
+mod proc;
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
@@ -65,23 +67,6 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: &str) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    ticks / 100.0
-}
-
 /// CPU of the named processes over a measured run.
 struct CpuMeter {
     pids: Vec<(&'static str, String)>,
@@ -93,7 +78,10 @@ impl CpuMeter {
     fn start(pids: &[(&'static str, String)]) -> Self {
         Self {
             pids: pids.to_vec(),
-            start: pids.iter().map(|(_, p)| cpu_seconds(p)).collect(),
+            start: pids
+                .iter()
+                .map(|(_, p)| proc::cpu_seconds(p).unwrap_or(0.0))
+                .collect(),
             started: Instant::now(),
         }
     }
@@ -104,7 +92,12 @@ impl CpuMeter {
         self.pids
             .iter()
             .zip(&self.start)
-            .map(|((name, pid), start)| format!("{name} {:.2}", (cpu_seconds(pid) - start) / wall))
+            .map(|((name, pid), start)| {
+                format!(
+                    "{name} {:.2}",
+                    (proc::cpu_seconds(pid).unwrap_or(0.0) - start) / wall
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -17,6 +17,8 @@
 //! Run: `cargo bench --bench redis_store` (needs redis-server, redis-benchmark, libfaketime, gcc:
 //! `scripts/install-services`). Prints a Markdown report.
 
+#[path = "support/proc.rs"]
+mod proc;
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
@@ -195,19 +197,9 @@ fn group(user: UserId, seq: u64, day: u64, n: u32) -> EventGroup {
         events: events(n),
     }
 }
-
-/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
-        .sum();
-    ticks / 100.0
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_secs_of(pid: u32) -> f64 {
+    proc::cpu_seconds(&pid.to_string()).unwrap_or(0.0)
 }
 
 /// One measured phase: calls and server microseconds per command, from `INFO commandstats`.
@@ -278,13 +270,13 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     assert!(server.raw("CONFIG RESETSTAT").starts_with("+OK"));
-    let (server_cpu, client_cpu) = (cpu_secs(server.pid()), cpu_secs(std::process::id()));
+    let (server_cpu, client_cpu) = (cpu_secs_of(server.pid()), cpu_secs_of(std::process::id()));
     work().await;
     Phase {
         name,
         ops,
-        server_cpu: cpu_secs(server.pid()) - server_cpu,
-        client_cpu: cpu_secs(std::process::id()) - client_cpu,
+        server_cpu: cpu_secs_of(server.pid()) - server_cpu,
+        client_cpu: cpu_secs_of(std::process::id()) - client_cpu,
         stats: commandstats(server),
     }
 }

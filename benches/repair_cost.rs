@@ -14,15 +14,24 @@
 //! bench --bench repair_cost` (without `SCYLLA_NODES` only the Redis rows; `BENCH_GROUPS`
 //! overrides the 10,000). Prints a Markdown report.
 
+#[path = "support/proc.rs"]
+mod proc;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use proc::listener_pid;
 use support::kafka::{committed, create_topic, produce, unique, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::now_ms;
+
+/// CPU seconds a process has used so far (0 once it is gone: the figure is then not shown as
+/// more than it was).
+fn cpu_seconds_or_0(pid: &str) -> f64 {
+    proc::cpu_seconds(pid).unwrap_or(0.0)
+}
 
 /// The user whose mailbox is repaired.
 const USER: &str = "big";
@@ -44,54 +53,6 @@ fn record(seq: u64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-/// CPU seconds (user + system) a process has used so far, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: &str) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    ticks / 100.0
-}
-
-/// The pid of the process listening on TCP `port` on this machine, if it can be found.
-fn listener_pid(port: u16) -> Option<String> {
-    let wanted = format!(":{port:04X}");
-    let mut inode = None;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 9 && f[1].ends_with(&wanted) && f[3] == "0A" {
-                inode = Some(f[9].to_owned());
-            }
-        }
-    }
-    let socket = format!("socket:[{}]", inode?);
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.chars().all(|c| c.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == socket) {
-                return Some(pid);
-            }
-        }
-    }
-    None
 }
 
 /// How a backend's store is seen from outside: its server's pid and a count of what it holds.
@@ -206,7 +167,7 @@ fn timed_replay(setup: &DaemonSetup, server_pid: Option<&str>) -> (f64, String) 
         env!("CARGO_BIN_EXE_materializer"),
         config.display()
     );
-    let server_start = server_pid.map(cpu_seconds);
+    let server_start = server_pid.map(cpu_seconds_or_0);
     let started = Instant::now();
     let out = Command::new("bash")
         .arg("-c")
@@ -233,7 +194,7 @@ fn timed_replay(setup: &DaemonSetup, server_pid: Option<&str>) -> (f64, String) 
         .sum();
     let mut cpu = format!("replay {:.2}", children / wall);
     if let (Some(pid), Some(start)) = (server_pid, server_start) {
-        cpu += &format!(", server {:.2}", (cpu_seconds(pid) - start) / wall);
+        cpu += &format!(", server {:.2}", (cpu_seconds_or_0(pid) - start) / wall);
     }
     (wall, cpu)
 }
@@ -297,10 +258,10 @@ async fn measure(backend: Backend, mut setup: DaemonSetup, groups: u64) -> Figur
 
     // Baseline: the daemon writes the whole log of the one user.
     let server_pid = backend.server_pid();
-    let server_start = server_pid.as_deref().map(cpu_seconds);
+    let server_start = server_pid.as_deref().map(cpu_seconds_or_0);
     let started = Instant::now();
     let daemon = Daemon::start(&setup);
-    let daemon_start = cpu_seconds(&daemon.child.id().to_string());
+    let daemon_start = cpu_seconds_or_0(&daemon.child.id().to_string());
     wait_for(
         "the daemon commits every record",
         Duration::from_secs(1800),
@@ -310,10 +271,13 @@ async fn measure(backend: Backend, mut setup: DaemonSetup, groups: u64) -> Figur
     let baseline_secs = started.elapsed().as_secs_f64();
     let mut baseline_cpu = format!(
         "daemon {:.2}",
-        (cpu_seconds(&daemon.child.id().to_string()) - daemon_start) / baseline_secs
+        (cpu_seconds_or_0(&daemon.child.id().to_string()) - daemon_start) / baseline_secs
     );
     if let (Some(pid), Some(start)) = (server_pid.as_deref(), server_start) {
-        baseline_cpu += &format!(", server {:.2}", (cpu_seconds(pid) - start) / baseline_secs);
+        baseline_cpu += &format!(
+            ", server {:.2}",
+            (cpu_seconds_or_0(pid) - start) / baseline_secs
+        );
     }
     let live = backend.count().await;
     let live_bytes = backend.bytes();

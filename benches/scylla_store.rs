@@ -20,6 +20,9 @@
 //! Run: `SCYLLA_NODES=127.0.0.1:19042 cargo bench --bench scylla_store` (`BENCH_ROUNDS`, default
 //! 2, rounds of every phase; `BENCH_BREAKDOWN=0` skips the breakdown). Prints a Markdown report.
 
+#[path = "support/proc.rs"]
+mod proc;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -49,48 +52,6 @@ fn mailbox(round: u32, i: u64) -> MailboxId {
     MailboxId::new(UserId::parse(&format!("bench-{round}-{i}")).expect("id"), 1)
 }
 
-/// CPU seconds (user + system) consumed so far by a process, from `/proc/<pid>/stat`.
-fn cpu_secs(pid: &str, ticks_per_sec: f64) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / ticks_per_sec)
-}
-
-/// The pid of the process listening on TCP `port` on this machine, if it can be found.
-fn listener_pid(port: u16) -> Option<String> {
-    let wanted = format!(":{port:04X}");
-    let mut inode = None;
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 9 && f[1].ends_with(&wanted) && f[3] == "0A" {
-                inode = Some(f[9].to_owned());
-            }
-        }
-    }
-    let socket = format!("socket:[{}]", inode?);
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.chars().all(|c| c.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == socket) {
-                return Some(pid);
-            }
-        }
-    }
-    None
-}
-
 /// What one phase measured.
 struct Phase {
     ops_per_sec: f64,
@@ -102,7 +63,6 @@ struct Phase {
 
 struct Meter {
     server: Option<String>,
-    ticks: f64,
     store: Arc<ScyllaStore>,
 }
 
@@ -114,8 +74,8 @@ impl Meter {
         Fut: std::future::Future<Output = ()> + Send,
     {
         let job = Arc::new(job);
-        let bench_before = cpu_secs("self", self.ticks).unwrap_or(0.0);
-        let server_before = self.server.as_deref().and_then(|p| cpu_secs(p, self.ticks));
+        let bench_before = proc::cpu_seconds("self").unwrap_or(0.0);
+        let server_before = self.server.as_deref().and_then(proc::cpu_seconds);
         let paxos_before = self.store.paxos_rounds();
         let started = Instant::now();
         let mut tasks = Vec::new();
@@ -134,11 +94,11 @@ impl Meter {
         }
         let elapsed = started.elapsed().as_secs_f64();
         let n = total as f64;
-        let bench_cpu = cpu_secs("self", self.ticks).unwrap_or(0.0) - bench_before;
+        let bench_cpu = proc::cpu_seconds("self").unwrap_or(0.0) - bench_before;
         let server_cpu = self
             .server
             .as_deref()
-            .and_then(|p| cpu_secs(p, self.ticks))
+            .and_then(proc::cpu_seconds)
             .zip(server_before)
             .map(|(after, before)| after - before);
         Phase {
@@ -183,12 +143,6 @@ async fn main() {
         .next()
         .and_then(|p| p.parse().ok())
         .unwrap_or(9042);
-    let ticks: f64 = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0);
     let keyspace = format!("mm_bench_{}", std::process::id());
     let store = Arc::new(
         ScyllaStore::connect(
@@ -200,8 +154,7 @@ async fn main() {
         .expect("connect"),
     );
     let meter = Meter {
-        server: listener_pid(port),
-        ticks,
+        server: proc::listener_pid(port),
         store: store.clone(),
     };
     let today = std::time::SystemTime::now()
