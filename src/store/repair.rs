@@ -58,6 +58,19 @@ impl RepairToken {
         );
         Self { user, holder }
     }
+
+    /// A repair writes only its own user: a staging copy is per user, and a write for another
+    /// would land outside the fence that guards it.
+    pub fn check_user(&self, user: &UserId, backend: &'static str) -> Result<(), StoreError> {
+        if *user == self.user {
+            Ok(())
+        } else {
+            Err(StoreError::Unsupported {
+                backend,
+                operation: "writing another user into a repair's staging copy",
+            })
+        }
+    }
 }
 
 /// What a swap replaced.
@@ -89,14 +102,7 @@ impl StagingView {
     }
 
     fn check_user(&self, user: &UserId) -> Result<(), StoreError> {
-        if *user == self.token.user {
-            Ok(())
-        } else {
-            Err(StoreError::Unsupported {
-                backend: self.store.backend(),
-                operation: "writing another user into a repair's staging copy",
-            })
-        }
+        self.token.check_user(user, self.store.backend())
     }
 
     fn no_reads(&self) -> StoreError {

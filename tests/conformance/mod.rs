@@ -89,6 +89,7 @@ macro_rules! conformance_tests {
             repair_fence_holds_live_writes_and_swap_replaces,
             repair_abort_leaves_the_live_mailbox_untouched,
             repair_second_repair_is_refused,
+            repair_writes_only_its_own_user,
             repair_lost_lease_aborts_without_swap,
             repair_heals_a_corrupt_mailbox,
             repair_rebuilds_epoch_moves_and_replaces_every_epoch,

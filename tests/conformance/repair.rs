@@ -202,6 +202,46 @@ pub async fn repair_second_repair_is_refused(h: &H) {
     store.repair_abort(&again).await.expect("abort");
 }
 
+/// A repair writes only its own user: another user's group or truncate is refused with nothing
+/// staged and nothing live touched, and the swap brings in only the fenced user's groups.
+pub async fn repair_writes_only_its_own_user(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let mine = mailbox("r-mine", 1);
+    let other = mailbox("r-other", 1);
+    store
+        .append(&group(&other, 1, TODAY0, 1, "other's"))
+        .await
+        .expect("append");
+    let other_before = f.fingerprint(&other.user_id).await;
+    let token = store
+        .repair_begin(&mine.user_id, LEASE)
+        .await
+        .expect("fence");
+    stage(store.as_ref(), &token, &group(&mine, 1, TODAY0, 1, "mine")).await;
+    assert!(matches!(
+        store
+            .repair_append(&token, &group(&other, 2, TODAY0, 1, "stray"))
+            .await,
+        Err(StoreError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        store.repair_truncate(&token, &other, 2).await,
+        Err(StoreError::Unsupported { .. })
+    ));
+    store.repair_swap(&token).await.expect("swap");
+    assert_eq!(
+        seqs_of(store.as_ref(), &mine).await,
+        vec![1],
+        "only the fenced user's own group went live"
+    );
+    assert_eq!(
+        f.fingerprint(&other.user_id).await,
+        other_before,
+        "the other user is untouched"
+    );
+}
+
 /// A lapsed lease is lost for good: renewal does not take it back, the staged copy cannot be
 /// written or swapped, the live mailbox is as it was, and live writes flow again.
 pub async fn repair_lost_lease_aborts_without_swap(h: &H) {

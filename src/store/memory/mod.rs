@@ -343,6 +343,7 @@ impl MailboxStore for MemoryStore {
         group: &EventGroup,
     ) -> Result<AppendOutcome, StoreError> {
         crate::model::validate::validate_group(group)?;
+        token.check_user(&group.mailbox.user_id, self.backend())?;
         let policy = self.policy;
         self.with_staging(token, |state, now| {
             crate::model::rules::check_future_window(&policy, group.day(), now)?;
@@ -357,6 +358,7 @@ impl MailboxStore for MemoryStore {
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
         crate::model::validate::validate_before_seq(before_seq)?;
+        token.check_user(&mailbox.user_id, self.backend())?;
         self.with_staging(token, |state, now| {
             state.truncate_before(now, mailbox.epoch, before_seq)
         })

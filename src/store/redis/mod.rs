@@ -1151,12 +1151,7 @@ impl MailboxStore for RedisStore {
         token: &RepairToken,
         group: &EventGroup,
     ) -> Result<AppendOutcome, StoreError> {
-        if group.mailbox.user_id != token.user {
-            return Err(StoreError::Unsupported {
-                backend: BACKEND,
-                operation: "writing another user into a repair's staging copy",
-            });
-        }
+        token.check_user(&group.mailbox.user_id, BACKEND)?;
         self.append_to(KeySet::Staging, &token.holder, group).await
     }
 
@@ -1166,12 +1161,7 @@ impl MailboxStore for RedisStore {
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
-        if mailbox.user_id != token.user {
-            return Err(StoreError::Unsupported {
-                backend: BACKEND,
-                operation: "writing another user into a repair's staging copy",
-            });
-        }
+        token.check_user(&mailbox.user_id, BACKEND)?;
         self.truncate_in(KeySet::Staging, &token.holder, mailbox, before_seq)
             .await
     }

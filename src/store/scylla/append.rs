@@ -32,11 +32,8 @@ fn unreachable_step() -> StoreError {
 
 pub(super) fn check_writer_user(writer: Writer<'_>, mailbox: &MailboxId) -> Result<(), StoreError> {
     match writer {
-        Writer::Staging(token) if token.user != mailbox.user_id => Err(StoreError::Unsupported {
-            backend: BACKEND,
-            operation: "writing another user into a repair's staging copy",
-        }),
-        _ => Ok(()),
+        Writer::Staging(token) => token.check_user(&mailbox.user_id, BACKEND),
+        Writer::Live => Ok(()),
     }
 }
 

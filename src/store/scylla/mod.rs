@@ -470,12 +470,6 @@ impl MailboxStore for ScyllaStore {
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
-        if mailbox.user_id != token.user {
-            return Err(StoreError::Unsupported {
-                backend: BACKEND,
-                operation: "writing another user into a repair's staging copy",
-            });
-        }
         self.truncate_as(mailbox, before_seq, Writer::Staging(token))
             .await
     }
