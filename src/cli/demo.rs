@@ -250,19 +250,7 @@ async fn print_table(
     );
     println!();
     println!("{:<16} {:>8}   in the daemon", "delivery outcome", "count");
-    let order = [
-        "inserted",
-        "unchanged",
-        "replaced",
-        "expired_merged",
-        "trimmed",
-        "stale_epoch",
-        "truncated",
-        "rejected",
-        "conflict",
-        "corrupt",
-    ];
-    for word in order {
+    for &word in crate::daemon::metrics::GROUP_OUTCOMES {
         let count = counts.groups.get(word).copied().unwrap_or(0);
         println!("{word:<16} {count:>8}   {}", route(word));
     }
