@@ -9,16 +9,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
+use mailbox_materializer::model::RetentionPolicy;
 use mailbox_materializer::store::memory::MemoryStore;
-use mailbox_materializer::store::{MailboxStore, SystemClock};
+use mailbox_materializer::store::SystemClock;
 use support::kafka::{
     committed, create_topic, produce, promtool_check, read_all, wait_for, Daemon, DaemonSetup,
 };
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::{
-    assert_same_state, end_offsets, now_ms, redis_store, reference, stream, wait_committed,
-    PARTITIONS,
+    assert_same_state, end_offsets, now_ms, redis_store, reference, scan_seqs, stream,
+    wait_committed, PARTITIONS,
 };
 
 /// (a) on both stores: the final state, the dead-letter topic and the counters all match the
@@ -214,24 +214,6 @@ fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-async fn seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
-    let mailbox = MailboxId::new(UserId::parse(user).expect("user"), 1);
-    match store
-        .range_scan(
-            &mailbox,
-            ScanRequest {
-                after_seq: 0,
-                until_seq: None,
-                limit_groups: 1000,
-            },
-        )
-        .await
-    {
-        Ok(page) => page.groups.iter().map(|g| g.mailbox_seq).collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
 /// (d) a corrupt mailbox blocks only itself; the committed offset stays before it; a replay with
 /// --reset-mailboxes heals it while the daemon runs.
 #[tokio::test(flavor = "multi_thread")]
@@ -271,7 +253,7 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
         "the bystander to flow past the blocked victim",
         Duration::from_secs(60),
         || {
-            tokio::task::block_in_place(|| runtime.block_on(seqs(&store, "bystander")))
+            tokio::task::block_in_place(|| runtime.block_on(scan_seqs(&store, "bystander")))
                 == vec![1, 2, 3, 4]
         },
         || daemon.log(),
@@ -287,7 +269,7 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
         },
         || daemon.metrics().text,
     );
-    assert_eq!(seqs(&store, "victim").await, vec![1, 2]);
+    assert_eq!(scan_seqs(&store, "victim").await, vec![1, 2]);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         committed(&setup.group, &setup.topic, 1),
@@ -333,8 +315,8 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
         || committed(&setup.group, &setup.topic, 1) == [7],
         || daemon.log(),
     );
-    assert_eq!(seqs(&store, "victim").await, vec![1, 2, 3]);
-    assert_eq!(seqs(&store, "bystander").await, vec![1, 2, 3, 4]);
+    assert_eq!(scan_seqs(&store, "victim").await, vec![1, 2, 3]);
+    assert_eq!(scan_seqs(&store, "bystander").await, vec![1, 2, 3, 4]);
     wait_for(
         "the blocked gauge to clear",
         Duration::from_secs(30),

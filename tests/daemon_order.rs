@@ -6,18 +6,16 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use mailbox_materializer::config::Config;
-use mailbox_materializer::daemon::http::Health;
-use mailbox_materializer::daemon::{self, DaemonOptions, Progress};
 use mailbox_materializer::model::{
     AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, RetentionPolicy,
     ScanPage, ScanRequest, StoreError, TruncateOutcome,
 };
 use mailbox_materializer::store::memory::MemoryStore;
 use mailbox_materializer::store::{MailboxStore, SystemClock};
+use support::in_process::InProcessDaemon;
 use support::kafka::{create_topic, produce, DaemonSetup};
 
 /// The memory store, recording the order in which each user's appends succeed, and refusing
@@ -105,41 +103,15 @@ async fn each_users_groups_reach_the_store_in_source_order_with_a_stalled_lane()
         written: Mutex::default(),
         stall: Mutex::new(HashMap::from([("o-7".to_owned(), 25)])),
     });
-    let mut config = Config::default();
-    config.kafka.brokers = support::kafka::bootstrap();
-    config.kafka.topic = setup.topic.clone();
-    config.kafka.dlq_topic = setup.dlq_topic.clone();
-    config.kafka.group_id = setup.group.clone();
+    let mut config = setup.config();
     config.kafka.max_in_flight_records = 200;
     config.kafka.retry_initial_ms = 5;
     config.kafka.retry_max_ms = 20;
-    let progress = Arc::new(Progress::default());
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let daemon = {
-        let store: Arc<dyn MailboxStore> = store.clone();
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            daemon::run(
-                &config,
-                store,
-                DaemonOptions {
-                    shutdown,
-                    progress,
-                    health: Arc::new(Health::default()),
-                    commit_offsets: false,
-                },
-            )
-            .await
-        })
-    };
-    let total = USERS * SEQS;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while progress.snapshot().final_records < total {
-        assert!(Instant::now() < deadline, "{:?}", progress.snapshot());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    daemon.await.expect("task").expect("daemon");
+    let daemon = InProcessDaemon::spawn(&config, store.clone());
+    daemon
+        .wait_final(USERS * SEQS, Duration::from_secs(120))
+        .await;
+    daemon.stop().await;
 
     assert_eq!(
         store.stall.lock().expect("lock")["o-7"],

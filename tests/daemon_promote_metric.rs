@@ -7,12 +7,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mailbox_materializer::config::Config;
-use mailbox_materializer::daemon::http::Health;
-use mailbox_materializer::daemon::{self, metrics, DaemonOptions, Progress};
+use mailbox_materializer::daemon::metrics;
 use mailbox_materializer::model::{RetentionPolicy, DAY_SECS};
 use mailbox_materializer::store::memory::MemoryStore;
-use mailbox_materializer::store::{MailboxStore, ManualClock};
+use mailbox_materializer::store::ManualClock;
+use support::in_process::InProcessDaemon;
 use support::kafka::{create_topic, produce, DaemonSetup};
 
 fn record(user: &str, seq: u64, at_secs: u64) -> Vec<u8> {
@@ -49,42 +48,9 @@ async fn expired_days_compacted_by_appends_are_counted() {
         RetentionPolicy::default(),
         Arc::new(clock.clone()),
     ));
-    let mut config = Config::default();
-    config.kafka.brokers = support::kafka::bootstrap();
-    config.kafka.topic = setup.topic.clone();
-    config.kafka.dlq_topic = setup.dlq_topic.clone();
-    config.kafka.group_id = setup.group.clone();
-    let progress = Arc::new(Progress::default());
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let daemon = {
-        let store: Arc<dyn MailboxStore> = store.clone();
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            daemon::run(
-                &config,
-                store,
-                DaemonOptions {
-                    shutdown,
-                    progress,
-                    health: Arc::new(Health::default()),
-                    commit_offsets: false,
-                },
-            )
-            .await
-        })
-    };
-    let wait_final = |n: u64| {
-        let progress = progress.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while progress.snapshot().final_records < n {
-                assert!(Instant::now() < deadline, "{:?}", progress.snapshot());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let daemon = InProcessDaemon::spawn(&setup.config(), store.clone());
     produce(&setup.topic, &[(0, record("u", 1, now))]).await;
-    wait_final(1).await;
+    daemon.wait_final(1, Duration::from_secs(60)).await;
     let before = counter(&handle.render());
     assert!(before >= 0.0, "exported from the start");
 
@@ -92,7 +58,7 @@ async fn expired_days_compacted_by_appends_are_counted() {
     let later = now + 32 * DAY_SECS;
     clock.set(later);
     produce(&setup.topic, &[(0, record("u", 2, later))]).await;
-    wait_final(2).await;
+    daemon.wait_final(2, Duration::from_secs(60)).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while counter(&handle.render()) < before + 1.0 {
         assert!(
@@ -102,6 +68,5 @@ async fn expired_days_compacted_by_appends_are_counted() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = stop.send(true);
-    daemon.await.expect("task").expect("daemon");
+    daemon.stop().await;
 }

@@ -8,14 +8,15 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
+use mailbox_materializer::model::{RetentionPolicy, UserId};
 use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
-use mailbox_materializer::store::{MailboxStore, SystemClock};
+use mailbox_materializer::store::SystemClock;
 use support::cassandra::PrivateCassandra;
-use support::kafka::{committed, create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
+use support::kafka::{committed, create_topic, produce, wait_for, Daemon, DaemonSetup};
 use support::redis_server::free_port;
 use support::reference::{
-    assert_same_state, end_offsets, now_ms, reference, stream, wait_committed, PARTITIONS,
+    assert_dead_letters_are_the_references, assert_same_state, end_offsets, now_ms, reference,
+    scan_seqs, stream, wait_committed, PARTITIONS,
 };
 
 fn shared_nodes() -> String {
@@ -53,21 +54,6 @@ fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
-}
-
-async fn seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
-    store
-        .range_scan(
-            &MailboxId::new(UserId::parse(user).expect("user"), 1),
-            ScanRequest {
-                after_seq: 0,
-                until_seq: None,
-                limit_groups: 10_000,
-            },
-        )
-        .await
-        .map(|p| p.groups.iter().map(|g| g.mailbox_seq).collect())
-        .unwrap_or_default()
 }
 
 /// The CQL server is stopped and started again (on its data) while records arrive: the daemon
@@ -119,19 +105,7 @@ async fn a_cql_server_restart_mid_stream_loses_nothing() {
     let expected = reference(&records, &offsets).await;
     let store = scylla_store(&cassandra.contact_point(), &keyspace).await;
     assert_same_state(&expected, &store).await;
-    let mut got: Vec<(i32, i64)> = read_all(&setup.dlq_topic)
-        .iter()
-        .map(|l| {
-            (
-                l.headers["source_partition"].parse().expect("partition"),
-                l.headers["source_offset"].parse().expect("offset"),
-            )
-        })
-        .collect();
-    got.sort();
-    got.dedup();
-    let want: Vec<(i32, i64)> = expected.dead_letters.keys().copied().collect();
-    assert_eq!(got, want, "exactly the reference's dead letters");
+    assert_dead_letters_are_the_references(&expected, &setup.dlq_topic);
     drop(daemon);
     drop(cassandra);
 }
@@ -275,8 +249,8 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         || committed(&setup.group, &setup.topic, 1) == [5],
         || daemon.log(),
     );
-    assert_eq!(seqs(&store, "victim").await, vec![1, 2, 3]);
-    assert_eq!(seqs(&store, "bystander").await, vec![1, 2]);
+    assert_eq!(scan_seqs(&store, "victim").await, vec![1, 2, 3]);
+    assert_eq!(scan_seqs(&store, "bystander").await, vec![1, 2]);
     drop(daemon);
     drop_keyspace(&store).await;
 }

@@ -8,12 +8,12 @@ mod support;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use mailbox_materializer::model::{MailboxId, ScanRequest, UserId};
+use mailbox_materializer::model::{MailboxId, UserId};
 use mailbox_materializer::store::redis::RedisStore;
-use mailbox_materializer::store::MailboxStore;
+use support::in_process::InProcessDaemon;
 use support::kafka::{committed, create_topic, produce, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
-use support::reference::{now_ms, redis_store, reference};
+use support::reference::{now_ms, redis_store, reference, scan_seqs};
 
 fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
     serde_json::json!({
@@ -135,22 +135,6 @@ impl Stand {
     async fn seqs(&self, user: &str) -> Vec<u64> {
         scan_seqs(&self.store, user).await
     }
-}
-
-async fn scan_seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
-    let mailbox = MailboxId::new(UserId::parse(user).expect("user"), 1);
-    store
-        .range_scan(
-            &mailbox,
-            ScanRequest {
-                after_seq: 0,
-                until_seq: None,
-                limit_groups: 10_000,
-            },
-        )
-        .await
-        .map(|p| p.groups.iter().map(|g| g.mailbox_seq).collect())
-        .unwrap_or_default()
 }
 
 fn history(victim_seqs: u64) -> Vec<(i32, Vec<u8>)> {
@@ -466,10 +450,7 @@ async fn apply_on_a_fenced_user_exits_2_without_a_success_line() {
 async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
     use std::sync::Arc;
 
-    use mailbox_materializer::config::Config;
-    use mailbox_materializer::daemon::http::Health;
     use mailbox_materializer::daemon::replay::{self, ProgressMode, ReplayRequest, ReplayStart};
-    use mailbox_materializer::daemon::{self, DaemonOptions, Progress};
     use mailbox_materializer::model::RetentionPolicy;
     use mailbox_materializer::store::fault::Corruption;
     use mailbox_materializer::store::memory::MemoryStore;
@@ -478,44 +459,14 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
     let setup = DaemonSetup::new("memrepair", None);
     create_topic(&setup.topic, 1).await;
     create_topic(&setup.dlq_topic, 1).await;
-    let mut config = Config::default();
-    config.kafka.brokers = support::kafka::bootstrap();
-    config.kafka.topic = setup.topic.clone();
-    config.kafka.dlq_topic = setup.dlq_topic.clone();
-    config.kafka.group_id = setup.group.clone();
+    let mut config = setup.config();
     config.kafka.retry_initial_ms = 20;
     config.kafka.retry_max_ms = 200;
     let store = Arc::new(MemoryStore::new(
         RetentionPolicy::default(),
         Arc::new(SystemClock),
     ));
-    let progress = Arc::new(Progress::default());
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let daemon = {
-        let config = config.clone();
-        let store: Arc<dyn MailboxStore> = store.clone();
-        let options = DaemonOptions {
-            shutdown,
-            progress: progress.clone(),
-            health: Arc::new(Health::default()),
-            commit_offsets: false,
-        };
-        tokio::spawn(async move { daemon::run(&config, store, options).await })
-    };
-    let wait_final = |n: u64| {
-        let progress = progress.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while progress.snapshot().final_records < n {
-                assert!(
-                    Instant::now() < deadline,
-                    "{n} records final: {:?}",
-                    progress.snapshot()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let daemon = InProcessDaemon::spawn(&config, store.clone());
     produce(
         &setup.topic,
         &[
@@ -524,7 +475,7 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         ],
     )
     .await;
-    wait_final(2).await;
+    daemon.wait_final(2, Duration::from_secs(60)).await;
     assert!(store.inject(
         &MailboxId::new(UserId::parse("victim").expect("user"), 1),
         &Corruption::LoseIdentityIndex
@@ -547,7 +498,7 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        progress.snapshot().final_records,
+        daemon.progress.snapshot().final_records,
         2,
         "the victim's record holds the window"
     );
@@ -568,10 +519,9 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
     let summary = replay::replay(&config, store.clone(), &request, interrupt).await;
     assert_eq!(summary.exit_status(), 0, "{summary:?}");
     assert_eq!(summary.swapped_users, vec!["victim".to_owned()]);
-    wait_final(5).await;
+    daemon.wait_final(5, Duration::from_secs(60)).await;
     assert_eq!(scan_seqs(store.as_ref(), "victim").await, vec![1, 2]);
-    let _ = stop.send(true);
-    daemon.await.expect("daemon task").expect("daemon");
+    daemon.stop().await;
 }
 
 /// SIGINT or SIGTERM during a repair (in the rebuild, or with everything staged and the swap

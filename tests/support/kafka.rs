@@ -206,6 +206,17 @@ impl DaemonSetup {
         }
     }
 
+    /// The config of a daemon run inside the test process: this setup's broker and names,
+    /// everything else at its default.
+    pub fn config(&self) -> mailbox_materializer::config::Config {
+        let mut config = mailbox_materializer::config::Config::default();
+        config.kafka.brokers = bootstrap();
+        config.kafka.topic = self.topic.clone();
+        config.kafka.dlq_topic = self.dlq_topic.clone();
+        config.kafka.group_id = self.group.clone();
+        config
+    }
+
     pub fn snapshot(&self) -> PathBuf {
         self.dir.join("snapshot.json")
     }

@@ -86,6 +86,40 @@ pub async fn reference(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Reference
     }
 }
 
+/// The seqs a full scan of `user`'s epoch-1 mailbox returns (none when the scan fails, e.g. on
+/// a corrupt mailbox).
+pub async fn scan_seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
+    let mailbox = MailboxId::new(UserId::parse(user).expect("user"), 1);
+    let request = ScanRequest {
+        after_seq: 0,
+        until_seq: None,
+        limit_groups: 10_000,
+    };
+    store
+        .range_scan(&mailbox, request)
+        .await
+        .map(|page| page.groups.iter().map(|g| g.mailbox_seq).collect())
+        .unwrap_or_default()
+}
+
+/// The dead-letter topic names exactly the records the reference dead-letters (each once or
+/// more: dead letters are at-least-once).
+pub fn assert_dead_letters_are_the_references(reference: &Reference, dlq_topic: &str) {
+    let mut got: Vec<(i32, i64)> = super::kafka::read_all(dlq_topic)
+        .iter()
+        .map(|l| {
+            (
+                l.headers["source_partition"].parse().expect("partition"),
+                l.headers["source_offset"].parse().expect("offset"),
+            )
+        })
+        .collect();
+    got.sort();
+    got.dedup();
+    let want: Vec<(i32, i64)> = reference.dead_letters.keys().copied().collect();
+    assert_eq!(got, want, "the dead letters are exactly the reference's");
+}
+
 /// Every mailbox of the reference's users, read back the way a client would, must be identical.
 pub async fn assert_same_state(reference: &Reference, actual: &dyn MailboxStore) {
     for user in &reference.users {
