@@ -21,6 +21,8 @@
 mod proc;
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
+#[path = "support/workers.rs"]
+mod workers;
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -288,21 +290,7 @@ where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let per_user = Arc::new(per_user);
-    let mut tasks = Vec::new();
-    for worker in 0..IN_FLIGHT.min(users) {
-        let per_user = per_user.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut u = worker;
-            while u < users {
-                per_user(u).await;
-                u += IN_FLIGHT;
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("worker");
-    }
+    workers::striped(users, IN_FLIGHT, per_user).await;
 }
 
 /// Appends `seqs` to each of `users` mailboxes, in order per mailbox.

@@ -22,6 +22,8 @@
 
 #[path = "support/proc.rs"]
 mod proc;
+#[path = "support/workers.rs"]
+mod workers;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,25 +75,11 @@ impl Meter {
         F: Fn(u64) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = ()> + Send,
     {
-        let job = Arc::new(job);
         let bench_before = proc::cpu_seconds("self").unwrap_or(0.0);
         let server_before = self.server.as_deref().and_then(proc::cpu_seconds);
         let paxos_before = self.store.paxos_rounds();
         let started = Instant::now();
-        let mut tasks = Vec::new();
-        for worker in 0..IN_FLIGHT {
-            let job = job.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut i = worker;
-                while i < total {
-                    job(i).await;
-                    i += IN_FLIGHT;
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.expect("worker");
-        }
+        workers::striped(total, IN_FLIGHT, job).await;
         let elapsed = started.elapsed().as_secs_f64();
         let n = total as f64;
         let bench_cpu = proc::cpu_seconds("self").unwrap_or(0.0) - bench_before;
