@@ -153,22 +153,11 @@ impl ScyllaStore {
         let mut chunk = (limit as i32).saturating_add(1);
         let mut selected: Vec<(i64, u64, i64)> = Vec::new(); // (seq, day, digest)
         'paging: loop {
-            let result = self
-                .session
-                .execute_unpaged(
-                    &self.statements.slot_identities,
-                    (user, view.slot, cursor, until, chunk),
-                )
-                .await
-                .map_err(cql::from)?;
-            let rows = result.into_rows_result().map_err(cql::from)?;
-            let mut seen = 0;
-            for row in rows
-                .rows::<(i64, Option<i64>, Option<i64>)>()
-                .map_err(cql::from)?
-            {
-                let (seq, expires_at, digest) = row.map_err(cql::from)?;
-                seen += 1;
+            let rows = self
+                .identity_chunk(user, view.slot, cursor, until, chunk)
+                .await?;
+            let seen = rows.len();
+            for (seq, expires_at, digest) in rows {
                 cursor = seq;
                 let Some(expires_at) = expires_at.map(unsigned).filter(|e| *e > now) else {
                     continue;
@@ -182,7 +171,7 @@ impl ScyllaStore {
                     break 'paging;
                 }
             }
-            if seen < chunk {
+            if seen < chunk as usize {
                 break;
             }
             chunk = chunk.saturating_mul(2).min(5_000);

@@ -376,30 +376,42 @@ impl ScyllaStore {
         let mut out = Vec::new();
         let mut cursor = after;
         loop {
-            let result = self
-                .session
-                .execute_unpaged(
-                    &self.statements.slot_identities,
-                    (user, slot, cursor, until, PAGE),
-                )
-                .await
-                .map_err(cql::from)?;
-            let rows = result.into_rows_result().map_err(cql::from)?;
-            let mut seen = 0;
-            for row in rows
-                .rows::<(i64, Option<i64>, Option<i64>)>()
-                .map_err(cql::from)?
-            {
-                let (seq, expires_at, digest) = row.map_err(cql::from)?;
-                seen += 1;
+            let rows = self.identity_chunk(user, slot, cursor, until, PAGE).await?;
+            let seen = rows.len();
+            for (seq, expires_at, digest) in rows {
                 cursor = seq;
                 if let Some(expires_at) = expires_at {
                     out.push((seq, expires_at, digest.unwrap_or(0)));
                 }
             }
-            if seen < PAGE {
+            if seen < PAGE as usize {
                 return Ok(out);
             }
         }
+    }
+
+    /// One read of at most `limit` identity rows of `slot` with `after < seq <= until`, in seq
+    /// order: (seq, expires_at, digest) as stored. The callers page with the last seq.
+    pub(super) async fn identity_chunk(
+        &self,
+        user: &str,
+        slot: i32,
+        after: i64,
+        until: i64,
+        limit: i32,
+    ) -> Result<Vec<(i64, Option<i64>, Option<i64>)>, StoreError> {
+        let result = self
+            .session
+            .execute_unpaged(
+                &self.statements.slot_identities,
+                (user, slot, after, until, limit),
+            )
+            .await
+            .map_err(cql::from)?;
+        let rows = result.into_rows_result().map_err(cql::from)?;
+        let rows = rows
+            .rows::<(i64, Option<i64>, Option<i64>)>()
+            .map_err(cql::from)?;
+        rows.map(|row| row.map_err(cql::from)).collect()
     }
 }
