@@ -283,10 +283,9 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
 
     // Heal it while the daemon runs.
     let config = setup.config_file(free_port());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_materializer"))
-        .args(["replay", "--config"])
-        .arg(&config)
-        .args([
+    let (out, summary) = support::cli::replay(
+        &config,
+        &[
             "--partition",
             "0",
             "--from-offset",
@@ -294,17 +293,14 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
             "--user",
             "victim",
             "--reset-mailboxes",
-        ])
-        .output()
-        .expect("run replay");
+        ],
+    );
     assert!(
         out.status.success(),
         "replay: {}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("replay prints one JSON summary");
     assert_eq!(summary["swapped_users"], serde_json::json!(["victim"]));
     assert_eq!(summary["records"], 7);
     assert_eq!(summary["outcomes"]["skipped"], 4);

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,22 +148,16 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
             "end_below_committed",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
-            .args(["replay", "--config"])
-            .arg(&config)
-            .args([
-                "--partition",
-                "0",
-                "--user",
-                "victim",
-                "--reset-mailboxes",
-                "--progress",
-                "off",
-            ])
-            .args(&args)
-            .output()
-            .expect("run replay");
-        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
+        let fixed = [
+            "--partition",
+            "0",
+            "--user",
+            "victim",
+            "--reset-mailboxes",
+            "--progress",
+            "off",
+        ];
+        let (out, summary) = support::cli::replay(&config, &[&fixed[..], &args].concat());
         assert_eq!(out.status.code(), Some(1), "{summary}");
         assert_eq!(summary["refused"]["reason"], reason, "{summary}");
         assert_eq!(
@@ -219,10 +212,9 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         || daemon.log(),
     );
 
-    let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
-        .args(["replay", "--config"])
-        .arg(&config)
-        .args([
+    let (out, summary) = support::cli::replay(
+        &config,
+        &[
             "--partition",
             "0",
             "--from-offset",
@@ -232,16 +224,14 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
             "--reset-mailboxes",
             "--progress",
             "off",
-        ])
-        .output()
-        .expect("run replay");
+        ],
+    );
     assert!(
         out.status.success(),
         "replay: {}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
     assert_eq!(summary["swapped_users"], serde_json::json!(["victim"]));
     wait_for(
         "the daemon to resume past the repaired mailbox",

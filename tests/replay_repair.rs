@@ -76,27 +76,19 @@ impl Stand {
         );
     }
 
+    /// `replay` of partition 0 with this stand's config and no progress output, then `args`.
+    fn replay_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [&["--partition", "0", "--progress", "off"], args].concat()
+    }
+
     fn replay_command(&self, args: &[&str]) -> Command {
         let config = self.setup.config_file(free_port());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_materializer"));
-        command
-            .args(["replay", "--config"])
-            .arg(config)
-            .args(["--partition", "0", "--progress", "off"])
-            .args(args);
-        command
+        support::cli::replay_command(&config, &Self::replay_args(args))
     }
 
     fn replay(&self, args: &[&str]) -> (Output, serde_json::Value) {
-        let out = self.replay_command(args).output().expect("run replay");
-        let summary = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "replay prints one JSON summary ({e}): {}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out, summary)
+        let config = self.setup.config_file(free_port());
+        support::cli::replay(&config, &Self::replay_args(args))
     }
 
     /// A replay paused at `point` (see `MATERIALIZER_PAUSE_AT`), once it says it got there.
