@@ -1,4 +1,4 @@
-//! `promote_expired_days_total` counts the expired days an append compacts on its way (SPEC 9),
+//! `promote_expired_buckets_total` counts the expired days an append compacts on its way (SPEC 9),
 //! not only explicit promotes: a daemon on a memory store whose clock moves past a day's expiry
 //! between two records of one user reports that day.
 
@@ -27,7 +27,7 @@ fn record(user: &str, seq: u64, at_secs: u64) -> Vec<u8> {
 fn counter(text: &str) -> f64 {
     text.lines()
         .find_map(|l| {
-            l.strip_prefix("materializer_promote_expired_days_total ")
+            l.strip_prefix("materializer_promote_expired_buckets_total ")
                 .and_then(|v| v.trim().parse().ok())
         })
         .unwrap_or(-1.0)

@@ -153,7 +153,7 @@ async fn dashboard_and_rules_use_only_metrics_a_live_daemon_exports() {
         metrics::PARTITION_BLOCKED,
         metrics::CONSUMER_LAG,
         metrics::STORE_ERRORS_TOTAL,
-        metrics::PROMOTE_EXPIRED_DAYS_TOTAL,
+        metrics::PROMOTE_EXPIRED_BUCKETS_TOTAL,
         metrics::REPLAY_RECORDS_TOTAL,
         metrics::BUILD_INFO,
         metrics::LAST_RECORD_TIMESTAMP,

@@ -139,7 +139,7 @@ pub struct Engine {
     intake_lost: bool,
     /// The dead-letter producer hit a fatal error: the run ends in an error.
     producer_failed: bool,
-    /// `store::promoted_days_total()` already added to `promote_expired_days_total`.
+    /// `store::promoted_days_total()` already added to `promote_expired_buckets_total`.
     promoted_reported: u64,
 }
 
@@ -679,7 +679,7 @@ impl Engine {
         // last tick.
         let promoted = crate::store::promoted_days_total();
         if promoted > self.promoted_reported {
-            metrics::promote_expired_days(
+            metrics::promote_expired_buckets(
                 u32::try_from(promoted - self.promoted_reported).unwrap_or(u32::MAX),
             );
             self.promoted_reported = promoted;

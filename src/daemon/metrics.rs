@@ -30,7 +30,7 @@ pub const PARTITION_BLOCKED: &str = "materializer_partition_blocked";
 pub const CONSUMER_LAG: &str = "materializer_consumer_lag";
 pub const APPLY_DURATION: &str = "materializer_apply_duration_seconds";
 pub const STORE_ERRORS_TOTAL: &str = "materializer_store_errors_total";
-pub const PROMOTE_EXPIRED_DAYS_TOTAL: &str = "materializer_promote_expired_days_total";
+pub const PROMOTE_EXPIRED_BUCKETS_TOTAL: &str = "materializer_promote_expired_buckets_total";
 pub const REPLAY_RECORDS_TOTAL: &str = "materializer_replay_records_total";
 pub const COMMITTED_OFFSET: &str = "materializer_committed_offset";
 pub const READY: &str = "materializer_ready";
@@ -180,8 +180,8 @@ fn describe() {
         "Store operations that failed, by backend and error kind"
     );
     describe_counter!(
-        PROMOTE_EXPIRED_DAYS_TOTAL,
-        "Expired days compacted into gap boundaries (promotes inside appends and scans, the patrol)"
+        PROMOTE_EXPIRED_BUCKETS_TOTAL,
+        "Expired day buckets compacted into gap boundaries (promotes inside appends and scans, the patrol)"
     );
     describe_counter!(
         REPLAY_RECORDS_TOTAL,
@@ -215,7 +215,7 @@ fn zero_counters() {
     for outcome in REPLAY_OUTCOMES {
         counter!(REPLAY_RECORDS_TOTAL, "outcome" => *outcome).absolute(0);
     }
-    counter!(PROMOTE_EXPIRED_DAYS_TOTAL).absolute(0);
+    counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).absolute(0);
 }
 
 /// The registered handle, if [`install`] ran.
@@ -265,8 +265,8 @@ pub fn apply_duration(seconds: f64) {
 /// Call with the number of expired days a store operation compacted into the gap boundary:
 /// after every explicit promote (`promote`, the patrol) **and every append or scan that promoted
 /// first** (SPEC 4.5), so the counter moves whatever triggered the compaction.
-pub fn promote_expired_days(days: u32) {
-    counter!(PROMOTE_EXPIRED_DAYS_TOTAL).increment(u64::from(days));
+pub fn promote_expired_buckets(days: u32) {
+    counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).increment(u64::from(days));
 }
 
 /// Call once per record `replay` read, with its outcome word ([`REPLAY_OUTCOMES`]).
@@ -507,7 +507,7 @@ mod tests {
                 "{STORE_ERRORS_TOTAL}{{backend=\"memory\",kind=\"{kind}\"}} 0"
             )));
         }
-        assert!(text.contains(&format!("{PROMOTE_EXPIRED_DAYS_TOTAL} 0")));
+        assert!(text.contains(&format!("{PROMOTE_EXPIRED_BUCKETS_TOTAL} 0")));
 
         // A partition's gauges exist from its assignment and vanish with its revocation.
         assert!(!text.contains(&format!("{CONSUMER_LAG}{{partition=\"7\"}}")));

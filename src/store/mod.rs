@@ -22,7 +22,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 
 /// Expired days compacted into gap boundaries by this process's stores (every promote: inside
 /// appends, truncates and scans, and explicit ones). The daemon reports its increase as
-/// `promote_expired_days_total`, whatever operation triggered the compaction.
+/// `promote_expired_buckets_total`, whatever operation triggered the compaction.
 static PROMOTED_DAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Counts `days` compacted by a promote that was applied (committed).
