@@ -85,9 +85,11 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
             }
             line = lines.recv(), if !input_done && !pipeline.is_full() => {
                 // Take every line already read (up to a batch), so their deliveries go to the
-                // store together.
+                // store together. A line is only taken off the channel when it will be admitted
+                // in this same pass: a line received and then left behind would be lost.
                 let mut next = line;
-                for _ in 0..MAX_BATCH {
+                let mut admitted = 0usize;
+                loop {
                     match next {
                         None => {
                             input_done = true;
@@ -99,7 +101,8 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
                         }
                         Some(Ok(line)) => admit(&mut pipeline, &mut runner, &store, &cancel, &options, line),
                     }
-                    if pipeline.is_full() {
+                    admitted += 1;
+                    if admitted >= MAX_BATCH || pipeline.is_full() {
                         break;
                     }
                     match lines.try_recv() {

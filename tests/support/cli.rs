@@ -55,3 +55,50 @@ pub fn replay(config: &Path, args: &[&str]) -> (Output, Value) {
     });
     (out, summary)
 }
+
+/// `n` dispatch records, one a line, for `apply` at a batch boundary: each record delivers one
+/// group of mailbox seq = its line number to one of 37 users (so lanes hold several deliveries
+/// in order), all created at `created_ms`. Users are named after `tag` to keep runs apart.
+pub fn numbered_dispatches(tag: &str, n: usize, created_ms: u64) -> String {
+    let mut input = String::new();
+    for line in 1..=n {
+        let record = serde_json::json!({
+            "dispatch_id": format!("{tag}-{line}"),
+            "group_id": "g",
+            "committed_at": created_ms,
+            "deliveries": [{"user_id": format!("{tag}-u{}", line % 37), "epoch": 1,
+                "mailbox_seq": line, "events": [{"event_ordinal": 0, "payload": {"line": line}}]}],
+        });
+        input.push_str(&record.to_string());
+        input.push('\n');
+    }
+    input
+}
+
+/// Asserts that an `apply` of [`numbered_dispatches`] printed exactly one outcome per input
+/// line, `outcome` each time, every line number once (SPEC 7.2 "Batches are invisible").
+pub fn assert_one_outcome_per_line(out: &Output, n: usize, outcome: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "apply failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(out);
+    let mut seen = vec![false; n + 1];
+    for line in &lines {
+        let number = line["line"].as_u64().expect("a line number") as usize;
+        assert!(number >= 1 && number <= n, "line {number} out of 1..={n}");
+        assert!(!seen[number], "line {number} printed twice");
+        seen[number] = true;
+        assert_eq!(line["outcome"], outcome, "line {number}: {line}");
+        assert_eq!(line["mailbox_seq"].as_u64(), Some(number as u64));
+    }
+    let missing: Vec<usize> = (1..=n).filter(|i| !seen[*i]).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {n} lines got no outcome, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+}
