@@ -67,8 +67,9 @@ end
 local current = gate[2]
 local move_from = false
 if current and not string.match(current, '^%d+$') then
-  -- A damaged epoch key: no rule can read it. A runtime error is a deterministic refusal.
-  error('the epoch key holds ' .. current .. ', not an epoch')
+  -- A damaged epoch key: no rule can read it. Damage to the mailbox, not a fault of the record:
+  -- fail closed (corrupt) until a repair rebuilds the user (SPEC 7, error classes).
+  return {ERR_BAD_PROOF, 'the epoch key holds ' .. current .. ', not an epoch'}
 end
 if current and current ~= ARGV[3] then
   if seq_less(ARGV[3], current) then return {6} end

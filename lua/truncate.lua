@@ -27,6 +27,10 @@ if ARGV[4] == '1' then propagate_for_wait(epoch_key, gate[2]) end
 
 local now = now_text()
 local current = gate[2]
+if current and not string.match(current, '^%d+$') then
+  -- A damaged epoch key is damage to the mailbox (corrupt), as in append.lua.
+  return {ERR_BAD_PROOF, 'the epoch key holds ' .. current .. ', not an epoch'}
+end
 if current and current ~= epoch then
   return {ERR_EPOCH_MISMATCH, current}
 end

@@ -57,6 +57,8 @@ async fn conformance_cases_on_a_three_master_cluster() {
         repair_heals_a_corrupt_mailbox,
         repair_rebuilds_epoch_moves_and_replaces_every_epoch,
         repair_staging_follows_the_append_rules,
+        append_many_answers_each_group_like_append,
+        append_many_spread_over_many_users_answers_each,
     );
 }
 

@@ -919,3 +919,63 @@ pub async fn scan_epoch_check_comes_before_the_reverse_range(h: &H) {
     assert_eq!(scan(&*s, &mb, 5, Some(5), 1).await, Ok(ScanPage::empty(5)));
     assert_eq!(scan(&*s, &mb, 5, Some(3), 1).await, Ok(ScanPage::empty(5)));
 }
+
+/// SPEC 7.2 "Redis Cluster" and "Batches are invisible": one `append_many` of groups for many
+/// users (spread over every slot, and so every master, of a cluster) answers each group exactly
+/// as `append` would, whatever else shared its batch. Sizes at the runner's batch limit: one
+/// below, exact, one above.
+pub async fn append_many_spread_over_many_users_answers_each(h: &H) {
+    use mailbox_materializer::ingest::runner::MAX_BATCH;
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    for (round, size) in [MAX_BATCH - 1, MAX_BATCH, MAX_BATCH + 1]
+        .into_iter()
+        .enumerate()
+    {
+        let groups: Vec<_> = (0..size)
+            .map(|i| {
+                group(
+                    &mailbox(&format!("spread-{round}-{i}"), 1),
+                    7,
+                    TODAY0,
+                    1,
+                    "s",
+                )
+            })
+            .collect();
+        let refs: Vec<_> = groups.iter().collect();
+        let first = store.append_many(&refs).await;
+        assert_eq!(first.len(), size);
+        for (i, result) in first.iter().enumerate() {
+            assert_eq!(result, &Ok(AppendOutcome::Inserted), "group {i} of {size}");
+        }
+        // The same batch again is an identical replay of every group; a different content for
+        // every second user replaces just those.
+        let mixed: Vec<_> = (0..size)
+            .map(|i| {
+                let tag = if i % 2 == 0 { "s" } else { "t" };
+                group(
+                    &mailbox(&format!("spread-{round}-{i}"), 1),
+                    7,
+                    TODAY0,
+                    1,
+                    tag,
+                )
+            })
+            .collect();
+        let refs: Vec<_> = mixed.iter().collect();
+        let second = store.append_many(&refs).await;
+        for (i, result) in second.iter().enumerate() {
+            let want = if i % 2 == 0 {
+                AppendOutcome::Unchanged
+            } else {
+                AppendOutcome::Replaced
+            };
+            assert_eq!(result, &Ok(want), "group {i} of {size}");
+        }
+        for i in [0, size / 2, size - 1] {
+            let mb = mailbox(&format!("spread-{round}-{i}"), 1);
+            assert_eq!(scan_seqs(store.as_ref(), &mb, 0).await, vec![7], "user {i}");
+        }
+    }
+}

@@ -96,6 +96,7 @@ macro_rules! conformance_tests {
             repair_staging_follows_the_append_rules,
             repair_garbage_of_a_crashed_repair_is_collected,
             append_many_answers_each_group_like_append,
+            append_many_spread_over_many_users_answers_each,
             ordinals_above_two_to_the_31_keep_identity_and_order,
             scan_epoch_check_comes_before_the_reverse_range,
         );

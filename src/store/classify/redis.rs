@@ -3,24 +3,33 @@
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::{refused, transient};
+use crate::model::error::CorruptKind;
 use crate::model::StoreError;
 
 const BACKEND: &str = "redis";
 
-/// Classifies one error of the Redis client.
-///
-/// Deterministic (`Refused`): a Lua runtime error of a script (`user_script:<line>: ...`, Redis 7;
-/// `Error running script`, Redis 6), including an error a command raised inside the script for
-/// this input (`WRONGTYPE`, wrong arguments), and `CROSSSLOT`. The same input fails the same way
-/// on every retry.
+/// Classifies one error of the Redis client (SPEC 7, error classes: *deterministic* is a verdict
+/// about the record, never about the server).
 ///
 /// Transient (`Unavailable`): I/O (connection refused, reset, dropped), timeouts, `LOADING`,
 /// `BUSY`, `TRYAGAIN`, `MOVED`/`ASK` left over after the cluster client's redirects,
 /// `CLUSTERDOWN`, failover `READONLY`/`MASTERDOWN`, `NOSCRIPT` after the reload, `OOM` (memory
-/// pressure passes), `NOREPLICAS`, and refused credentials or permissions (`NOAUTH`, `NOPERM`,
+/// pressure passes), `NOREPLICAS`, refused credentials or permissions (`NOAUTH`, `NOPERM`,
 /// `WRONGPASS`: an operator fixes the ACL, and the records must wait for it rather than be
-/// dead-lettered). An error `OOM`, `READONLY` or `BUSY` raised *inside* a script keeps its code
-/// and is transient too.
+/// dead-lettered), and a client-side `CROSSSLOT` (a batch that mixed slots is a program error,
+/// logged as one, never the record's fault). The same errors raised **inside a script** (an
+/// ACL denial of a command the script calls, `OOM`, `READONLY`, `BUSY`, a script killed with
+/// `SCRIPT KILL`) are transient too, whatever code the server wraps them in.
+///
+/// Corrupt: `WRONGTYPE`, in or out of a script: a stored value of the wrong type is damage to
+/// the mailbox, which fails closed until a repair (the scripts' own checks of damaged values
+/// answer with their reply codes instead).
+///
+/// Deterministic (`Refused`): any other Lua runtime error of a script (`user_script:<line>:
+/// ...`, Redis 7; `Error running script`, Redis 6): the same input fails the same way on every
+/// retry.
+///
+/// Nothing here depends on how the call was sent (alone, in a pipeline, before a `WAIT`).
 pub fn classify(e: &RedisError) -> StoreError {
     if e.is_io_error()
         || e.is_timeout()
@@ -30,6 +39,7 @@ pub fn classify(e: &RedisError) -> StoreError {
     {
         return transient(BACKEND, e.to_string());
     }
+    let text = e.to_string();
     match e.kind() {
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
@@ -40,29 +50,79 @@ pub fn classify(e: &RedisError) -> StoreError {
             | ServerErrorKind::Moved
             | ServerErrorKind::Ask
             | ServerErrorKind::NoScript,
-        ) => transient(BACKEND, e.to_string()),
-        ErrorKind::Server(ServerErrorKind::ResponseError) if is_script_error(e) => {
-            refused(BACKEND, e.to_string())
+        ) => return transient(BACKEND, text),
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+            tracing::error!(error = %text, "CROSSSLOT: a batch mixed Redis Cluster slots; a program error, the records are retried");
+            return transient(BACKEND, text);
         }
-        ErrorKind::Server(ServerErrorKind::CrossSlot) => refused(BACKEND, e.to_string()),
-        ErrorKind::AuthenticationFailed => transient(BACKEND, e.to_string()),
-        _ => match e.code() {
-            Some(
-                "BUSY" | "OOM" | "NOREPLICAS" | "NOTREADY" | "UNBLOCKED" | "NOAUTH" | "NOPERM"
-                | "WRONGPASS" | "MISCONF",
-            ) => transient(BACKEND, e.to_string()),
-            Some("WRONGTYPE") => refused(BACKEND, e.to_string()),
-            _ => {
-                tracing::warn!(error = %e, "unclassified Redis error: treated as transient");
-                transient(BACKEND, e.to_string())
-            }
-        },
+        ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::AuthenticationFailed => {
+            return server_state(text)
+        }
+        _ => {}
     }
+    match e.code() {
+        Some(
+            "BUSY" | "OOM" | "NOREPLICAS" | "NOTREADY" | "UNBLOCKED" | "NOAUTH" | "NOPERM"
+            | "WRONGPASS" | "MISCONF",
+        ) => return server_state(text),
+        Some("WRONGTYPE") => return wrong_type(text),
+        _ => {}
+    }
+    if is_script_error(&text) {
+        if let Some(cause) = server_state_in_script(&text) {
+            tracing::error!(error = %text, cause, "a script was stopped by the server's state, not by the record: retried");
+            return transient(BACKEND, text);
+        }
+        if text.contains("WRONGTYPE") {
+            return wrong_type(text);
+        }
+        return refused(BACKEND, text);
+    }
+    tracing::warn!(error = %text, "unclassified Redis error: treated as transient");
+    transient(BACKEND, text)
 }
 
-/// A Lua runtime error of one of our scripts: the same input fails the same way every time.
-fn is_script_error(e: &RedisError) -> bool {
-    let text = e.to_string();
+/// A refusal that comes from the server's configuration or state (ACL, memory, credentials):
+/// transient, and logged so an operator sees what to fix while the records wait.
+fn server_state(text: String) -> StoreError {
+    tracing::error!(error = %text, "Redis refused the call for a reason of its own (ACL, memory, credentials): retried until fixed");
+    transient(BACKEND, text)
+}
+
+/// `WRONGTYPE`: a key of the mailbox holds a value of another type.
+fn wrong_type(text: String) -> StoreError {
+    StoreError::corrupt(CorruptKind::BadProof {
+        detail: format!("a key of the mailbox holds a value of the wrong type: {text}"),
+    })
+}
+
+/// What, in a script error's text, names a cause outside the record: the server wraps an error
+/// that a command raised inside a script in its own text, so the cause is read from there.
+fn server_state_in_script(text: &str) -> Option<&'static str> {
+    const CAUSES: &[(&str, &str)] = &[
+        ("can't run this command", "acl"),
+        ("no permissions", "acl"),
+        ("NOPERM", "acl"),
+        ("OOM ", "oom"),
+        ("used memory > 'maxmemory'", "oom"),
+        ("Script killed", "script_killed"),
+        ("READONLY", "readonly"),
+        ("MASTERDOWN", "masterdown"),
+        ("BUSY", "busy"),
+        ("LOADING", "loading"),
+        ("CLUSTERDOWN", "clusterdown"),
+        ("TRYAGAIN", "tryagain"),
+        ("MISCONF", "misconf"),
+        ("NOREPLICAS", "noreplicas"),
+    ];
+    CAUSES
+        .iter()
+        .find(|(needle, _)| text.contains(needle))
+        .map(|(_, cause)| *cause)
+}
+
+/// An error raised while one of our scripts ran.
+fn is_script_error(text: &str) -> bool {
     text.contains("user_script:") || text.contains("Error running script")
 }
 

@@ -10,6 +10,7 @@
 //! Cluster through the cluster client; both are multiplexed, so concurrent calls on different
 //! mailboxes share connections without waiting for each other.
 
+mod batch;
 pub mod keys;
 pub mod scripts;
 
@@ -732,107 +733,6 @@ impl RedisStore {
                 Err(self.script_error(&reply))
             }
         }
-    }
-
-    /// Live appends of several groups as ONE pipeline: every script, then (with
-    /// `wait_replicas > 0`) one `WAIT` that covers all of them, on one connection in one round
-    /// trip. Each script stays atomic on its own; a script's error answers its own group only.
-    async fn append_pipelined(
-        &self,
-        groups: &[&EventGroup],
-    ) -> Vec<Result<AppendOutcome, StoreError>> {
-        let mut results: Vec<Option<Result<AppendOutcome, StoreError>>> = groups
-            .iter()
-            .map(|g| validate_group(g).err().map(Err))
-            .collect();
-        let sent: Vec<usize> = (0..groups.len())
-            .filter(|i| results[*i].is_none())
-            .collect();
-        if sent.is_empty() {
-            return results.into_iter().flatten().collect();
-        }
-        let wanted = self.settings.wait_replicas;
-        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let invocations: Vec<redis::ScriptInvocation<'_>> = sent
-            .iter()
-            .map(|i| self.append_invocation(KeySet::Live, "", groups[*i]))
-            .collect();
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for invocation in &invocations {
-            pipe.invoke_script(invocation);
-        }
-        if wanted > 0 {
-            pipe.cmd("WAIT").arg(wanted).arg(timeout_ms);
-        }
-        let mut conn = self.conn();
-        let mut replies: Result<Vec<redis::RedisResult<Value>>, RedisError> =
-            pipe.query_async(&mut conn).await;
-        // A server that lost its scripts (restart, SCRIPT FLUSH) answers NOSCRIPT: load, resend.
-        let noscript = |r: &Result<Vec<redis::RedisResult<Value>>, RedisError>| match r {
-            Ok(items) => items.iter().any(|i| {
-                i.as_ref().is_err_and(|e| {
-                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                })
-            }),
-            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
-        };
-        if noscript(&replies) {
-            if let Err(e) = invocations[0].load_async(&mut conn).await {
-                let error = classified(e);
-                return groups
-                    .iter()
-                    .zip(results)
-                    .map(|(_, r)| r.unwrap_or_else(|| Err(error.clone())))
-                    .collect();
-            }
-            replies = pipe.query_async(&mut conn).await;
-        }
-        let replies = match replies {
-            Ok(replies) => replies,
-            Err(e) => {
-                let error = classified(e);
-                return results
-                    .into_iter()
-                    .map(|r| r.unwrap_or_else(|| Err(error.clone())))
-                    .collect();
-            }
-        };
-        let mut replies = replies.into_iter();
-        let mut scripted: Vec<Result<Vec<Value>, StoreError>> = Vec::with_capacity(sent.len());
-        for _ in &sent {
-            scripted.push(match replies.next() {
-                Some(Ok(Value::Array(items))) => Ok(items),
-                Some(Ok(other)) => Err(protocol(format!("{other:?}"))),
-                Some(Err(e)) => Err(classified(e)),
-                None => Err(protocol("a pipeline reply is missing")),
-            });
-        }
-        if wanted > 0 {
-            let acks = match replies.next() {
-                Some(Ok(Value::Int(acks))) => acks,
-                _ => -1,
-            };
-            if acks < i64::from(wanted) {
-                // Not durable: every write of the pipeline is retried (and replays idempotently).
-                let error = crate::store::classify::redis::too_few_replicas(
-                    acks.max(0),
-                    wanted,
-                    timeout_ms,
-                );
-                for outcome in scripted.iter_mut() {
-                    if outcome.is_ok() {
-                        *outcome = Err(error.clone());
-                    }
-                }
-            }
-        }
-        for (i, outcome) in sent.into_iter().zip(scripted) {
-            results[i] = Some(outcome.and_then(|reply| self.append_reply(reply, groups[i])));
-        }
-        results.into_iter().flatten().collect()
     }
 
     /// `truncate_before` on one copy; `holder` as in [`RedisStore::append_to`].
