@@ -38,8 +38,15 @@ pub trait CqlFailure: std::fmt::Display {
     fn class(&self) -> Class;
 }
 
-/// The class of a server error code.
-pub fn db_error_class(error: &DbError) -> Class {
+/// The class of a server error, from its code and, for `Invalid`, its message: an invalid
+/// request that names a table or keyspace the server does not have ("unconfigured table",
+/// "Keyspace ... does not exist") is about the server's schema, not the record (SPEC 7, error
+/// classes): transient, so the records wait with readiness false until the schema is back.
+pub fn db_error_class(error: &DbError, message: &str) -> Class {
+    if matches!(error, DbError::Invalid) && is_missing_schema(message) {
+        tracing::error!(error = %message, "the CQL server lacks the table or keyspace: records wait until the schema exists (check-config --connect creates it)");
+        return Class::Transient;
+    }
     match error {
         DbError::Invalid
         | DbError::SyntaxError
@@ -49,10 +56,20 @@ pub fn db_error_class(error: &DbError) -> Class {
     }
 }
 
+/// Whether an invalid-request message names a missing table or keyspace.
+fn is_missing_schema(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("unconfigured table")
+        || lower.contains("unconfigured columnfamily")
+        || (lower.contains("keyspace") && lower.contains("does not exist"))
+        || lower.contains("non-existing keyspace")
+        || (lower.contains("table") && lower.contains("does not exist"))
+}
+
 impl CqlFailure for RequestAttemptError {
     fn class(&self) -> Class {
         match self {
-            RequestAttemptError::DbError(db, _) => db_error_class(db),
+            RequestAttemptError::DbError(db, message) => db_error_class(db, message),
             RequestAttemptError::SerializationError(_)
             | RequestAttemptError::CqlRequestSerialization(_) => Class::Refused,
             _ => Class::Transient,
@@ -122,4 +139,75 @@ pub fn classify(e: &impl CqlFailure) -> StoreError {
 /// Convenience for `map_err`.
 pub fn from(e: impl CqlFailure) -> StoreError {
     classify(&e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Server answers held to their class (texts as Apache Cassandra 5.0 and ScyllaDB word them).
+    #[test]
+    fn every_server_error_has_its_class() {
+        let table: &[(DbError, &str, Class)] = &[
+            (
+                DbError::Invalid,
+                "unconfigured table mailbox_users",
+                Class::Transient,
+            ),
+            (
+                DbError::Invalid,
+                "Keyspace 'mm' does not exist",
+                Class::Transient,
+            ),
+            (
+                DbError::Invalid,
+                "Keyspace mm does not exist",
+                Class::Transient,
+            ),
+            (
+                DbError::Invalid,
+                "Can't use a non-existing keyspace",
+                Class::Transient,
+            ),
+            (
+                DbError::Invalid,
+                "Table mm.events does not exist",
+                Class::Transient,
+            ),
+            (
+                DbError::Invalid,
+                "ttl is too large. requested (700000000) maximum (630720000)",
+                Class::Refused,
+            ),
+            (
+                DbError::Invalid,
+                "Key length of 70000 is longer than maximum of 65535",
+                Class::Refused,
+            ),
+            (
+                DbError::SyntaxError,
+                "line 1:0 no viable alternative",
+                Class::Refused,
+            ),
+            (
+                DbError::Unauthorized,
+                "User mm has no MODIFY permission",
+                Class::Transient,
+            ),
+            (DbError::Overloaded, "overloaded", Class::Transient),
+            (DbError::IsBootstrapping, "bootstrapping", Class::Transient),
+            (
+                DbError::ServerError,
+                "java.lang.RuntimeException",
+                Class::Transient,
+            ),
+        ];
+        for (error, message, want) in table {
+            assert_eq!(
+                db_error_class(error, message),
+                *want,
+                "{error:?}: {message}"
+            );
+        }
+    }
 }

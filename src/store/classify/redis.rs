@@ -150,3 +150,70 @@ pub fn too_few_replicas(acks: i64, wanted: u32, timeout_ms: u64) -> StoreError {
 pub fn from(e: RedisError) -> StoreError {
     classify(&e)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error a real server sends for `line` (a RESP error line without the leading `-`).
+    fn server_error(line: &str) -> RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .expect("a RESP error line parses");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    fn class(e: &StoreError) -> &'static str {
+        match e {
+            StoreError::Unavailable { .. } => "transient",
+            StoreError::Refused { .. } => "refused",
+            StoreError::Corrupt { .. } => "corrupt",
+            _ => "other",
+        }
+    }
+
+    /// Every text below was copied from redis-server 7.0 (ACL user without `SET`, `maxmemory
+    /// 1`, `SCRIPT KILL`, a list under a string command, `error()` in a script). SPEC 7: an
+    /// error of the server's state is transient, a damaged value is corrupt, and only the
+    /// record's own failure is a refusal.
+    #[test]
+    fn every_error_text_has_its_class() {
+        let script = "script: bd6f3018b28bbdb36260f19d3c44afed740db987, on @user_script:1.";
+        let table: &[(String, &str)] = &[
+            (format!("ERR The user executing the script can't run this command or subcommand {script}"), "transient"),
+            (format!("NOPERM User limited has no permissions to run the 'set' command {script}"), "transient"),
+            ("NOPERM this user has no permissions to run the 'evalsha' command".to_owned(), "transient"),
+            (format!("OOM command not allowed when used memory > 'maxmemory'. {script}"), "transient"),
+            ("OOM command not allowed when used memory > 'maxmemory'.".to_owned(), "transient"),
+            (format!("ERR Script killed by user with SCRIPT KILL... {script}"), "transient"),
+            ("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.".to_owned(), "transient"),
+            (format!("READONLY You can't write against a read only replica. {script}"), "transient"),
+            ("LOADING Redis is loading the dataset in memory".to_owned(), "transient"),
+            ("TRYAGAIN Multiple keys request during rehashing of slot".to_owned(), "transient"),
+            ("CLUSTERDOWN The cluster is down".to_owned(), "transient"),
+            ("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.".to_owned(), "transient"),
+            ("NOSCRIPT No matching script. Please use EVAL.".to_owned(), "transient"),
+            ("CROSSSLOT Keys in request don't hash to the same slot".to_owned(), "transient"),
+            ("NOREPLICAS Not enough good replicas to write.".to_owned(), "transient"),
+            ("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.".to_owned(), "transient"),
+            (format!("WRONGTYPE Operation against a key holding the wrong kind of value {script}"), "corrupt"),
+            ("WRONGTYPE Operation against a key holding the wrong kind of value".to_owned(), "corrupt"),
+            (format!("ERR user_script:1: boom {script}"), "refused"),
+            ("ERR Error running script (call to f_abc): @user_script:12: attempt to compare nil with number".to_owned(), "refused"),
+        ];
+        for (text, want) in table {
+            let got = classify(&server_error(text));
+            assert_eq!(class(&got), *want, "{text} -> {got:?}");
+        }
+    }
+
+    /// A cluster client's own refusal of a mixed-slot pipeline is a program error, never the
+    /// record's verdict.
+    #[test]
+    fn client_side_crossslot_is_transient() {
+        let e = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::CrossSlot),
+            "Received crossed slots in pipeline",
+        ));
+        assert_eq!(class(&classify(&e)), "transient");
+    }
+}
