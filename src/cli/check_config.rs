@@ -233,7 +233,8 @@ async fn check_kafka(config: &Config) -> Vec<Check> {
 
 fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
     let brokers_name = format!("kafka brokers {}", kafka.brokers);
-    let mut client = crate::daemon::kafka::base_config(kafka);
+    let mut client =
+        crate::daemon::kafka::base_config(kafka, crate::daemon::kafka::ClientRole::Standalone);
     // A metadata request must never create the topic it asks about.
     client.set("allow.auto.create.topics", "false");
     let consumer: BaseConsumer = match client.create() {

@@ -23,12 +23,118 @@ use super::http::Health;
 use super::metrics;
 use crate::config::KafkaConfig;
 
-/// The settings every client shares: brokers, then the pass-through properties (TLS, SASL).
-pub fn base_config(kafka: &KafkaConfig) -> ClientConfig {
+/// Which client a configuration is for. `[kafka.properties]` holds the settings of every client
+/// (TLS, SASL, and the group's own), and each client is handed only those that apply to it, so
+/// librdkafka never warns (CONFWARN) about a property its client ignores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientRole {
+    /// The daemon's group member: everything but producer-only properties.
+    GroupConsumer,
+    /// The dead-letter producer: everything but consumer-only properties.
+    Producer,
+    /// A consumer that never joins the daemon's group (replay's reader and offset watcher,
+    /// check-config's metadata client): no producer-only properties and none of the group
+    /// membership ones (a `group.instance.id` of the daemon's pod must never be claimed by a
+    /// second client).
+    Standalone,
+}
+
+/// librdkafka's consumer-only properties (`C` in its CONFIGURATION.md, librdkafka 2.12).
+const CONSUMER_ONLY: &[&str] = &[
+    "group.id",
+    "group.instance.id",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "group.protocol.type",
+    "group.protocol",
+    "group.remote.assignor",
+    "coordinator.query.interval.ms",
+    "max.poll.interval.ms",
+    "enable.auto.commit",
+    "auto.commit.enable",
+    "auto.commit.interval.ms",
+    "enable.auto.offset.store",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
+    "fetch.wait.max.ms",
+    "fetch.queue.backoff.ms",
+    "fetch.message.max.bytes",
+    "max.partition.fetch.bytes",
+    "fetch.max.bytes",
+    "fetch.min.bytes",
+    "fetch.error.backoff.ms",
+    "offset.store.method",
+    "offset.store.path",
+    "offset.store.sync.interval.ms",
+    "isolation.level",
+    "enable.partition.eof",
+    "check.crcs",
+    "auto.offset.reset",
+    "consume.callback.max.messages",
+];
+
+/// librdkafka's producer-only properties (`P` in its CONFIGURATION.md, librdkafka 2.12).
+const PRODUCER_ONLY: &[&str] = &[
+    "transactional.id",
+    "transaction.timeout.ms",
+    "enable.idempotence",
+    "enable.gapless.guarantee",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "queue.buffering.max.ms",
+    "linger.ms",
+    "message.send.max.retries",
+    "retries",
+    "queue.buffering.backpressure.threshold",
+    "compression.codec",
+    "compression.type",
+    "compression.level",
+    "batch.num.messages",
+    "batch.size",
+    "delivery.report.only.error",
+    "sticky.partitioning.linger.ms",
+    "request.required.acks",
+    "acks",
+    "request.timeout.ms",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "queuing.strategy",
+    "produce.offset.report",
+    "partitioner",
+];
+
+/// The group membership properties a standalone consumer never takes.
+const GROUP_MEMBERSHIP: &[&str] = &[
+    "group.id",
+    "group.instance.id",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "group.protocol.type",
+    "group.protocol",
+    "group.remote.assignor",
+    "max.poll.interval.ms",
+];
+
+/// Whether `key` of `[kafka.properties]` is handed to a client of `role`.
+pub fn applies_to(key: &str, role: ClientRole) -> bool {
+    match role {
+        ClientRole::GroupConsumer => !PRODUCER_ONLY.contains(&key),
+        ClientRole::Producer => !CONSUMER_ONLY.contains(&key),
+        ClientRole::Standalone => !PRODUCER_ONLY.contains(&key) && !GROUP_MEMBERSHIP.contains(&key),
+    }
+}
+
+/// The settings a client of `role` starts from: brokers, then the pass-through properties that
+/// apply to it (TLS, SASL, the group's settings).
+pub fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &kafka.brokers);
     for (key, value) in &kafka.properties {
-        config.set(key, value);
+        if applies_to(key, role) {
+            config.set(key, value);
+        }
     }
     config
 }
@@ -43,7 +149,7 @@ const DEFAULT_FETCH_QUEUE_BACKOFF_MS: &str = "20";
 
 /// The group consumer. `commit_offsets` false (the memory store) turns committing off entirely.
 pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfig {
-    let mut config = base_config(kafka);
+    let mut config = base_config(kafka, ClientRole::GroupConsumer);
     config
         .set("group.id", &kafka.group_id)
         .set("enable.auto.offset.store", "false")
@@ -80,7 +186,7 @@ pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfi
 /// is durable before the source offset is committed. Its message limit is explicit, and the dead
 /// letters are built to fit it (see `dead_letter`).
 pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
-    let mut config = base_config(kafka);
+    let mut config = base_config(kafka, ClientRole::Producer);
     config
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -286,5 +392,48 @@ impl ConsumerContext for DaemonContext {
                 tracing::warn!(error = %e, "offset commit failed; the stored offsets are committed again at the next interval")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC 7.2: consumer-only properties never reach the dead-letter producer (librdkafka
+    /// would log a CONFWARN for each at every start), producer-only ones never reach a consumer,
+    /// and a standalone consumer never claims the group membership of the daemon's pod.
+    #[test]
+    fn each_client_gets_only_its_properties() {
+        let mut kafka = KafkaConfig::default();
+        for (key, value) in [
+            ("group.instance.id", "pod-0"),
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("session.timeout.ms", "10000"),
+            ("linger.ms", "5"),
+            ("security.protocol", "ssl"),
+        ] {
+            kafka.properties.insert(key.to_owned(), value.to_owned());
+        }
+        let producer = producer_config(&kafka);
+        assert_eq!(producer.get("group.instance.id"), None);
+        assert_eq!(producer.get("partition.assignment.strategy"), None);
+        assert_eq!(producer.get("session.timeout.ms"), None);
+        assert_eq!(producer.get("linger.ms"), Some("5"));
+        assert_eq!(producer.get("security.protocol"), Some("ssl"));
+
+        let consumer = consumer_config(&kafka, true);
+        assert_eq!(consumer.get("group.instance.id"), Some("pod-0"));
+        assert_eq!(
+            consumer.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(consumer.get("linger.ms"), None);
+        assert_eq!(consumer.get("security.protocol"), Some("ssl"));
+
+        let standalone = base_config(&kafka, ClientRole::Standalone);
+        assert_eq!(standalone.get("group.instance.id"), None);
+        assert_eq!(standalone.get("session.timeout.ms"), None);
+        assert_eq!(standalone.get("linger.ms"), None);
+        assert_eq!(standalone.get("security.protocol"), Some("ssl"));
     }
 }

@@ -33,7 +33,10 @@ const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Clients {
     pub(super) fn new(config: &Config, partition: i32) -> Result<Self, rdkafka::error::KafkaError> {
-        let mut reader = crate::daemon::kafka::base_config(&config.kafka);
+        let mut reader = crate::daemon::kafka::base_config(
+            &config.kafka,
+            crate::daemon::kafka::ClientRole::Standalone,
+        );
         // librdkafka wants a group id even for a manual assignment; nothing is ever committed
         // to it, and it is not the daemon's group.
         reader
@@ -44,7 +47,10 @@ impl Clients {
             // A position that retention deleted mid-read must stop the replay, never jump to
             // the end (librdkafka's default reset), which would look like a complete range.
             .set("auto.offset.reset", "error");
-        let mut watcher = crate::daemon::kafka::base_config(&config.kafka);
+        let mut watcher = crate::daemon::kafka::base_config(
+            &config.kafka,
+            crate::daemon::kafka::ClientRole::Standalone,
+        );
         // The daemon's group, only to read its committed offsets (OffsetFetch): this client never
         // subscribes, so it never joins the group or disturbs its members.
         watcher
