@@ -273,6 +273,8 @@ async fn daemon_run(
         progress: progress.clone(),
         health: Arc::new(Health::default()),
         commit_offsets: true,
+        #[cfg(feature = "failpoints")]
+        on_producer: None,
     };
     let task = tokio::spawn(async move { daemon::run(&config, store, options).await });
     while progress.snapshot().final_records == 0 {

@@ -180,3 +180,66 @@ async fn a_paused_partition_fetches_again_after_a_rebalance() {
         || first.log(),
     );
 }
+
+/// SPEC 7.2 "No silent stall": a fatal error of the dead-letter producer (librdkafka raises one
+/// on request for tests) fails every later send. The daemon no longer resends forever with the
+/// partition pinned and readiness true: readiness turns false, it drains and the run ends in an
+/// error (the process exits non-zero and the orchestrator restarts it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fatal_dead_letter_producer_error_ends_the_run() {
+    use mailbox_materializer::daemon::http::Health;
+    use mailbox_materializer::daemon::{DaemonError, ProducerHook};
+    use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::store::memory::MemoryStore;
+    use mailbox_materializer::store::SystemClock;
+    use rdkafka::producer::Producer;
+    use std::sync::Arc;
+    use support::in_process::InProcessDaemon;
+
+    let mut setup = DaemonSetup::new("dlqfatal", None);
+    setup.max_in_flight = 64;
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let mut config = setup.config();
+    config.kafka.shutdown_deadline_ms = 2_000;
+    let store = Arc::new(MemoryStore::new(
+        RetentionPolicy::default(),
+        Arc::new(SystemClock),
+    ));
+    let hook: ProducerHook = Arc::new(|producer| {
+        // SAFETY: the pointer is the live producer's handle, and the reason a C string.
+        let raised = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                producer.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                c"test: a fatal producer error".as_ptr(),
+            )
+        };
+        assert_eq!(
+            raised,
+            rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+    });
+    let health = Arc::new(Health::default());
+    let daemon = InProcessDaemon::spawn_with(&config, store, health.clone(), Some(hook));
+    produce(
+        &setup.topic,
+        &[
+            (0, group_record("ok", 1, "fine")),
+            (0, b"not json".to_vec()),
+        ],
+    )
+    .await;
+    let result = daemon.wait_end(Duration::from_secs(120)).await;
+    match result {
+        Err(DaemonError::Stopped(reason)) => assert!(
+            reason.contains("dead-letter producer failed fatally"),
+            "{reason}"
+        ),
+        other => panic!("the run must end in the producer's fatal error: {other:?}"),
+    }
+    assert!(
+        !health.ready(),
+        "readiness is false after a fatal producer error"
+    );
+}

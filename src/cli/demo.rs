@@ -171,6 +171,8 @@ pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
             progress: progress.clone(),
             health,
             commit_offsets: true,
+            #[cfg(feature = "failpoints")]
+            on_producer: None,
         };
         tokio::spawn(async move { daemon::run(&config, store, options).await })
     };

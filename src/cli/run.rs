@@ -153,6 +153,8 @@ pub async fn daemon(config: &Config) -> ExitCode {
         progress: Arc::new(Progress::default()),
         health,
         commit_offsets,
+        #[cfg(feature = "failpoints")]
+        on_producer: None,
     };
     let result = daemon::run(config, opened.store.clone(), options).await;
     if let Err(e) = opened.persist() {

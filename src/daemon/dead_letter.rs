@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::ingest::pipeline::DeadLetter;
@@ -186,6 +186,14 @@ pub fn is_too_large(error: &KafkaError) -> bool {
         error.rdkafka_error_code(),
         Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
     )
+}
+
+/// The reason, when `error` (or the producer's state) is fatal: the producer cannot send again.
+pub fn fatal(producer: &FutureProducer, error: &KafkaError) -> Option<String> {
+    if let Some((code, reason)) = producer.client().fatal_error() {
+        return Some(format!("{code:?}: {reason}"));
+    }
+    matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)).then(|| error.to_string())
 }
 
 /// Sends one dead letter and waits for the broker's acknowledgement.

@@ -137,8 +137,9 @@ pub struct Engine {
     last_consumer_error: Option<(Instant, String)>,
     /// The poll thread stopped on its own: the run ends in an error.
     intake_lost: bool,
-    /// The dead-letter producer hit a fatal error: the run ends in an error.
-    producer_failed: bool,
+    /// A client the daemon cannot continue without (the dead-letter producer, the consumer) hit
+    /// a fatal error: the run drains and ends in this error (SPEC 7.2 "No silent stall").
+    fatal: Option<String>,
     /// `store::promoted_days_total()` already added to `promote_expired_buckets_total`.
     promoted_reported: u64,
 }
@@ -163,7 +164,7 @@ impl Engine {
             letters: FuturesUnordered::new(),
             last_consumer_error: None,
             intake_lost: false,
-            producer_failed: false,
+            fatal: None,
             promoted_reported: crate::store::promoted_days_total(),
         }
     }
@@ -185,8 +186,8 @@ impl Engine {
             intake = None;
         }
         loop {
-            if self.producer_failed && deadline.is_none() {
-                tracing::error!("the dead-letter producer failed fatally; draining and exiting so the process is restarted");
+            if self.fatal.is_some() && deadline.is_none() {
+                tracing::error!(reason = ?self.fatal, "a Kafka client failed fatally; draining and exiting so the process is restarted");
                 intake = None;
                 deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
             }
@@ -251,8 +252,8 @@ impl Engine {
         let mut report = RunReport::default();
         if self.intake_lost {
             report.failure = Some("the Kafka poll thread stopped".to_owned());
-        } else if self.producer_failed {
-            report.failure = Some("the dead-letter producer failed fatally".to_owned());
+        } else if let Some(reason) = &self.fatal {
+            report.failure = Some(reason.clone());
         }
         for (partition, state) in &self.partitions {
             metrics::partition_revoked(*partition);
@@ -297,6 +298,10 @@ impl Engine {
                     .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
                 metrics::consumer_error(&code);
                 tracing::warn!(error = %error, "consumer error");
+                if let Some((code, reason)) = self.consumer.client().fatal_error() {
+                    self.telemetry.health().set_consumer(false);
+                    self.fatal = Some(format!("the consumer failed fatally: {code:?}: {reason}"));
+                }
                 self.last_consumer_error = Some((Instant::now(), error.to_string()));
             }
         }
@@ -583,12 +588,22 @@ impl Engine {
                 );
             }
             Err(error) => {
+                self.telemetry.health().set_dead_letters(false);
                 self.telemetry.dead_letter_failed(
                     done.partition,
                     done.offset,
                     &error,
                     done.attempt,
                 );
+                // A fatal producer error (librdkafka's idempotence guarantee broken, a fenced
+                // producer) fails every later send too: resending forever would pin the
+                // partition with readiness still true. Drain and exit non-zero instead, so the
+                // orchestrator restarts the replica with a new producer (SPEC 7.2).
+                if let Some(reason) = dead_letter::fatal(&self.producer, &error) {
+                    tracing::error!(error = %error, reason = %reason, "the dead-letter producer failed fatally");
+                    self.fatal = Some(format!("the dead-letter producer failed fatally: {reason}"));
+                    return;
+                }
                 let mut letter = done.letter;
                 if dead_letter::is_too_large(&error) && !letter.truncated {
                     // The producer's real limit is below the configured one: send the excerpt.

@@ -81,7 +81,15 @@ pub struct DaemonOptions {
     /// Commit offsets to the group. False for a store that does not outlive the process (the
     /// memory store): a restart must re-read the log, since nothing it wrote survived.
     pub commit_offsets: bool,
+    /// Test machinery: called with the dead-letter producer once it exists, so a test can make
+    /// librdkafka raise a fatal error on it (`rd_kafka_test_fatal_error`).
+    #[cfg(feature = "failpoints")]
+    pub on_producer: Option<ProducerHook>,
 }
+
+/// See [`DaemonOptions::on_producer`].
+#[cfg(feature = "failpoints")]
+pub type ProducerHook = Arc<dyn Fn(&FutureProducer) + Send + Sync>;
 
 /// Runs the daemon until `options.shutdown` flips and the drain ends.
 pub async fn run(
@@ -96,6 +104,10 @@ pub async fn run(
             .create_with_context(context)?,
     );
     let producer: FutureProducer = kafka::producer_config(&config.kafka).create()?;
+    #[cfg(feature = "failpoints")]
+    if let Some(hook) = &options.on_producer {
+        hook(&producer);
+    }
     consumer.subscribe(&[topic.as_str()])?;
     tracing::info!(
         topic = %topic,

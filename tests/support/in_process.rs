@@ -20,13 +20,25 @@ pub struct InProcessDaemon {
 
 impl InProcessDaemon {
     pub fn spawn(config: &Config, store: Arc<dyn MailboxStore>) -> Self {
+        Self::spawn_with(config, store, Arc::new(Health::default()), None)
+    }
+
+    /// [`spawn`](Self::spawn) with the health the daemon reports to and a hook on its
+    /// dead-letter producer.
+    pub fn spawn_with(
+        config: &Config,
+        store: Arc<dyn MailboxStore>,
+        health: Arc<Health>,
+        on_producer: Option<daemon::ProducerHook>,
+    ) -> Self {
         let progress = Arc::new(Progress::default());
         let (stop, shutdown) = watch::channel(false);
         let options = DaemonOptions {
             shutdown,
             progress: progress.clone(),
-            health: Arc::new(Health::default()),
+            health,
             commit_offsets: false,
+            on_producer,
         };
         let config = config.clone();
         let task = tokio::spawn(async move { daemon::run(&config, store, options).await });
@@ -48,6 +60,14 @@ impl InProcessDaemon {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits for the daemon to end by itself (without a stop), at most `within`.
+    pub async fn wait_end(self, within: Duration) -> Result<RunReport, DaemonError> {
+        tokio::time::timeout(within, self.task)
+            .await
+            .expect("the daemon ends by itself")
+            .expect("daemon task")
     }
 
     /// Drains and stops it (as SIGTERM does) and requires a clean exit.
