@@ -112,6 +112,7 @@ async fn patrol_walks_every_master() {
             .await;
     }
     let masters: Vec<usize> = cluster
+        .cluster
         .nodes
         .iter()
         .map(|n| {
@@ -172,6 +173,7 @@ async fn staging_garbage_is_collected_on_every_master() {
             .expect("staged");
     }
     let staged: Vec<usize> = cluster
+        .cluster
         .nodes
         .iter()
         .map(|n| {
@@ -186,7 +188,7 @@ async fn staging_garbage_is_collected_on_every_master() {
     );
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(f.store.repair_collect_garbage().await, Ok(users));
-    for node in &cluster.nodes {
+    for node in &cluster.cluster.nodes {
         let left = node.raw(&format!("KEYS {}:stg*", f.prefix));
         assert!(left.starts_with("*0"), "staging keys left: {left}");
     }

@@ -12,7 +12,7 @@ use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
 use mailbox_materializer::store::MailboxStore;
 
 use super::{Fixture, Harness};
-use crate::support::redis_server::{Clock, Listen, RedisServer};
+use crate::support::redis_server::{Clock, Listen, RedisCluster, RedisServer};
 
 /// Starts one faketime'd server per fixture.
 #[derive(Debug, Clone, Copy)]
@@ -151,62 +151,23 @@ impl Fixture for RedisFixture {
 /// prefix. Its clock is fixed at the start time (jumping a cluster's clock would trip its failure
 /// detector), so only cases that do not move time run on it.
 pub struct ClusterHarness {
-    pub nodes: Vec<Arc<RedisServer>>,
+    pub cluster: RedisCluster,
     pub start: u64,
     next: AtomicU64,
 }
 
 impl ClusterHarness {
-    /// Starts three cluster-enabled servers on loopback, joins them, and waits for `cluster_state:ok`.
+    /// Starts the cluster (see [`RedisCluster::start`]).
     pub fn start(now_secs: u64) -> Self {
-        let nodes: Vec<Arc<RedisServer>> = (0..3)
-            .map(|_| {
-                let port = crate::support::redis_server::free_port();
-                Arc::new(RedisServer::start(
-                    Clock::Fake(now_secs),
-                    Listen::Tcp(port),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-node-timeout",
-                        "15000",
-                    ],
-                ))
-            })
-            .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port().expect("tcp")))
-            .collect();
-        let status = std::process::Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("redis-cli is required (scripts/install-services installs redis-tools)");
-        assert!(status.success(), "redis-cli --cluster create failed");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !nodes
-            .iter()
-            .all(|n| n.raw("CLUSTER INFO").contains("cluster_state:ok"))
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "cluster never became ok"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
         Self {
-            nodes,
+            cluster: RedisCluster::start(Clock::Fake(now_secs)),
             start: now_secs,
             next: AtomicU64::new(0),
         }
     }
 
     pub fn seed_urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.url()).collect()
+        self.cluster.seed_urls()
     }
 
     pub async fn fixture_with_prefix(&self, policy: RetentionPolicy) -> RedisFixture {

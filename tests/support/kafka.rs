@@ -180,6 +180,8 @@ pub struct DaemonSetup {
     pub group: String,
     /// `None`: the memory store, persisted to `dir/snapshot.json` on a graceful exit.
     pub redis_url: Option<String>,
+    /// Seed URLs of a Redis Cluster (the store instead of `redis_url`).
+    pub redis_cluster: Option<Vec<String>>,
     /// `(contact points, keyspace)`: the Scylla store instead.
     pub scylla: Option<(String, String)>,
     pub max_in_flight: usize,
@@ -199,6 +201,7 @@ impl DaemonSetup {
             dlq_topic: unique(&format!("{name}-dlq")),
             group: unique(&format!("{name}-group")),
             redis_url,
+            redis_cluster: None,
             scylla: None,
             max_in_flight: 64,
             kafka_extra: Vec::new(),
@@ -224,6 +227,11 @@ impl DaemonSetup {
     /// Writes the config for an instance listening on `http_port`.
     pub fn config_file(&self, http_port: u16) -> PathBuf {
         let store = match (&self.scylla, &self.redis_url) {
+            _ if self.redis_cluster.is_some() => {
+                let urls = self.redis_cluster.as_deref().unwrap_or_default();
+                let rest: Vec<String> = urls[1..].iter().map(|u| format!("\"{u}\"")).collect();
+                format!("[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{}\"\ncluster = true\ncluster_nodes = [{}]\ncommand_timeout_ms = 1000\nconnect_timeout_ms = 1000\n", urls[0], rest.join(", "))
+            }
             (Some((nodes, keyspace)), _) => format!(
                 "[store]\nbackend = \"scylla\"\n[store.scylla]\nnodes = [\"{nodes}\"]\nkeyspace = \"{keyspace}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"\n"
             ),

@@ -352,3 +352,77 @@ fn faketime_spec_formats_civil_dates() {
     assert_eq!(faketime_spec(0), "@1970-01-01 00:00:00");
     assert_eq!(faketime_spec(951_782_400), "@2000-02-29 00:00:00");
 }
+
+/// A 3-master Redis Cluster on loopback (`redis-cli --cluster create`), stopped when dropped.
+pub struct RedisCluster {
+    pub nodes: Vec<std::sync::Arc<RedisServer>>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers on `clock`, joins them, and waits for
+    /// `cluster_state:ok`.
+    pub fn start(clock: Clock) -> Self {
+        let nodes: Vec<std::sync::Arc<RedisServer>> = (0..3)
+            .map(|_| {
+                let port = free_port();
+                std::sync::Arc::new(RedisServer::start(
+                    clock,
+                    Listen::Tcp(port),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "15000",
+                    ],
+                ))
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port().expect("tcp")))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("redis-cli is required (scripts/install-services installs redis-tools)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !nodes
+            .iter()
+            .all(|n| n.raw("CLUSTER INFO").contains("cluster_state:ok"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cluster never became ok"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Self { nodes }
+    }
+
+    /// Every node's URL (each a seed).
+    pub fn seed_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// A cluster store on these nodes with the default key prefix.
+    pub async fn store(&self) -> mailbox_materializer::store::redis::RedisStore {
+        let urls = self.seed_urls();
+        let mut settings = mailbox_materializer::store::redis::RedisSettings::new(
+            urls[0].clone(),
+            mailbox_materializer::config::RedisConfig::default().key_prefix,
+        );
+        settings.cluster = true;
+        settings.extra_nodes = urls[1..].to_vec();
+        mailbox_materializer::store::redis::RedisStore::connect(
+            settings,
+            mailbox_materializer::model::RetentionPolicy::default(),
+        )
+        .await
+        .expect("connect to the test cluster")
+    }
+}
