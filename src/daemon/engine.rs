@@ -13,6 +13,8 @@
 //! thread (at most its channel: 4 batches of 4 MiB). Store calls in flight are at most one per
 //! lane, so at most the records in the windows.
 
+mod handover;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +40,8 @@ use crate::ingest::Delivery;
 use crate::model::UserId;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
+
+pub use handover::Handover;
 
 /// What a record carries through the window besides its raw bytes.
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +83,12 @@ struct PartitionState {
     /// When a record of the partition was last admitted (stall detection).
     last_record: Instant,
     stalled: bool,
+    /// Revoked, handing over (see `handover`): nothing new starts, records arriving are dropped.
+    revoking: bool,
+    /// Store calls started and not handed back yet (a hand-over waits for them).
+    store_calls: usize,
+    /// Dead letters sent and not acknowledged yet (a hand-over waits for them too).
+    letters: usize,
 }
 
 /// Settings the engine takes from the configuration once.
@@ -142,6 +152,8 @@ pub struct Engine {
     fatal: Option<String>,
     /// `store::promoted_days_total()` already added to `promote_expired_buckets_total`.
     promoted_reported: u64,
+    /// Revokes waiting for the calls already sent (see `handover`).
+    handovers: Vec<handover::Pending>,
 }
 
 impl Engine {
@@ -166,6 +178,7 @@ impl Engine {
             intake_lost: false,
             fatal: None,
             promoted_reported: crate::store::promoted_days_total(),
+            handovers: Vec::new(),
         }
     }
 
@@ -173,6 +186,7 @@ impl Engine {
     pub async fn run(
         mut self,
         intake: mpsc::Receiver<IntakeEvent>,
+        mut handovers: mpsc::UnboundedReceiver<Handover>,
         mut shutdown: watch::Receiver<bool>,
     ) -> RunReport {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -239,6 +253,8 @@ impl Engine {
                     self.on_attempt(attempt);
                     self.drain_finished();
                 }
+                Some(handover) = handovers.recv() => self.begin_handover(handover),
+                _ = tokio::time::sleep_until(self.handovers.iter().map(|h| h.deadline()).min().unwrap_or(until)), if !self.handovers.is_empty() => {}
                 Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
                 _ = tick.tick() => self.housekeeping(),
                 _ = tokio::time::sleep_until(until), if deadline.is_some() => {
@@ -247,6 +263,7 @@ impl Engine {
                 }
             }
             self.advance();
+            self.finish_handovers();
         }
         self.advance();
         let mut report = RunReport::default();
@@ -351,6 +368,9 @@ impl Engine {
                 start: None,
                 last_record: Instant::now(),
                 stalled: false,
+                revoking: false,
+                store_calls: 0,
+                letters: 0,
             },
         );
         metrics::partition_assigned(partition, 0);
@@ -388,10 +408,14 @@ impl Engine {
             raw: record,
             decoded,
         } = polled;
-        let Some(state) = self.partitions.get_mut(&record.partition) else {
+        let Some(state) = self
+            .partitions
+            .get_mut(&record.partition)
+            .filter(|s| !s.revoking)
+        else {
             tracing::debug!(
                 partition = record.partition,
-                "record of a partition not assigned: dropped"
+                "record of a partition not assigned (or being handed over): dropped"
             );
             return;
         };
@@ -421,12 +445,16 @@ impl Engine {
         attempt: u32,
         delay: Duration,
     ) {
-        let Some(state) = self.partitions.get(&partition) else {
+        let Some(state) = self.partitions.get_mut(&partition) else {
             return;
         };
+        if state.revoking {
+            return;
+        }
         let Some(delivery) = state.pipeline.delivery(at).cloned() else {
             return;
         };
+        state.store_calls += 1;
         self.runner.start(
             Key {
                 partition,
@@ -449,13 +477,15 @@ impl Engine {
             result,
             elapsed,
         } = attempt;
-        let Some(result) = result else { return };
-        let Some(state) = self.partitions.get_mut(&key.partition) else {
+        let Some(state) = self
+            .partitions
+            .get_mut(&key.partition)
+            .filter(|s| s.generation == key.generation)
+        else {
             return;
         };
-        if state.generation != key.generation {
-            return;
-        }
+        state.store_calls = state.store_calls.saturating_sub(1);
+        let Some(result) = result else { return };
         self.telemetry.store_call(elapsed.as_secs_f64());
         let user = &delivery.mailbox().user_id;
         let disposition = Disposition::of(&result);
@@ -550,6 +580,9 @@ impl Engine {
         attempt: u32,
         delay: Duration,
     ) {
+        if let Some(state) = self.partitions.get_mut(&partition) {
+            state.letters += 1;
+        }
         let producer = self.producer.clone();
         let topic = self.settings.dlq_topic.clone();
         self.letters.push(Box::pin(async move {
@@ -570,12 +603,14 @@ impl Engine {
     }
 
     fn on_letter(&mut self, done: LetterDone) {
-        let Some(state) = self.partitions.get_mut(&done.partition) else {
+        let Some(state) = self
+            .partitions
+            .get_mut(&done.partition)
+            .filter(|s| s.generation == done.generation)
+        else {
             return;
         };
-        if state.generation != done.generation {
-            return;
-        }
+        state.letters = state.letters.saturating_sub(1);
         match done.result {
             Ok(()) => {
                 self.telemetry.health().set_dead_letters(true);
@@ -778,9 +813,14 @@ fn is_stalled(s: &Stall) -> bool {
 
 /// Starts the next attempt of a delivery that is not final.
 fn retry(engine: &mut Engine, key: Key, delivery: Arc<Delivery>, attempt: u32, delay: Duration) {
-    let Some(state) = engine.partitions.get(&key.partition) else {
+    let Some(state) = engine
+        .partitions
+        .get_mut(&key.partition)
+        .filter(|s| !s.revoking)
+    else {
         return;
     };
+    state.store_calls += 1;
     engine.runner.start(
         key,
         engine.store.clone(),

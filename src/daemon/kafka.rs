@@ -19,6 +19,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::engine::Handover;
 use super::http::Health;
 use super::metrics;
 use crate::config::KafkaConfig;
@@ -241,10 +242,14 @@ pub struct DaemonContext {
     /// partition must not bring its gauges back).
     pub assigned: Mutex<std::collections::HashSet<i32>>,
     pub health: Arc<Health>,
+    /// Where a revoke asks the engine to hand its partitions over (SPEC 7.2), and how long it
+    /// waits for the answer; `None` until the engine runs.
+    pub handover: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Handover>>>,
+    pub handover_wait: std::time::Duration,
 }
 
 impl DaemonContext {
-    pub fn new(topic: &str, health: Arc<Health>) -> Self {
+    pub fn new(topic: &str, health: Arc<Health>, handover_wait: std::time::Duration) -> Self {
         Self {
             topic: topic.to_owned(),
             group_events: Mutex::new(Vec::new()),
@@ -253,6 +258,8 @@ impl DaemonContext {
             committed: Arc::default(),
             assigned: Mutex::default(),
             health,
+            handover: Mutex::default(),
+            handover_wait,
         }
     }
 
@@ -317,8 +324,51 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
         .collect()
 }
 
+impl DaemonContext {
+    /// The revoke's side of the hand-over (see `engine::handover`): asks the engine to finish
+    /// the revoked partitions' calls already sent, waits (bounded) for their final watermarks,
+    /// and commits them before the revoke completes, so the next owner starts right after this
+    /// replica's last final record.
+    fn hand_over(&self, consumer: &BaseConsumer<Self>, revoked: &[i32]) {
+        if revoked.is_empty() {
+            return;
+        }
+        let Some(engine) = lock(&self.handover).clone() else {
+            return;
+        };
+        let (done, answer) = std::sync::mpsc::sync_channel(1);
+        let request = Handover {
+            partitions: revoked.to_vec(),
+            done,
+        };
+        if engine.send(request).is_err() {
+            return;
+        }
+        let watermarks = match answer.recv_timeout(self.handover_wait) {
+            Ok(watermarks) => watermarks,
+            Err(e) => {
+                tracing::warn!(error = %e, "revoke: no hand-over answer; the next owner starts at the last commit");
+                return;
+            }
+        };
+        if watermarks.is_empty() {
+            return;
+        }
+        let mut offsets = TopicPartitionList::new();
+        for (partition, offset) in &watermarks {
+            let _ = offsets.add_partition_offset(&self.topic, *partition, Offset::Offset(*offset));
+        }
+        match consumer.commit(&offsets, rdkafka::consumer::CommitMode::Sync) {
+            Ok(()) => tracing::info!(offsets = ?watermarks, "revoke: final offsets committed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "revoke: final commit failed; the next owner starts at the last commit")
+            }
+        }
+    }
+}
+
 impl ConsumerContext for DaemonContext {
-    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let revoked = partitions_of(tpl, &self.topic);
@@ -339,6 +389,7 @@ impl ConsumerContext for DaemonContext {
                         highs.remove(partition);
                     }
                 }
+                self.hand_over(consumer, &revoked);
                 lock(&self.group_events).push(GroupEvent::Revoked(revoked));
             }
             Rebalance::Assign(_) => {}

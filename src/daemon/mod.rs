@@ -98,7 +98,14 @@ pub async fn run(
     options: DaemonOptions,
 ) -> Result<RunReport, DaemonError> {
     let topic = config.kafka.topic.clone();
-    let context = DaemonContext::new(&topic, options.health.clone());
+    let settings = EngineSettings::from_config(config, options.commit_offsets);
+    let context = DaemonContext::new(
+        &topic,
+        options.health.clone(),
+        Engine::handover_wait(settings.shutdown_deadline),
+    );
+    let (handover, handovers) = tokio::sync::mpsc::unbounded_channel();
+    *kafka::lock(&context.handover) = Some(handover);
     let consumer: Arc<BaseConsumer<DaemonContext>> = Arc::new(
         kafka::consumer_config(&config.kafka, options.commit_offsets)
             .create_with_context(context)?,
@@ -123,13 +130,13 @@ pub async fn run(
         options.health.clone(),
     );
     let engine = Engine::new(
-        EngineSettings::from_config(config, options.commit_offsets),
+        settings,
         consumer.clone(),
         producer,
         store.clone(),
         Telemetry::new(store.backend(), options.progress, options.health),
     );
-    let report = engine.run(records, options.shutdown).await;
+    let report = engine.run(records, handovers, options.shutdown).await;
     probes.abort();
 
     // The poll thread stops (its hand-over channel is gone), the stored watermarks are committed,

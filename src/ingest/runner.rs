@@ -46,15 +46,33 @@ pub struct Attempt<K> {
 /// an attempt still waiting out its backoff never reaches the store once cancelled. A call
 /// already sent may still land; idempotent replay makes that harmless for the next owner.
 #[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
+pub struct Cancel(Arc<CancelState>);
+
+#[derive(Debug, Default)]
+struct CancelState {
+    cancelled: AtomicBool,
+    /// Wakes attempts waiting out their backoff, so a cancelled retry ends at once (a revoke's
+    /// hand-over waits for its partition's attempts to come back).
+    wake: tokio::sync::Notify,
+}
 
 impl Cancel {
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.cancelled.store(true, Ordering::Release);
+        self.0.wake.notify_waiters();
     }
 
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Completes once [`cancel`](Self::cancel) was called.
+    pub async fn cancelled(&self) {
+        let woken = self.0.wake.notified();
+        if self.is_cancelled() {
+            return;
+        }
+        woken.await;
     }
 }
 
@@ -113,7 +131,10 @@ impl<K: Send + Sync + 'static> Runner<K> {
             self.queued.push(queued);
         } else {
             self.inflight.push(Box::pin(async move {
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = queued.cancel.cancelled() => {}
+                }
                 run_batch(vec![queued]).await
             }));
         }

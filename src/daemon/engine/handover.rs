@@ -1,0 +1,113 @@
+//! Graceful hand-over of revoked partitions (SPEC 7.2).
+//!
+//! librdkafka runs the revoke callback on the poll thread, inside `poll`. The callback sends the
+//! engine a [`Handover`] and waits (bounded) for its answer before it lets the revoke complete:
+//!
+//! 1. the engine cancels the revoked partitions at once: no new store call starts for them (a
+//!    queued or backing-off attempt never reaches the store, and records still in transit are
+//!    dropped, uncommitted);
+//! 2. it keeps serving the store calls and dead letters already sent for them until none is left
+//!    or `kafka.shutdown_deadline_ms` passes, so their records can still become final;
+//! 3. it stores each partition's final watermark and answers with it; the callback commits
+//!    those offsets synchronously, then returns, and only then does the next owner start reading.
+//!
+//! The next owner therefore resumes exactly where this replica's final records end, instead of at
+//! the last periodic commit: a rolling restart re-applies only what was still in flight at the
+//! deadline (idempotent replay makes even that harmless).
+
+use std::time::Duration;
+
+use super::Engine;
+
+/// A revoke's request to the engine.
+#[derive(Debug)]
+pub struct Handover {
+    pub partitions: Vec<i32>,
+    /// Answered with the final watermark of every revoked partition that has one (the offsets
+    /// to commit; empty when this daemon commits nothing). Dropped unanswered when the engine
+    /// stops first.
+    pub done: std::sync::mpsc::SyncSender<Vec<(i32, i64)>>,
+}
+
+/// A hand-over in progress.
+pub(super) struct Pending {
+    handover: Handover,
+    deadline: tokio::time::Instant,
+}
+
+impl Pending {
+    pub(super) fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+}
+
+impl Engine {
+    /// Step 1: nothing new starts for the revoked partitions.
+    pub(super) fn begin_handover(&mut self, handover: Handover) {
+        for partition in &handover.partitions {
+            if let Some(state) = self.partitions.get_mut(partition) {
+                state.cancel.cancel();
+                state.revoking = true;
+            }
+        }
+        let in_flight: usize = handover
+            .partitions
+            .iter()
+            .filter_map(|p| self.partitions.get(p))
+            .map(|s| s.store_calls + s.letters)
+            .sum();
+        tracing::info!(partitions = ?handover.partitions, in_flight, "revoke: handing over once the calls already sent finish");
+        let deadline = tokio::time::Instant::now() + self.settings.shutdown_deadline;
+        self.handovers.push(Pending { handover, deadline });
+    }
+
+    /// Steps 2 and 3 for every hand-over whose calls are done or whose deadline passed. Call
+    /// after [`Engine::advance`], so the watermarks include everything final.
+    pub(super) fn finish_handovers(&mut self) {
+        if self.handovers.is_empty() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let (ready, waiting): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.handovers)
+            .into_iter()
+            .partition(|pending| {
+                now >= pending.deadline
+                    || pending.handover.partitions.iter().all(|p| {
+                        self.partitions
+                            .get(p)
+                            .is_none_or(|s| s.store_calls == 0 && s.letters == 0)
+                    })
+            });
+        self.handovers = waiting;
+        for pending in ready {
+            let Pending { handover, deadline } = pending;
+            let mut watermarks = Vec::new();
+            for partition in &handover.partitions {
+                let Some(state) = self.partitions.get(partition) else {
+                    continue;
+                };
+                if self.settings.commit_offsets {
+                    if let Some(watermark) = state.pipeline.watermark() {
+                        watermarks.push((*partition, watermark));
+                    }
+                }
+                if now >= deadline && state.store_calls + state.letters > 0 {
+                    tracing::warn!(
+                        partition,
+                        in_flight = state.store_calls + state.letters,
+                        "revoke: hand-over deadline passed with calls in flight; their records are left to the next owner"
+                    );
+                }
+            }
+            self.revoke(handover.partitions.clone());
+            tracing::info!(final_offsets = ?watermarks, "revoke: handed over");
+            let _ = handover.done.try_send(watermarks);
+        }
+    }
+
+    /// How long the poll thread waits for a hand-over's answer: the engine's deadline plus a
+    /// margin for the last call's answer.
+    pub(crate) fn handover_wait(shutdown_deadline: Duration) -> Duration {
+        shutdown_deadline + Duration::from_secs(2)
+    }
+}
