@@ -21,7 +21,8 @@
   ARGV[10] retention_days                 ARGV[11] '' (live write) or the repair's holder id
   ARGV[12] '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
   ARGV[13] the number of members plus one (bounds the read of a same-day replay)
-  ARGV[14..] the group's bucket members, sorted by ordinal:
+  ARGV[14] the group's place in the dispatch log, `partition:offset`, or '' (zombie fencing)
+  ARGV[15..] the group's bucket members, sorted by ordinal:
              seq16 '|' ordinal10 '|' created_at '|' canonical payload
   Numbers travel as the caller's decimal strings (see common.lua).
 
@@ -32,6 +33,12 @@
     ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
     ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
     fence is not this repair's)
+
+  Zombie fencing (SPEC 7.2): the meta field `source_position` keeps the log position of the last
+  write that changed the mailbox. A same-day replace from an older position of the same
+  partition was decided under an assignment that has moved on, or replays a superseded record:
+  it changes nothing and answers unchanged (`model::rules::superseded` is the rule). Read in the
+  meta's one HMGET; written in the HSET an insert makes anyway, and by one HSET on a replace.
 
   Nothing is written before the outcome is known: a rejected input for a cold user leaves no key,
   and an error leaves the mailbox as it was (apart from what promote compacted, which any
@@ -47,7 +54,27 @@
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local seq, seq16, day_text, expires_text = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local day_key = KEYS[5] .. day_text
-local members_from = 14
+local members_from = 15
+local incoming_position = ARGV[14]
+
+-- `partition`, `offset` of a `partition:offset` position (nil, nil for anything else).
+local function position_parts(position)
+  return string.match(position or '', '^(%-?%d+):(%d+)$')
+end
+
+-- Whether a write from `incoming` is older than the `held` position of the same partition.
+local function superseded(held, incoming)
+  local hp, ho = position_parts(held)
+  local ip, io = position_parts(incoming)
+  return hp ~= nil and hp == ip and seq_less(io, ho)
+end
+
+-- The position kept after a write from `incoming`: the later one within a partition, the
+-- incoming one otherwise; `held` when the write has no position. False when nothing changes.
+local function position_after(held, incoming)
+  if incoming == '' or superseded(held, incoming) or held == incoming then return false end
+  return incoming
+end
 
 -- The fence and the epoch in one read.
 local gate = redis.call('MGET', KEYS[6], epoch_key)
@@ -77,7 +104,7 @@ if current and current ~= ARGV[3] then
 end
 
 -- 4, 5. Format, promote with identity hygiene: one read of the meta (with this day's proof).
-local m = load_meta(meta_key, 'bucket_max_seq:' .. day_text)
+local m = load_meta(meta_key, 'bucket_max_seq:' .. day_text, 'source_position')
 local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
 
@@ -123,6 +150,8 @@ if existing then
     end
   end
   if same then return {2, promoted} end
+  -- Different content from an older log position than the mailbox took: superseded.
+  if superseded(m.extra2, incoming_position) then return {2, promoted} end
   -- Different content: the whole old group goes, the new one comes, atomically.
   if exact_score then
     redis.call('ZREMRANGEBYSCORE', day_key, seq, seq)
@@ -131,6 +160,8 @@ if existing then
   end
   zadd_argv(day_key, seq, members_from)
   redis.call('EXPIREAT', day_key, expires_text)
+  local kept = position_after(m.extra2, incoming_position)
+  if kept then redis.call('HSET', meta_key, 'source_position', kept) end
   return {3, promoted}
 end
 
@@ -188,6 +219,11 @@ local fields = {}
 if not m.exists then fields = new_meta_fields() end
 fields[#fields + 1] = 'seqbucket_max_seq'
 fields[#fields + 1] = seq_max(m.seqbucket_max, seq)
+local kept = position_after(m.extra2, incoming_position)
+if kept then
+  fields[#fields + 1] = 'source_position'
+  fields[#fields + 1] = kept
+end
 if had_proof then
   fields[#fields + 1] = 'bucket_max_seq:' .. day_text
   fields[#fields + 1] = seq_max(m.extra, seq)

@@ -12,14 +12,20 @@
   before every append and scan; this keeps it O(1) on the common path).
 ]]
 
--- Reads the format version, user_trim_seq, seqbucket_max_seq, next_expires_at and `extra` (a day
--- proof, or the gap boundary; '' for none) in one call. Returns a table with those fields (false
--- when absent) and `exists`.
-local function load_meta(meta_key, extra)
-  local r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
-    'seqbucket_max_seq', 'next_expires_at', extra)
+-- Reads the format version, user_trim_seq, seqbucket_max_seq, next_expires_at, `extra` (a day
+-- proof, or the gap boundary; '' for none) and, when given, `extra2` (append: the source
+-- position) in one call. Returns a table with those fields (false when absent) and `exists`.
+local function load_meta(meta_key, extra, extra2)
+  local r
+  if extra2 then
+    r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
+      'seqbucket_max_seq', 'next_expires_at', extra, extra2)
+  else
+    r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
+      'seqbucket_max_seq', 'next_expires_at', extra)
+  end
   local m = {key = meta_key, version = r[1], trim = r[2], seqbucket_max = r[3],
-    next_expiry = r[4], extra = r[5]}
+    next_expiry = r[4], extra = r[5], extra2 = r[6]}
   m.exists = r[1] or r[2] or r[3] or r[4] or r[5]
   if not m.exists then
     -- Only a meta none of whose read fields is set reaches here: a cold user, or damage.

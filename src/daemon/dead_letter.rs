@@ -247,6 +247,7 @@ mod tests {
                             event_ordinal: 0,
                             payload: Payload::from_value(&serde_json::json!({"i": i})),
                         }],
+                        source: None,
                     })),
                     error: StoreError::rejected(RejectKind::FutureCreatedAt, "x".repeat(300)),
                 })

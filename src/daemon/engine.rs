@@ -425,6 +425,7 @@ impl Engine {
         let meta = RecordMeta {
             timestamp_ms: record.timestamp_ms,
         };
+        let decoded = decoded.map(|d| d.at_position(partition, offset));
         let Some(admission) = state.pipeline.admit(offset, record, size, meta, decoded) else {
             return;
         };

@@ -336,12 +336,17 @@ impl DaemonContext {
         let Some(engine) = lock(&self.handover).clone() else {
             return;
         };
+        let lost = consumer.assignment_lost();
         let (done, answer) = std::sync::mpsc::sync_channel(1);
         let request = Handover {
             partitions: revoked.to_vec(),
+            lost,
             done,
         };
-        if engine.send(request).is_err() {
+        if engine.send(request).is_err() || lost {
+            if lost {
+                tracing::warn!(partitions = ?revoked, "assignment lost (this replica left the group): its partitions are cancelled, nothing is committed");
+            }
             return;
         }
         let watermarks = match answer.recv_timeout(self.handover_wait) {

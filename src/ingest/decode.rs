@@ -101,6 +101,20 @@ pub enum DispatchRecord {
     TruncateBefore(TruncateBefore),
 }
 
+impl DispatchRecord {
+    /// Marks every group of the record with its place in the dispatch log (zombie fencing,
+    /// [`crate::model::SourcePosition`]).
+    pub fn at_position(mut self, partition: i32, offset: i64) -> Self {
+        if let Self::GroupDispatch(dispatch) = &mut self {
+            let source = Some(crate::model::SourcePosition { partition, offset });
+            for group in &mut dispatch.deliveries {
+                group.source = source;
+            }
+        }
+        self
+    }
+}
+
 /// A group message's deliveries to the mailboxes of one shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupDispatch {
@@ -343,6 +357,7 @@ fn decode_delivery(
         mailbox_seq,
         created_at: committed_at,
         events,
+        source: None,
     })
 }
 

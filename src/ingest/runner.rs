@@ -210,6 +210,9 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
     };
     let started = Instant::now();
     let live: Vec<bool> = batch.iter().map(|q| !q.cancel.is_cancelled()).collect();
+    // The batch is decided (its cancel checks are behind it): a test may freeze it here.
+    #[cfg(feature = "failpoints")]
+    let paused = failpoint::pause_before_send(batch.iter().map(|q| &*q.delivery)).await;
     let groups: Vec<&EventGroup> = batch
         .iter()
         .zip(&live)
@@ -246,6 +249,10 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
         results.push(result);
     }
     let elapsed = started.elapsed();
+    #[cfg(feature = "failpoints")]
+    if paused {
+        eprintln!("sent the paused batch");
+    }
     batch
         .into_iter()
         .zip(results)
@@ -257,4 +264,43 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
             elapsed,
         })
         .collect()
+}
+
+/// A fault-injection point for the zombie tests (SPEC 7.2): with
+/// `MATERIALIZER_PAUSE_BEFORE_SEND=<user>:<ms>` in the environment, the first batch holding an
+/// append for `<user>` prints `paused before sending <user>` on stderr and waits `ms` after it was
+/// decided and before it reaches the store (and prints `sent the paused batch` once answered), so a test can freeze the replica there (SIGSTOP),
+/// move its partition to another replica, and let it go on. Test builds only.
+#[cfg(feature = "failpoints")]
+mod failpoint {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::ingest::Delivery;
+
+    static FIRED: AtomicBool = AtomicBool::new(false);
+
+    /// True when this batch was the one paused (its answer is then reported on stderr too).
+    pub(super) async fn pause_before_send<'a>(
+        deliveries: impl Iterator<Item = &'a Delivery>,
+    ) -> bool {
+        let Ok(spec) = std::env::var("MATERIALIZER_PAUSE_BEFORE_SEND") else {
+            return false;
+        };
+        let Some((user, ms)) = spec.split_once(':') else {
+            return false;
+        };
+        let Ok(ms) = ms.parse::<u64>() else {
+            return false;
+        };
+        let mut deliveries = deliveries;
+        let holds = deliveries
+            .any(|d| matches!(d, Delivery::Append(g) if g.mailbox.user_id.as_str() == user));
+        if !holds || FIRED.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        eprintln!("paused before sending {user}");
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        true
+    }
 }

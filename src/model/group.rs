@@ -90,6 +90,49 @@ pub struct EventGroup {
     /// Milliseconds since the Unix epoch; the same for every event of the group.
     pub created_at: u64,
     pub events: Vec<Event>,
+    /// Where in the dispatch log the group was read (the daemon and `replay`); `None` for
+    /// input without a log position (`apply`). Not part of the content: it fences zombies.
+    pub source: Option<SourcePosition>,
+}
+
+/// A record's place in the dispatch log: its partition and offset.
+///
+/// Zombie fencing (SPEC 7.2, docs/decisions.md): every write that changes a mailbox keeps the
+/// position it came from; a same-day replace from an older position of the same partition is a
+/// write decided under an assignment that has moved on (or a replay of a superseded record),
+/// and changes nothing (see [`crate::model::rules::superseded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SourcePosition {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl SourcePosition {
+    /// `partition:offset`, as the Redis meta and the Scylla meta row keep it.
+    pub fn encode(self) -> String {
+        format!("{}:{}", self.partition, self.offset)
+    }
+
+    /// The inverse of [`encode`](Self::encode); `None` for anything else.
+    pub fn decode(text: &str) -> Option<Self> {
+        let (partition, offset) = text.split_once(':')?;
+        Some(Self {
+            partition: partition.parse().ok()?,
+            offset: offset.parse().ok()?,
+        })
+    }
+
+    /// The position a mailbox keeps after a write from `incoming` when it held `held`: the
+    /// later of the two within one partition, the incoming one otherwise.
+    pub fn after_write(held: Option<Self>, incoming: Option<Self>) -> Option<Self> {
+        match (held, incoming) {
+            (Some(h), Some(i)) if h.partition == i.partition => {
+                Some(if i.offset > h.offset { i } else { h })
+            }
+            (held, None) => held,
+            (_, incoming) => incoming,
+        }
+    }
 }
 
 impl EventGroup {

@@ -7,6 +7,7 @@
 //! operation.
 
 use super::error::{ConflictKind, CorruptKind, CursorExpired, RejectKind, StoreError};
+use super::group::SourcePosition;
 use super::retention::{today, RetentionPolicy};
 
 /// The retention format every backend reads and writes.
@@ -263,6 +264,19 @@ pub fn append_step(
         ));
     }
     Ok(AppendStep::Insert)
+}
+
+/// Zombie fencing (SPEC 7.2): a same-day replace with different content is **superseded** when
+/// the mailbox already took a write from a later position of the same partition. Writes to one
+/// mailbox reach the store in source order (lanes), and a new owner reads a partition from its
+/// committed offset, which never passes a record that is not final; so such a write comes from
+/// a replica whose assignment moved (frozen, cut off from Kafka, or a call that landed after its
+/// revoke) or from a replay of the past, and the mailbox already holds what the log says after
+/// it. It changes nothing and answers `Unchanged`. Writes without a position (`apply`), or from
+/// another partition, are never superseded.
+#[inline]
+pub fn superseded(held: Option<SourcePosition>, incoming: Option<SourcePosition>) -> bool {
+    matches!((held, incoming), (Some(h), Some(i)) if h.partition == i.partition && i.offset < h.offset)
 }
 
 /// SPEC 4.4 step 8: the `up_to` of a page. With more groups than the limit, the last group read;

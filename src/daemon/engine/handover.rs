@@ -23,6 +23,10 @@ use super::Engine;
 #[derive(Debug)]
 pub struct Handover {
     pub partitions: Vec<i32>,
+    /// The assignment was lost (this replica left the group, e.g. frozen past its session):
+    /// the partitions already belong to another replica, so nothing is waited for or committed;
+    /// they are only cancelled at once.
+    pub lost: bool,
     /// Answered with the final watermark of every revoked partition that has one (the offsets
     /// to commit; empty when this daemon commits nothing). Dropped unanswered when the engine
     /// stops first.
@@ -57,7 +61,11 @@ impl Engine {
             .map(|s| s.store_calls + s.letters)
             .sum();
         tracing::info!(partitions = ?handover.partitions, in_flight, "revoke: handing over once the calls already sent finish");
-        let deadline = tokio::time::Instant::now() + self.settings.shutdown_deadline;
+        let deadline = if handover.lost {
+            tokio::time::Instant::now()
+        } else {
+            tokio::time::Instant::now() + self.settings.shutdown_deadline
+        };
         self.handovers.push(Pending { handover, deadline });
     }
 
@@ -86,12 +94,12 @@ impl Engine {
                 let Some(state) = self.partitions.get(partition) else {
                     continue;
                 };
-                if self.settings.commit_offsets {
+                if self.settings.commit_offsets && !handover.lost {
                     if let Some(watermark) = state.pipeline.watermark() {
                         watermarks.push((*partition, watermark));
                     }
                 }
-                if now >= deadline && state.store_calls + state.letters > 0 {
+                if now >= deadline && !handover.lost && state.store_calls + state.letters > 0 {
                     tracing::warn!(
                         partition,
                         in_flight = state.store_calls + state.letters,

@@ -135,7 +135,9 @@ impl Rebuild<'_> {
     fn admit(&mut self, offset: i64, payload: &[u8]) {
         self.summary.records += 1;
         self.progress.read(1);
-        let decoded = decode(payload, &self.config.decode_options()).map(|d| d.record);
+        let partition = self.request.partition;
+        let decoded = decode(payload, &self.config.decode_options())
+            .map(|d| d.record.at_position(partition, offset));
         let decoded = match decoded {
             Ok(record) if !self.wanted.is_empty() => {
                 match record.retain_users(|u| self.wanted.contains(u)) {

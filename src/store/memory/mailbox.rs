@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep, FORMAT_VERSION};
+use crate::model::SourcePosition;
 use crate::model::{
     ActiveDay, AppendOutcome, Event, EventGroup, MailboxInspection, PromoteOutcome,
     RetentionPolicy, ScanPage, ScanRequest, ScannedGroup, StoreError, TruncateOutcome,
@@ -61,6 +62,10 @@ struct Meta {
     /// entries (the span check bounds the day set, promote removes expired days). Fields are
     /// optional so a damaged proof can be represented and detected.
     proofs: BTreeMap<u64, Proof>,
+    /// The log position of the last write that changed the mailbox (zombie fencing,
+    /// `rules::superseded`).
+    #[serde(default)]
+    source: Option<SourcePosition>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -90,6 +95,7 @@ impl Meta {
             seqbucket_max_seq: 0,
             user_trim_seq: 0,
             proofs: BTreeMap::new(),
+            source: None,
         }
     }
 
@@ -229,7 +235,14 @@ impl UserState {
                         return Ok(AppendOutcome::Unchanged);
                     }
                 }
+                let held = mailbox.meta.as_ref().and_then(|m| m.source);
+                if rules::superseded(held, group.source) {
+                    return Ok(AppendOutcome::Unchanged);
+                }
                 mailbox.put_group(seq, day, incoming_expires_at, group.created_at, events);
+                if let Some(meta) = mailbox.meta.as_mut() {
+                    meta.source = SourcePosition::after_write(meta.source, group.source);
+                }
                 return Ok(AppendOutcome::Replaced);
             }
             AppendStep::ExpiredMerge => {
@@ -255,6 +268,7 @@ impl UserState {
         mailbox.day_set.insert(day, incoming_expires_at);
         mailbox.note_expiry(incoming_expires_at);
         let meta = mailbox.meta.get_or_insert_with(Meta::new);
+        meta.source = SourcePosition::after_write(meta.source, group.source);
         let proof = meta.proofs.entry(day).or_default();
         proof.max_seq = Some(proof.max_seq.map_or(seq, |m| m.max(seq)));
         proof.expires_at = Some(incoming_expires_at);

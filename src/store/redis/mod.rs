@@ -680,7 +680,8 @@ impl RedisStore {
             .arg(self.policy.retention_days)
             .arg(holder)
             .arg(self.wait_flag())
-            .arg(events.len() + 1);
+            .arg(events.len() + 1)
+            .arg(group.source.map(|s| s.encode()).unwrap_or_default());
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,

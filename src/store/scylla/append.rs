@@ -8,7 +8,7 @@ use super::state::{stored, unsigned, Admission, Meta, ReadAt, Slot, Writer};
 use super::{digest, ttl_until, Attempt, ScyllaStore, BACKEND};
 use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep, FORMAT_VERSION};
 use crate::model::validate::validate_group;
-use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, StoreError};
+use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, SourcePosition, StoreError};
 use crate::store::classify::cql;
 
 /// Where one copy of a group's event rows goes, and how long it lives.
@@ -187,7 +187,10 @@ impl ScyllaStore {
                                 *o == i64::from(e.event_ordinal) && p == e.payload.as_str()
                             })
                     });
-                if same {
+                // Different content from an older log position than the mailbox took: a
+                // zombie's late write or a replay of a superseded record (SPEC 7.2). A write that
+                // lost its condition re-decides here, against the newer owner's position.
+                if same || rules::superseded(meta.source, group.source) {
                     return finish(Ok(AppendOutcome::Unchanged)).await;
                 }
                 // The new copy's rows never share the key of the rows they replace, even if two
@@ -206,6 +209,7 @@ impl ScyllaStore {
                     ttl,
                 };
                 self.write_events(user, &rows, &events).await?;
+                meta.source = SourcePosition::after_write(meta.source, group.source);
                 commit.write_meta(slot, generation, epoch, &meta);
                 commit.put_identity(slot, stored(seq), stored(expires_at), row_digest, ttl);
                 if !self.commit(commit).await? {
@@ -245,6 +249,7 @@ impl ScyllaStore {
                 *proof = (*proof).max(seq);
                 meta.proof_expires_at.insert(day, expires_at);
                 meta.seqbucket_max_seq = meta.seqbucket_max_seq.max(seq);
+                meta.source = SourcePosition::after_write(meta.source, group.source);
                 commit.write_meta(slot, generation, epoch, &meta);
                 commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
                 if moving {

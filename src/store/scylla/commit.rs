@@ -71,6 +71,7 @@ impl<'s> Commit<'s> {
             map(&meta.days),
             map(&meta.proof_max_seq),
             map(&meta.proof_expires_at),
+            meta.source.map(|s| s.encode()),
             self.user.clone(),
             slot,
         );

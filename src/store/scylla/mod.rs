@@ -249,6 +249,19 @@ impl ScyllaStore {
                 .await
                 .map_err(cql::from)?;
         }
+        for (table, column, kind) in schema::ADDED_COLUMNS {
+            let added = session
+                .query_unpaged(format!("ALTER TABLE {ks}.{table} ADD {column} {kind}"), ())
+                .await;
+            if let Err(e) = added {
+                let text = e.to_string();
+                if !(text.contains("conflicts with an existing column")
+                    || text.contains("already exists"))
+                {
+                    return Err(cql::from(e));
+                }
+            }
+        }
         session.await_schema_agreement().await.map_err(cql::from)?;
         check_schema(&session, ks).await?;
         let statements = statements::prepare_all(&session, &settings).await?;

@@ -8,8 +8,8 @@
 //!     `USING TTL` so a crashed repair's fence also vanishes server-side);
 //!   - per slot `s` in {0, 1}, the **meta row** `(s, 0)`: the slot's `generation` (names its event
 //!     partitions; new on every epoch move and every fresh staging copy), its `epoch` (the user's
-//!     current epoch in that slot, `P:epoch` on Redis) and the V4 meta of SPEC 5 (`mbmeta` plus
-//!     the `mbdays` day set as the `days` map);
+//!     current epoch in that slot, `P:epoch` on Redis), the V4 meta of SPEC 5 (`mbmeta` plus
+//!     the `mbdays` day set as the `days` map) and `source_position` (zombie fencing);
 //!   - per slot, the **identity rows** `(s, seq > 0)`: `expires_at(day)` and the `digest` naming
 //!     the committed copy of the group's event rows (`mbseqbucket` on Redis), `USING TTL`.
 //!
@@ -71,6 +71,7 @@ pub const EXPECTED: &[(&str, &[Column])] = &[
             ("proof_expires_at", "map<bigint, bigint>", REGULAR),
             ("expires_at", "bigint", REGULAR),
             ("digest", "bigint", REGULAR),
+            ("source_position", "text", REGULAR),
         ],
     ),
     (
@@ -96,6 +97,12 @@ pub const EXPECTED: &[(&str, &[Column])] = &[
     ),
 ];
 
+/// Columns added after a table's first release: `(table, column, type)`, added to a keyspace
+/// created before them (`ALTER TABLE ... ADD`, an error for a column already there is ignored).
+/// `user_mailbox.source_position`: the log position of the last write that changed the slot's
+/// mailbox, on its meta row (zombie fencing, `model::rules::superseded`).
+pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("user_mailbox", "source_position", "text")];
+
 /// The statements that create the schema (idempotent).
 pub fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
     vec![
@@ -109,7 +116,7 @@ pub fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
                 days map<bigint, bigint>,
                 proof_max_seq map<bigint, bigint>,
                 proof_expires_at map<bigint, bigint>,
-                expires_at bigint, digest bigint,
+                expires_at bigint, digest bigint, source_position text,
                 PRIMARY KEY ((user_id), slot, seq))"
         ),
         format!(

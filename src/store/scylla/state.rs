@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use scylla::DeserializeRow;
 
 use crate::model::rules;
-use crate::model::StoreError;
+use crate::model::{SourcePosition, StoreError};
 use crate::store::classify::cql;
 use crate::store::RepairToken;
 
@@ -27,6 +27,8 @@ pub(super) struct Meta {
     pub days: BTreeMap<u64, u64>,
     pub proof_max_seq: BTreeMap<u64, u64>,
     pub proof_expires_at: BTreeMap<u64, u64>,
+    /// The log position of the last write that changed the mailbox (zombie fencing).
+    pub source: Option<SourcePosition>,
 }
 
 impl Meta {
@@ -258,6 +260,7 @@ pub(super) struct PartitionRow {
     proof_expires_at: Option<BTreeMap<i64, i64>>,
     expires_at: Option<i64>,
     digest: Option<i64>,
+    source_position: Option<String>,
 }
 
 impl Snapshot {
@@ -291,6 +294,10 @@ impl Snapshot {
                             days: unsigned_map(row.days),
                             proof_max_seq: unsigned_map(row.proof_max_seq),
                             proof_expires_at: unsigned_map(row.proof_expires_at),
+                            source: row
+                                .source_position
+                                .as_deref()
+                                .and_then(SourcePosition::decode),
                         },
                     };
                 }

@@ -11,7 +11,7 @@ use crate::store::classify::cql;
 /// The columns of `user_mailbox` a snapshot reads (see [`super::state::PartitionRow`]).
 pub(super) const PARTITION_COLUMNS: &str = "slot, seq, version, live_slot, fence_holder, \
      fence_until, generation, epoch, format_version, expired_gap_boundary, seqbucket_max_seq, \
-     user_trim_seq, days, proof_max_seq, proof_expires_at, expires_at, digest";
+     user_trim_seq, days, proof_max_seq, proof_expires_at, expires_at, digest, source_position";
 
 /// How long a readiness probe waits for the cluster: short, so `/readyz` turns false while the
 /// cluster is unreachable instead of hanging on the driver's default request timeout.
@@ -149,7 +149,8 @@ pub(super) async fn prepare_all(
             format!(
                 "UPDATE {ks}.user_mailbox SET generation = ?, epoch = ?, format_version = ?, \
                  expired_gap_boundary = ?, seqbucket_max_seq = ?, user_trim_seq = ?, days = ?, \
-                 proof_max_seq = ?, proof_expires_at = ? WHERE user_id = ? AND slot = ? AND seq = 0"
+                 proof_max_seq = ?, proof_expires_at = ?, source_position = ? \
+                 WHERE user_id = ? AND slot = ? AND seq = 0"
             ),
             plain,
         )
