@@ -960,3 +960,59 @@ async fn local_dc_routes_to_a_datacenter_of_the_cluster() {
         other => panic!("{other:?}"),
     }
 }
+
+/// SPEC 7.2 "Readers never see a torn step": a scan reads the identity of a group, then a
+/// same-day replace commits and deletes the old copy's rows, then the scan reads the events.
+/// Before, the scan found no rows for the identity it held and silently left the group out of a
+/// page whose `up_to` covered it; now it reads again and answers the new copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_beside_a_same_day_replace_never_skips_the_group() {
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let mb = mailbox("torn", 1);
+    for seq in 1..=3 {
+        assert_eq!(
+            f.store.append(&group(&mb, seq, TODAY0, 2, "old")).await,
+            Ok(AppendOutcome::Inserted)
+        );
+    }
+    let replaced = Arc::new(AtomicBool::new(false));
+    f.store.set_between_scan_reads_hook(Some({
+        let (store, replaced) = (f.store.clone(), replaced.clone());
+        Arc::new(move || {
+            let (store, replaced) = (store.clone(), replaced.clone());
+            Box::pin(async move {
+                let outcome = store
+                    .append(&group(&mailbox("torn", 1), 2, TODAY0, 2, "new"))
+                    .await;
+                assert_eq!(outcome, Ok(AppendOutcome::Replaced));
+                replaced.store(true, Ordering::SeqCst);
+            })
+        })
+    }));
+    let page = f
+        .store
+        .range_scan(
+            &mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10,
+            },
+        )
+        .await
+        .expect("scan");
+    assert!(
+        replaced.load(Ordering::SeqCst),
+        "the replace ran inside the scan"
+    );
+    assert_eq!(page.up_to, 3);
+    assert_eq!(
+        page.groups
+            .iter()
+            .map(|g| g.mailbox_seq)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "no group the page covers is skipped"
+    );
+    assert!(page.groups[1].events[0].payload.as_str().contains("new"));
+}

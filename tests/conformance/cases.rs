@@ -979,3 +979,129 @@ pub async fn append_many_spread_over_many_users_answers_each(h: &H) {
         }
     }
 }
+
+/// SPEC 7.2 "Zombies are fenced": a same-day replace from an older log position of the same
+/// partition than the mailbox last took changes nothing (`unchanged`), alone and in a batch;
+/// positions of another partition, writes without a position (`apply`) and inserts of new seqs
+/// are never fenced.
+pub async fn late_write_of_an_older_position_is_fenced(h: &H) {
+    use mailbox_materializer::model::SourcePosition;
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let mb = mailbox("zombie", 1);
+    let at = |partition: i32, offset: i64| Some(SourcePosition { partition, offset });
+    let version = |tag: &str, source| {
+        let mut g = group(&mb, 5, TODAY0, 2, tag);
+        g.source = source;
+        g
+    };
+    let content = |page: &ScanPage| {
+        page.groups
+            .iter()
+            .map(|g| g.events[0].payload.as_str().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let held = |tag: &str| format!("{{\"i\":0,\"tag\":\"{tag}\"}}");
+
+    // The old owner's write at offset 10, then the new owner's replacement at offset 20.
+    assert_eq!(
+        store.append(&version("v1", at(0, 10))).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(
+        store.append(&version("v2", at(0, 20))).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    // The old owner's late write of offset 10 (or anything before 20): fenced.
+    assert_eq!(
+        store.append(&version("v1", at(0, 10))).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    assert_eq!(
+        store.append(&version("v0", at(0, 19))).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    let batch = [version("v1", at(0, 10))];
+    let refs: Vec<_> = batch.iter().collect();
+    assert_eq!(
+        store.append_many(&refs).await,
+        vec![Ok(AppendOutcome::Unchanged)]
+    );
+    let page = scan(store.as_ref(), &mb, 0, None, 10).await.expect("scan");
+    assert_eq!(
+        content(&page),
+        vec![held("v2")],
+        "the newer owner's version stays"
+    );
+
+    // The same record again is an identical replay; a later position replaces.
+    assert_eq!(
+        store.append(&version("v2", at(0, 20))).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    assert_eq!(
+        store.append(&version("v3", at(0, 30))).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    // Another partition's position is not comparable, and `apply` has none: both replace.
+    assert_eq!(
+        store.append(&version("v4", at(1, 1))).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    assert_eq!(
+        store.append(&version("v5", None)).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    let page = scan(store.as_ref(), &mb, 0, None, 10).await.expect("scan");
+    assert_eq!(content(&page), vec![held("v5")]);
+
+    // A new seq from an older position is an insert, never fenced.
+    let mut fresh = group(&mb, 6, TODAY0, 1, "new");
+    fresh.source = at(1, 0);
+    assert_eq!(store.append(&fresh).await, Ok(AppendOutcome::Inserted));
+}
+
+/// SPEC 7.2 "Readers never see a torn step": scans running beside a stream of same-day replaces
+/// of one group answer, every time, every group their `up_to` covers, each whole in its old or
+/// its new content. (Scylla's deterministic version holds a scan between its identity and event
+/// reads: `a_scan_beside_a_same_day_replace_never_skips_the_group`.)
+pub async fn scans_beside_same_day_replaces_never_skip_a_group(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let mb = mailbox("torn-any", 1);
+    for seq in 1..=3 {
+        assert_eq!(
+            store.append(&group(&mb, seq, TODAY0, 3, "a")).await,
+            Ok(AppendOutcome::Inserted)
+        );
+    }
+    let writer = {
+        let store = store.clone();
+        let mb = mb.clone();
+        tokio::spawn(async move {
+            for round in 0..60 {
+                let tag = if round % 2 == 0 { "b" } else { "a" };
+                let outcome = store.append(&group(&mb, 2, TODAY0, 3, tag)).await;
+                assert_eq!(outcome, Ok(AppendOutcome::Replaced), "round {round}");
+            }
+        })
+    };
+    let mut scans = 0;
+    while !writer.is_finished() || scans < 10 {
+        let page = scan(store.as_ref(), &mb, 0, None, 10).await.expect("scan");
+        assert_eq!(page.up_to, 3);
+        assert_eq!(seqs(&page), vec![1, 2, 3], "scan {scans} skipped a group");
+        let middle = &page.groups[1].events;
+        assert_eq!(middle.len(), 3, "a whole group");
+        let tags: Vec<bool> = middle
+            .iter()
+            .map(|e| e.payload.as_str().contains("\"b\""))
+            .collect();
+        assert!(
+            tags.iter().all(|t| *t == tags[0]),
+            "one content, never a mix"
+        );
+        scans += 1;
+    }
+    writer.await.expect("writer");
+}

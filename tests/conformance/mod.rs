@@ -97,6 +97,8 @@ macro_rules! conformance_tests {
             repair_garbage_of_a_crashed_repair_is_collected,
             append_many_answers_each_group_like_append,
             append_many_spread_over_many_users_answers_each,
+            late_write_of_an_older_position_is_fenced,
+            scans_beside_same_day_replaces_never_skip_a_group,
             ordinals_above_two_to_the_31_keep_identity_and_order,
             scan_epoch_check_comes_before_the_reverse_range,
         );
@@ -140,6 +142,7 @@ pub fn group(mb: &MailboxId, seq: u64, day: u64, n: u32, tag: &str) -> EventGrou
                 payload: Payload::from_value(&serde_json::json!({"tag": tag, "i": i})),
             })
             .collect(),
+        source: None,
     }
 }
 

@@ -4,7 +4,9 @@
 //! - an injected failure after the `n`-th write of the store, as if the process died there, for
 //!   the crash-convergence tests;
 //! - a hook run just before every commit, after the operation decided on its snapshot, so a test
-//!   can race another writer into that window.
+//!   can race another writer into that window;
+//! - a hook run once between a scan's identity read and its event read, so a test can commit a
+//!   replace (and its deletion of the old rows) exactly there.
 //!
 //! Without the feature, [`Failpoints`] is empty and its checks compile to nothing.
 
@@ -21,6 +23,7 @@ mod armed {
         /// Writes left before an injected failure; negative when disarmed.
         left: AtomicI64,
         before_commit: Mutex<Option<PhaseHook>>,
+        between_scan_reads: Mutex<Option<PhaseHook>>,
     }
 
     impl Default for Failpoints {
@@ -28,6 +31,7 @@ mod armed {
             Self {
                 left: AtomicI64::new(-1),
                 before_commit: Mutex::new(None),
+                between_scan_reads: Mutex::new(None),
             }
         }
     }
@@ -54,6 +58,14 @@ mod armed {
                 hook().await;
             }
         }
+
+        /// Runs (and removes) the hook between a scan's identity and event reads.
+        pub async fn between_scan_reads(&self) {
+            let hook = lock(&self.between_scan_reads).take();
+            if let Some(hook) = hook {
+                hook().await;
+            }
+        }
     }
 
     impl ScyllaStore {
@@ -68,6 +80,12 @@ mod armed {
         /// Installs (or clears) the hook run just before every commit.
         pub fn set_before_commit_hook(&self, hook: Option<PhaseHook>) {
             *lock(&self.failpoints.before_commit) = hook;
+        }
+
+        /// Installs the hook run once, by the next scan, between its identity read and its
+        /// event read.
+        pub fn set_between_scan_reads_hook(&self, hook: Option<PhaseHook>) {
+            *lock(&self.failpoints.between_scan_reads) = hook;
         }
     }
 }
@@ -90,4 +108,7 @@ impl Failpoints {
 
     #[inline(always)]
     pub async fn before_commit(&self) {}
+
+    #[inline(always)]
+    pub async fn between_scan_reads(&self) {}
 }

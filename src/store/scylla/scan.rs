@@ -12,6 +12,17 @@ use crate::model::validate::validate_scan;
 use crate::model::{Event, MailboxId, Payload, ScanPage, ScanRequest, ScannedGroup, StoreError};
 use crate::store::classify::cql;
 
+/// Seconds before its expiry in which a group whose rows are gone counts as expired, not torn.
+const EXPIRY_MARGIN_SECS: u64 = 60;
+
+/// What one read of a page found.
+enum PageRead {
+    /// The groups, and whether more follow.
+    Page(Vec<ScannedGroup>, bool),
+    /// Identities whose event rows were not there (a replace committed in between).
+    Torn(Vec<u64>),
+}
+
 /// The live copy of the mailbox a scan reads: its slot, generation and meta.
 struct View {
     slot: i32,
@@ -88,7 +99,25 @@ impl ScyllaStore {
             return Ok(Attempt::Retry);
         }
         read.meta.check_cursor(request.after_seq)?;
-        let (groups, more_than_limit) = self.read_page(user, &read, request, now).await?;
+        let (groups, more_than_limit) = match self.read_page(user, &read, request, now).await? {
+            PageRead::Page(groups, more) => (groups, more),
+            // SPEC 7.2 "Readers never see a torn step": an identity read before a replace's
+            // commit names rows the replace deleted after it. Read again, never skip; when
+            // nothing committed since the snapshot, the identity names rows that never
+            // existed: damage.
+            PageRead::Torn(seqs) => {
+                if self.unchanged_since(user, before.version).await? {
+                    return Ok(Attempt::Done(Err(StoreError::corrupt(
+                        CorruptKind::BadProof {
+                            detail: format!(
+                                "identities of seqs {seqs:?} name event rows that do not exist"
+                            ),
+                        },
+                    ))));
+                }
+                return Ok(Attempt::Retry);
+            }
+        };
 
         let hook = lock(&self.after_scan_read).clone();
         if let Some(hook) = hook {
@@ -142,7 +171,7 @@ impl ScyllaStore {
         view: &View,
         request: &ScanRequest,
         now: u64,
-    ) -> Result<(Vec<ScannedGroup>, bool), StoreError> {
+    ) -> Result<PageRead, StoreError> {
         let limit = request.limit_groups as usize;
         let until = request
             .until_seq
@@ -178,6 +207,7 @@ impl ScyllaStore {
         }
         let has_more = selected.len() > limit;
         selected.truncate(limit);
+        self.failpoints.between_scan_reads().await;
 
         // One read for every day of the page: their buckets' partitions, the page's seq range;
         // rows of digests no identity names are skipped.
@@ -230,16 +260,24 @@ impl ScyllaStore {
                     });
             }
         }
-        let page = selected
-            .iter()
-            .filter_map(|(seq, _, _)| {
-                groups.remove(seq).map(|(created_at, events)| ScannedGroup {
+        let mut page = Vec::with_capacity(selected.len());
+        let mut missing = Vec::new();
+        for (seq, day, _) in &selected {
+            match groups.remove(seq) {
+                Some((created_at, events)) => page.push(ScannedGroup {
                     mailbox_seq: *seq as u64,
                     created_at: created_at as u64,
                     events: events.into(),
-                })
-            })
-            .collect();
-        Ok((page, has_more))
+                }),
+                // Rows whose TTL ran out a moment before their identity's (the identity is
+                // written after the rows, with the same TTL): expiring, not torn.
+                None if self.policy.expires_at(*day) <= now + EXPIRY_MARGIN_SECS => {}
+                None => missing.push(*seq as u64),
+            }
+        }
+        if !missing.is_empty() {
+            return Ok(PageRead::Torn(missing));
+        }
+        Ok(PageRead::Page(page, has_more))
     }
 }
