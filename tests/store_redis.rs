@@ -515,12 +515,14 @@ async fn a_new_repair_starts_from_nothing_after_a_crash() {
 
 // ---- error classes (SPEC 7): every Redis error goes through `store::classify::redis` ----
 
-/// A Lua runtime error is deterministic: the same input fails the same way every time, so it is
-/// `Refused` (dead-lettered as `store_refused`), never retried forever. Here an epoch key that
-/// holds no number makes the append script compare nil with a number; a script that raises and
-/// a command on a key of the wrong type inside a script are refused the same way.
+/// SPEC 7, error classes, on a real server: a Lua runtime error of the record's own making is
+/// deterministic (`Refused`, dead-lettered as `store_refused`, never retried forever); a stored
+/// value of the wrong type or shape is damage to the mailbox (`Corrupt`, fail closed): here an
+/// epoch key that holds no number, and a command on a key of the wrong type inside a script; and
+/// an ACL denial inside a script is the server's configuration (transient), never a dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lua_runtime_errors_are_refused() {
+async fn script_errors_are_classified_by_their_cause() {
+    use mailbox_materializer::model::error::CorruptKind;
     use mailbox_materializer::model::StoreError;
     use mailbox_materializer::store::classify;
     let f = RedisFixture::start(policy(), NOW0).await;
@@ -530,10 +532,14 @@ async fn lua_runtime_errors_are_refused() {
     let _: () = f.cmd(redis::cmd("SET").arg(&keys.epoch).arg("x")).await;
     let result = s.append(&group(&mb, 1, TODAY0, 1, "a")).await;
     assert!(
-        matches!(&result, Err(StoreError::Refused { backend: "redis", detail }) if detail.contains("user_script")),
+        matches!(&result, Err(StoreError::Corrupt { kind: CorruptKind::BadProof { detail } }) if detail.contains("epoch key")),
         "{result:?}"
     );
-    assert_eq!(result.unwrap_err().kind(), "store_refused");
+    let truncated = s.truncate_before(&mb, 3).await;
+    assert!(
+        matches!(&truncated, Err(StoreError::Corrupt { .. })),
+        "{truncated:?}"
+    );
 
     let mut conn = s.conn();
     let raised = redis::cmd("EVAL")
@@ -557,9 +563,45 @@ async fn lua_runtime_errors_are_refused() {
     assert!(
         matches!(
             classify::redis::classify(&wrong_type),
-            StoreError::Refused { .. }
+            StoreError::Corrupt { .. }
         ),
         "{wrong_type}"
+    );
+
+    // An ACL user that may run scripts but not the commands inside them.
+    let _: () = f
+        .cmd(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("scripts-only")
+                .arg("on")
+                .arg(">pw")
+                .arg("~*")
+                .arg("+@all")
+                .arg("-set"),
+        )
+        .await;
+    let mut limited = redis::Client::open(format!(
+        "redis+unix://{}?user=scripts-only&pass=pw",
+        f.server.as_ref().expect("standalone").socket().display()
+    ))
+    .expect("client")
+    .get_multiplexed_async_connection()
+    .await
+    .expect("connect as the limited user");
+    let denied = redis::cmd("EVAL")
+        .arg("return redis.call('SET', KEYS[1], 'x')")
+        .arg(1)
+        .arg("k")
+        .query_async::<redis::Value>(&mut limited)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            classify::redis::classify(&denied),
+            StoreError::Unavailable { .. }
+        ),
+        "{denied}"
     );
 }
 

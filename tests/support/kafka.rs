@@ -187,6 +187,10 @@ pub struct DaemonSetup {
     pub max_in_flight: usize,
     /// Extra lines for the `[kafka]` section (`key = value`).
     pub kafka_extra: Vec<String>,
+    /// The classic group's session settings (`"name" = "value"` lines): short, so a frozen
+    /// replica leaves its group within seconds. Empty for KIP-848 groups, whose session the
+    /// broker sets.
+    pub group_properties: Vec<String>,
     /// Extra librdkafka properties (`"name" = "value"` lines).
     pub properties_extra: Vec<String>,
 }
@@ -205,6 +209,10 @@ impl DaemonSetup {
             scylla: None,
             max_in_flight: 64,
             kafka_extra: Vec::new(),
+            group_properties: vec![
+                "\"session.timeout.ms\" = \"6000\"".to_owned(),
+                "\"heartbeat.interval.ms\" = \"500\"".to_owned(),
+            ],
             properties_extra: Vec::new(),
         }
     }
@@ -256,8 +264,7 @@ shutdown_deadline_ms = 5000
 statistics_interval_ms = 500
 {kafka_extra}
 [kafka.properties]
-\"session.timeout.ms\" = \"6000\"
-\"heartbeat.interval.ms\" = \"500\"
+{group_properties}
 \"topic.metadata.refresh.interval.ms\" = \"1000\"
 {properties_extra}
 [http]
@@ -269,6 +276,7 @@ listen = \"127.0.0.1:{http_port}\"
             dlq = self.dlq_topic,
             max_in_flight = self.max_in_flight,
             kafka_extra = self.kafka_extra.join("\n"),
+            group_properties = self.group_properties.join("\n"),
             properties_extra = self.properties_extra.join("\n"),
         );
         let path = self.dir.join(format!("materializer-{http_port}.toml"));
@@ -286,6 +294,11 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(setup: &DaemonSetup) -> Self {
+        Self::start_with_env(setup, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables (failpoints).
+    pub fn start_with_env(setup: &DaemonSetup, env: &[(&str, &str)]) -> Self {
         let http_port = super::redis_server::free_port();
         let config = setup.config_file(http_port);
         let log = setup.dir.join(format!("daemon-{http_port}.log"));
@@ -295,6 +308,7 @@ impl Daemon {
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info,librdkafka=warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -330,6 +344,16 @@ impl Daemon {
         http_get(self.http_port, "/readyz").map(|r| r.0)
     }
 
+    /// Freezes the process (SIGSTOP): it keeps its connections but answers nothing.
+    pub fn freeze(&self) {
+        signal(self.child.id(), "-STOP");
+    }
+
+    /// Lets a frozen process go on (SIGCONT).
+    pub fn thaw(&self) {
+        signal(self.child.id(), "-CONT");
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -363,6 +387,14 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
 }
 
 /// A raw HTTP GET on loopback: `(status, body)`, or `None` when nothing answers.

@@ -1,0 +1,351 @@
+//! SPEC 7.2 "The fleet": replicas of one consumer group on a real Kafka broker.
+//!
+//! - **Zombies are fenced** (one test per store topology): replica A is frozen after it decided a
+//!   batch and before the batch reaches the store (the `MATERIALIZER_PAUSE_BEFORE_SEND`
+//!   failpoint, then SIGSTOP past the session timeout), its partition moves to replica B, B
+//!   applies the record and a newer same-day replacement of the same seq and commits, then A goes
+//!   on and sends its old decision. The mailbox keeps B's version.
+//! - **Every rebalance protocol** (classic, `cooperative-sticky`, KIP-848 `group.protocol =
+//!   consumer`): three replicas, a log that keeps arriving, rolling SIGTERM restarts, a kill -9
+//!   and a replica frozen past its session and continued. Every mailbox ends equal to the memory
+//!   reference of the whole log and the dead-letter topic holds exactly the expected records
+//!   (duplicates allowed). Each run prints what it measured: groups applied more than once, and
+//!   revokes of partitions that came straight back to the same replica (pauses of partitions the
+//!   rebalance did not move).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
+use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
+use mailbox_materializer::store::{MailboxStore, SystemClock};
+use support::kafka::{committed, create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{Clock, Listen, RedisCluster, RedisServer};
+use support::reference::{
+    assert_same_state, end_offsets, now_ms, redis_store, reference, stream, PARTITIONS,
+};
+
+/// The classic group session of the test setup (`session.timeout.ms`, and the broker's
+/// `group.consumer.session.timeout.ms` for KIP-848 groups), plus a margin.
+const PAST_THE_SESSION: Duration = Duration::from_secs(10);
+
+fn record(user: &str, seq: u64, body: &str, committed_at: u64) -> Vec<u8> {
+    serde_json::json!({
+        "dispatch_id": format!("{user}/{seq}/{body}"), "group_id": "g", "committed_at": committed_at,
+        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"body": body}}]}]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+async fn bodies(store: &dyn MailboxStore, user: &str) -> Vec<String> {
+    let page = store
+        .range_scan(
+            &MailboxId::new(UserId::parse(user).expect("user"), 1),
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 100,
+            },
+        )
+        .await
+        .expect("scan");
+    page.groups
+        .iter()
+        .flat_map(|g| g.events.iter().map(|e| e.payload.as_str().to_owned()))
+        .collect()
+}
+
+/// The zombie scenario on whatever store `setup` names; `store` reads the result.
+async fn zombie_loses_to_the_new_owner(setup: DaemonSetup, store: &dyn MailboxStore) {
+    let user = "zombie-u";
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let now = now_ms();
+    produce(&setup.topic, &[(0, record(user, 1, "v1", now))]).await;
+
+    // A decides the batch holding v1, then is frozen before sending it.
+    let mut a = Daemon::start_with_env(
+        &setup,
+        &[("MATERIALIZER_PAUSE_BEFORE_SEND", &format!("{user}:12000"))],
+    );
+    wait_for(
+        "replica A to decide the batch",
+        Duration::from_secs(60),
+        || a.log().contains(&format!("paused before sending {user}")),
+        || a.log(),
+    );
+    a.freeze();
+    std::thread::sleep(PAST_THE_SESSION);
+
+    // B owns the partition now: it applies v1, then the newer replacement v2, and commits both.
+    let mut b = Daemon::start(&setup);
+    produce(&setup.topic, &[(0, record(user, 1, "v2", now))]).await;
+    wait_for(
+        "replica B to commit both records",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![2],
+        || b.log(),
+    );
+    assert_eq!(bodies(store, user).await, vec!["{\"body\":\"v2\"}"]);
+
+    // A goes on: its old decision reaches the store, and must change nothing.
+    a.thaw();
+    wait_for(
+        "replica A to send its old batch",
+        Duration::from_secs(60),
+        || a.log().contains("sent the paused batch"),
+        || a.log(),
+    );
+    assert_eq!(
+        bodies(store, user).await,
+        vec!["{\"body\":\"v2\"}"],
+        "the zombie's late write put an older version back"
+    );
+    a.kill9();
+    assert!(b.terminate(Duration::from_secs(30)).success());
+    assert_eq!(bodies(store, user).await, vec!["{\"body\":\"v2\"}"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_write_never_overwrites_the_new_owner_on_redis() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("zombie-redis", Some(redis.url()));
+    zombie_loses_to_the_new_owner(setup, &redis_store(&redis.url()).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_write_never_overwrites_the_new_owner_on_a_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(Clock::Real))
+        .await
+        .expect("cluster start");
+    let mut setup = DaemonSetup::new("zombie-cluster", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    zombie_loses_to_the_new_owner(setup, &cluster.store().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_write_never_overwrites_the_new_owner_on_scylla() {
+    let nodes = std::env::var("SCYLLA_NODES").unwrap_or_else(|_| {
+        panic!("SCYLLA_NODES is not set: run the tests with scripts/test, which starts Cassandra")
+    });
+    let keyspace = format!("mmz_{}", std::process::id());
+    let mut setup = DaemonSetup::new("zombie-scylla", None);
+    setup.scylla = Some((nodes.clone(), keyspace.clone()));
+    let store = ScyllaStore::connect(
+        ScyllaSettings::new(vec![nodes], &keyspace),
+        RetentionPolicy::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("connect to the CQL server");
+    zombie_loses_to_the_new_owner(setup, &store).await;
+    let _ = store
+        .session()
+        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {keyspace}"), ())
+        .await;
+}
+
+/// A rebalance protocol, as `[kafka.properties]` chooses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Classic,
+    CooperativeSticky,
+    Kip848,
+}
+
+/// What one replica process said about its assignment, from its log.
+#[derive(Debug, Default)]
+struct AssignmentLog {
+    /// Partitions revoked and then assigned straight back to the same process: a pause of a
+    /// partition the rebalance did not move.
+    paused_unmoved: usize,
+    revokes: usize,
+}
+
+fn partitions_in(line: &str) -> Vec<i32> {
+    line.split("partitions=[")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .map(|list| {
+            list.split(',')
+                .filter_map(|p| p.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn assignment_log(log: &str) -> AssignmentLog {
+    let mut result = AssignmentLog::default();
+    let mut just_revoked: Vec<i32> = Vec::new();
+    for line in log.lines() {
+        if line.contains("partitions revoked") {
+            result.revokes += 1;
+            just_revoked = partitions_in(line);
+        } else if line.contains("assignment lost") {
+            // This replica left the group (frozen past its session): its partitions moved to
+            // another replica before any came back.
+            just_revoked.clear();
+        } else if line.contains("partitions assigned") {
+            let assigned = partitions_in(line);
+            result.paused_unmoved += just_revoked.iter().filter(|p| assigned.contains(p)).count();
+            just_revoked.clear();
+        }
+    }
+    result
+}
+
+/// Three replicas under churn; returns (groups applied more than once, pauses of partitions a
+/// rebalance did not move).
+async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usize) {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let mut setup = DaemonSetup::new(name, Some(redis.url()));
+    setup.max_in_flight = 16;
+    match protocol {
+        Protocol::Classic => setup
+            .properties_extra
+            .push("\"partition.assignment.strategy\" = \"range\"".to_owned()),
+        Protocol::CooperativeSticky => setup
+            .properties_extra
+            .push("\"partition.assignment.strategy\" = \"cooperative-sticky\"".to_owned()),
+        Protocol::Kip848 => {
+            // The broker owns the session of a KIP-848 group; librdkafka refuses the classic
+            // session settings with it.
+            setup.group_properties.clear();
+            setup
+                .properties_extra
+                .push("\"group.protocol\" = \"consumer\"".to_owned());
+        }
+    }
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(45, 8, 17 + protocol as u64);
+    let chunk = records.len().div_ceil(4);
+    let chunks: Vec<&[(i32, Vec<u8>)]> = records.chunks(chunk).collect();
+    let mut offsets = Vec::new();
+    let mut logs = Vec::new();
+    let mut applied = 0.0;
+    // Groups a replica found already applied (identical replays), summed over every replica's
+    // life (scraped right before it stops, so a lower bound).
+    let retire = |daemon: &Daemon, applied: &mut f64, logs: &mut Vec<String>| {
+        *applied += daemon
+            .metrics()
+            .get("materializer_groups_total{outcome=\"unchanged\"}");
+        logs.push(daemon.log());
+    };
+
+    let mut replicas: Vec<Daemon> = (0..3).map(|_| Daemon::start(&setup)).collect();
+    offsets.extend(produce(&setup.topic, chunks[0]).await);
+    wait_for(
+        "the fleet to make progress",
+        Duration::from_secs(60),
+        || {
+            replicas
+                .iter()
+                .map(|d| d.metrics().sum("materializer_records_total"))
+                .sum::<f64>()
+                >= chunks[0].len() as f64 / 2.0
+        },
+        || {
+            replicas
+                .iter()
+                .map(Daemon::log)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        },
+    );
+
+    // A rolling update: each replica in turn drains on SIGTERM and is replaced, while records
+    // keep arriving.
+    for (i, replica) in replicas.iter_mut().enumerate() {
+        retire(replica, &mut applied, &mut logs);
+        let status = replica.terminate(Duration::from_secs(40));
+        assert!(status.success(), "SIGTERM exits 0: {status:?}");
+        *replica = Daemon::start(&setup);
+        if i == 0 {
+            offsets.extend(produce(&setup.topic, chunks[1]).await);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // A crash.
+    retire(&replicas[1], &mut applied, &mut logs);
+    replicas[1].kill9();
+    offsets.extend(produce(&setup.topic, chunks[2]).await);
+    replicas[1] = Daemon::start(&setup);
+
+    // A replica frozen past its session, then continued: its partitions moved meanwhile.
+    replicas[2].freeze();
+    offsets.extend(produce(&setup.topic, chunks[3]).await);
+    std::thread::sleep(PAST_THE_SESSION);
+    replicas[2].thaw();
+
+    let reference = reference(&records, &offsets).await;
+    let ends = end_offsets(&records, &offsets);
+    wait_for(
+        "every record committed by the fleet",
+        Duration::from_secs(180),
+        || committed(&setup.group, &setup.topic, PARTITIONS) == ends,
+        || {
+            replicas
+                .iter()
+                .map(Daemon::log)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        },
+    );
+    for replica in &mut replicas {
+        retire(replica, &mut applied, &mut logs);
+        let status = replica.terminate(Duration::from_secs(40));
+        assert!(status.success(), "SIGTERM exits 0: {status:?}");
+    }
+
+    // Exactly the expected dead letters (a record dead-lettered twice is allowed).
+    let mut dead = BTreeMap::new();
+    for letter in read_all(&setup.dlq_topic) {
+        let h = &letter.headers;
+        let partition: i32 = h["source_partition"].parse().expect("partition header");
+        let offset: i64 = h["source_offset"].parse().expect("offset header");
+        dead.insert((partition, offset), h["error_outcome"].clone());
+    }
+    assert_eq!(dead, reference.dead_letters, "{protocol:?}: dead letters");
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+
+    let expected_unchanged = reference.groups.get("unchanged").copied().unwrap_or(0) as f64;
+    let again = (applied - expected_unchanged).max(0.0);
+    let paused: usize = logs.iter().map(|l| assignment_log(l).paused_unmoved).sum();
+    let revokes: usize = logs.iter().map(|l| assignment_log(l).revokes).sum();
+    eprintln!(
+        "fleet churn, {protocol:?}: {} records, at least {again} groups applied more than once, \
+         {revokes} revokes, {paused} pauses of partitions that came straight back",
+        records.len()
+    );
+    (again, paused)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_under_churn_classic_protocol() {
+    three_replicas_under_churn(Protocol::Classic, "fleet-classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_under_churn_cooperative_sticky() {
+    let (_, paused) = three_replicas_under_churn(Protocol::CooperativeSticky, "fleet-coop").await;
+    assert_eq!(
+        paused, 0,
+        "an incremental rebalance never pauses a partition it does not move"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_under_churn_kip_848_consumer_protocol() {
+    let (_, paused) = three_replicas_under_churn(Protocol::Kip848, "fleet-kip848").await;
+    assert_eq!(
+        paused, 0,
+        "an incremental rebalance never pauses a partition it does not move"
+    );
+}
