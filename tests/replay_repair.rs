@@ -507,6 +507,7 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         allow_empty: false,
         progress: ProgressMode::Off,
         lease: Duration::from_secs(10),
+        take_over: Vec::new(),
     };
     let summary = replay::replay(&config, store.clone(), &request, interrupt).await;
     assert_eq!(summary.exit_status(), 0, "{summary:?}");
@@ -550,4 +551,67 @@ async fn a_signal_stops_a_repair_before_the_swap_and_changes_nothing() {
             "{signal} at {point}: nothing swapped, nothing left"
         );
     }
+}
+
+/// A repair killed with its fence up (60 s lease): a rerun is refused with who holds the fence
+/// and what to do, not as if a repair were running; `--take-over-fence` with that holder (its
+/// process is provably gone: this host, no such pid) lifts the dead repair's fence and staging
+/// copy and rebuilds at once. A take-over of a holder that is still running is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_repairs_fence_is_explained_and_can_be_taken_over() {
+    let stand = Stand::start("takeover", history(3)).await;
+    stand.wait_all_committed();
+    let args = [
+        "--from-offset",
+        "0",
+        "--user",
+        "victim",
+        "--reset-mailboxes",
+    ];
+    let mut running = stand.replay_paused_at("replay.fenced", &args);
+    let (out, summary) = stand.replay(&args);
+    assert_eq!(out.status.code(), Some(2), "{summary}");
+    let detail = summary["aborted"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        detail.contains("another repair (repair-") && detail.contains("holds the user's fence"),
+        "{summary}"
+    );
+    let holder = detail
+        .split("another repair (")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .expect("the refusal names the holder")
+        .to_owned();
+    // Still running: a take-over is refused and changes nothing.
+    let (out, summary) = stand.replay(&[&args[..], &["--take-over-fence", &holder]].concat());
+    assert_ne!(out.status.code(), Some(0), "{summary}");
+    assert!(
+        summary["aborted"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("is still running"),
+        "{summary}"
+    );
+
+    running.kill().expect("kill -9");
+    let _ = running.wait();
+    let (out, summary) = stand.replay(&args);
+    assert_eq!(out.status.code(), Some(2), "{summary}");
+    assert!(
+        summary["aborted"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!(
+                "is gone, so it can be taken over safely: rerun with --take-over-fence {holder}"
+            )),
+        "{summary}"
+    );
+    let (out, summary) = stand.replay(&[&args[..], &["--take-over-fence", &holder]].concat());
+    assert!(
+        out.status.success(),
+        "{summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(summary["swapped_users"], serde_json::json!(["victim"]));
+    assert_eq!(stand.seqs("victim").await, vec![1, 2, 3]);
 }

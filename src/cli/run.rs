@@ -56,6 +56,16 @@ pub struct ReplayArgs {
     /// writes to the named users wait at most this long. Renewed every third of it.
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub fence_lease_secs: u64,
+    /// Take over the fence this holder (`repair-<host>-<pid>-...`, as a refusal names it)
+    /// holds, when its process is provably gone: it ran on this host and no process of its pid
+    /// exists. Its staging copy is removed first. Refused for a holder still running or of
+    /// another host (repeatable).
+    #[arg(
+        long = "take-over-fence",
+        value_name = "HOLDER",
+        requires = "reset_mailboxes"
+    )]
+    pub take_over_fence: Vec<String>,
     /// Progress on stderr: a bar on a terminal, a line every 5 s otherwise, or none.
     #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
     pub progress: ProgressArg,
@@ -222,6 +232,7 @@ pub async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
             ProgressArg::Off => ProgressMode::Off,
         },
         lease: Duration::from_secs(args.fence_lease_secs),
+        take_over: args.take_over_fence.clone(),
     };
     let (interrupt_tx, interrupt) = watch::channel(false);
     let signals = tokio::spawn(async move {

@@ -104,7 +104,10 @@ pub trait MailboxStore: Send + Sync {
     /// Dumps the mailbox metadata as stored, without promoting first.
     async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError>;
 
-    /// Takes the repair fence of `user` for `lease` and returns the repair's token (SPEC 7.1).
+    /// Takes the repair fence of `token.user` for `lease`, held by `token.holder` (SPEC 7.1).
+    /// The caller makes the token first, so that after an error whose outcome is unknown (a
+    /// timeout: the fence may be up) it can still lift it with
+    /// [`repair_abort`](MailboxStore::repair_abort) instead of leaving it for a whole lease.
     ///
     /// While the fence is held, every live append and truncate of the user — through any handle,
     /// in any process — fails with `UnderRepair` and writes nothing, atomically with the check.
@@ -112,13 +115,24 @@ pub trait MailboxStore: Send + Sync {
     /// Removes whatever staging copy an earlier, aborted repair of the user left behind, so the
     /// rebuild starts from nothing. Never touches the live mailboxes. The lease is measured by the
     /// backend's time authority.
+    async fn repair_fence(
+        &self,
+        token: &RepairToken,
+        lease: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let _ = (token, lease);
+        Err(self.repair_unsupported())
+    }
+
+    /// [`repair_fence`](MailboxStore::repair_fence) with a new token for `user`.
     async fn repair_begin(
         &self,
         user: &UserId,
         lease: std::time::Duration,
     ) -> Result<RepairToken, StoreError> {
-        let _ = (user, lease);
-        Err(self.repair_unsupported())
+        let token = RepairToken::new(user.clone());
+        self.repair_fence(&token, lease).await?;
+        Ok(token)
     }
 
     /// Extends the fence of `token` by `lease` from now. Fails with `FenceLost` when the fence

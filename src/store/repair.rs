@@ -33,6 +33,15 @@ pub const REPAIR_LEASE: Duration = Duration::from_secs(60);
 /// How often the fence is renewed: a third of the lease, so two renewals may fail before it lapses.
 pub const REPAIR_RENEW_EVERY: Duration = Duration::from_secs(20);
 
+/// This machine's host name (as `hostname` prints it), `unknown` when it cannot be read.
+pub fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// One repair in progress: the user, and the unique holder id that owns both the fence and the
 /// staging copy. Only the process that took the fence has it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -44,7 +53,9 @@ pub struct RepairToken {
 }
 
 impl RepairToken {
-    /// A token with a fresh holder id: pid, wall-clock nanoseconds and a process-wide counter.
+    /// A token with a fresh holder id, `repair-<host>-<pid>-<nanos>-<n>`: the host and pid of
+    /// the process (so an operator, and `replay --take-over-fence`, can tell whether the holder
+    /// is still alive), wall-clock nanoseconds and a process-wide counter.
     pub fn new(user: UserId) -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -52,11 +63,21 @@ impl RepairToken {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let holder = format!(
-            "repair-{}-{nanos:x}-{}",
+            "repair-{}-{}-{nanos:x}-{}",
+            this_host(),
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         Self { user, holder }
+    }
+
+    /// The host and pid a holder id names (`None` for an id of another form).
+    pub fn holder_process(holder: &str) -> Option<(&str, u32)> {
+        let rest = holder.strip_prefix("repair-")?;
+        let mut back = rest.rsplitn(3, '-');
+        let (_counter, _nanos, host_pid) = (back.next()?, back.next()?, back.next()?);
+        let (host, pid) = host_pid.rsplit_once('-')?;
+        Some((host, pid.parse().ok()?))
     }
 
     /// A repair writes only its own user: a staging copy is per user, and a write for another

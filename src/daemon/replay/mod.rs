@@ -39,6 +39,7 @@ use crate::model::{StoreError, UserId};
 use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
 
+mod fence;
 mod progress;
 mod range;
 mod rebuild;
@@ -83,6 +84,8 @@ pub struct ReplayRequest {
     /// Lease of the repair fences: how long the daemon's writes to a user stay fenced if this
     /// process dies mid-repair. Renewed every third of it.
     pub lease: Duration,
+    /// Holders of fences to take over when their process is provably gone (`--take-over-fence`).
+    pub take_over: Vec<String>,
 }
 
 /// Why a replay refused to start (nothing was touched).
@@ -251,32 +254,70 @@ pub async fn replay(
     }
 
     let fenced = request.reset_mailboxes && !request.dry_run;
+    // A rebuild of a named user the range never mentions would empty its mailboxes: read the
+    // range (never apply it) and refuse before any fence goes up. (Checked again after the
+    // rebuild, which reads the range as it stands then.)
+    if fenced && !request.allow_empty {
+        match clients
+            .users_in_range(&request.users, range.from, range.end, config)
+            .await
+        {
+            Ok(seen) => {
+                let missing: Vec<&str> = request
+                    .users
+                    .iter()
+                    .filter(|u| !seen.contains(*u))
+                    .map(UserId::as_str)
+                    .collect();
+                if !missing.is_empty() {
+                    summary.refuse("user_not_in_range", not_in_range(&missing, &range));
+                    return summary;
+                }
+            }
+            Err(e) => {
+                summary.abort(e, true);
+                return summary;
+            }
+        }
+    }
     let mut tokens: Vec<RepairToken> = Vec::new();
     let mut range = range;
+    let mut renewal = None;
     if fenced {
         for user in &request.users {
-            match store.repair_begin(user, request.lease).await {
+            match fence::take(store.as_ref(), user, request.lease, &request.take_over).await {
                 Ok(token) => tokens.push(token),
-                Err(e) => {
+                Err((reason, retryable)) => {
                     abort_all(store.as_ref(), &tokens).await;
-                    let retryable = matches!(
-                        e,
-                        StoreError::UnderRepair { .. } | StoreError::Unavailable { .. }
-                    );
-                    summary.abort(format!("fence of {}: {e}", user.as_str()), retryable);
+                    summary.abort(reason, retryable);
                     return summary;
                 }
             }
         }
+        // Renewed from now on: the Kafka calls below may take several timeouts, and a short
+        // lease must not lapse before its first renewal.
+        renewal = Some(Renewal::start_with(
+            store.clone(),
+            tokens.clone(),
+            request.lease,
+            request.lease / 3,
+        ));
         // Everything the daemon wrote before the fences is below the high watermark now.
+        let stop_renewal = |renewal: &mut Option<Renewal>| {
+            if let Some(renewal) = renewal.take() {
+                renewal.stop();
+            }
+        };
         match clients.recheck_after_fence(request, &range).await {
             Ok(Ok(end)) => range.end = end,
             Ok(Err(refusal)) => {
+                stop_renewal(&mut renewal);
                 abort_all(store.as_ref(), &tokens).await;
                 summary.refused = Some(refusal);
                 return summary;
             }
             Err(e) => {
+                stop_renewal(&mut renewal);
                 abort_all(store.as_ref(), &tokens).await;
                 summary.abort(e, true);
                 return summary;
@@ -286,14 +327,6 @@ pub async fn replay(
     }
 
     pause_point("replay.fenced").await;
-    let mut renewal = fenced.then(|| {
-        Renewal::start_with(
-            store.clone(),
-            tokens.clone(),
-            request.lease,
-            request.lease / 3,
-        )
-    });
     let targets: HashMap<UserId, Arc<dyn MailboxStore>> = tokens
         .iter()
         .map(|t| {
@@ -351,15 +384,7 @@ pub async fn replay(
             renewal.stop();
         }
         abort_all(store.as_ref(), &tokens).await;
-        summary.refuse(
-            "user_not_in_range",
-            format!(
-                "no record of {} in offsets {}..{}: a rebuild would empty the mailbox; check --partition and the range, or force it with --allow-empty",
-                missing.join(", "),
-                range.from,
-                range.end
-            ),
-        );
+        summary.refuse("user_not_in_range", not_in_range(&missing, &range));
         return summary;
     }
     pause_point("replay.before_swap").await;
@@ -414,6 +439,16 @@ pub async fn replay(
         renewal.stop();
     }
     summary
+}
+
+/// The detail of a `user_not_in_range` refusal.
+fn not_in_range(missing: &[&str], range: &range::Range) -> String {
+    format!(
+        "no record of {} in offsets {}..{}: a rebuild would empty the mailbox; check --partition and the range, or force it with --allow-empty",
+        missing.join(", "),
+        range.from,
+        range.end
+    )
 }
 
 async fn abort_all(store: &dyn MailboxStore, tokens: &[RepairToken]) {

@@ -1,6 +1,7 @@
 //! What a replay reads: the partition's offsets, the refusals decided from them, and the reader
 //! that walks a range without ever jumping.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
@@ -176,8 +177,7 @@ impl Clients {
         Ok(Ok(Range { low, from, end }))
     }
 
-    /// The first record in `[low, from)` with a delivery to one of `users`, read and decoded but
-    /// never applied.
+    /// The first record in `low..from` that delivers to one of `users`, read (never applied).
     pub(super) async fn first_record_of(
         &self,
         users: &[UserId],
@@ -185,6 +185,46 @@ impl Clients {
         from: i64,
         config: &Config,
     ) -> Result<Option<(i64, UserId)>, String> {
+        let mut found = None;
+        self.read_users(users, low, from, config, |offset, user| {
+            found = Some((offset, user.clone()));
+            true
+        })
+        .await?;
+        Ok(found)
+    }
+
+    /// Which of `users` have a record in `from..end`, read (never applied) before anything is
+    /// fenced: a rebuild of a user without one would empty the mailbox (`user_not_in_range`).
+    pub(super) async fn users_in_range(
+        &self,
+        users: &[UserId],
+        from: i64,
+        end: i64,
+        config: &Config,
+    ) -> Result<BTreeSet<UserId>, String> {
+        let mut seen = BTreeSet::new();
+        self.read_users(users, from, end, config, |_, user| {
+            seen.insert(user.clone());
+            seen.len() == users.len()
+        })
+        .await?;
+        Ok(seen)
+    }
+
+    /// Reads `low..end`, calling `found(offset, user)` for each delivery to one of `users`,
+    /// until it returns true or the range ends.
+    async fn read_users(
+        &self,
+        users: &[UserId],
+        low: i64,
+        end: i64,
+        config: &Config,
+        mut found: impl FnMut(i64, &UserId) -> bool,
+    ) -> Result<(), String> {
+        if low >= end {
+            return Ok(());
+        }
         let mut assignment = TopicPartitionList::new();
         assignment
             .add_partition_offset(&self.topic, self.partition, Offset::Offset(low))
@@ -195,21 +235,20 @@ impl Clients {
         let mut give_up = Instant::now() + STALL;
         loop {
             let (offset, payload) =
-                match next_in_range(&self.reader, &self.topic, self.partition, from, give_up)
+                match next_in_range(&self.reader, &self.topic, self.partition, end, give_up)
                     .await
                     .map_err(|(reason, _)| reason)?
                 {
-                    Next::Done => return Ok(None),
+                    Next::Done => return Ok(()),
                     Next::Record(offset, payload) => (offset, payload),
                 };
             give_up = Instant::now() + STALL;
             if let Ok(record) = decode(&payload, &config.decode_options()).map(|d| d.record) {
-                if let Some(delivery) = record
-                    .deliveries()
-                    .into_iter()
-                    .find(|d| users.contains(&d.mailbox().user_id))
-                {
-                    return Ok(Some((offset, delivery.mailbox().user_id.clone())));
+                for delivery in record.deliveries() {
+                    let user = &delivery.mailbox().user_id;
+                    if users.contains(user) && found(offset, user) {
+                        return Ok(());
+                    }
                 }
             }
         }

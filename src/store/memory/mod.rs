@@ -295,12 +295,8 @@ impl MailboxStore for MemoryStore {
         })
     }
 
-    async fn repair_begin(
-        &self,
-        user: &UserId,
-        lease: Duration,
-    ) -> Result<RepairToken, StoreError> {
-        let token = RepairToken::new(user.clone());
+    async fn repair_fence(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {
+        let user = &token.user;
         let _shard = self.shard(user);
         let now = self.clock.now_secs();
         let mut repairs = lock(&self.repairs);
@@ -321,7 +317,7 @@ impl MailboxStore for MemoryStore {
             },
         );
         self.set_active_repairs(&repairs);
-        Ok(token)
+        Ok(())
     }
 
     async fn repair_renew(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {

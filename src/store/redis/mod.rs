@@ -1003,12 +1003,8 @@ impl MailboxStore for RedisStore {
         })
     }
 
-    async fn repair_begin(
-        &self,
-        user: &UserId,
-        lease: Duration,
-    ) -> Result<RepairToken, StoreError> {
-        let token = RepairToken::new(user.clone());
+    async fn repair_fence(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {
+        let user = &token.user;
         let keys = keys::UserKeys::new(&self.settings.key_prefix, user);
         let mut invocation = self.scripts.repair_begin.prepare_invoke();
         invocation
@@ -1027,7 +1023,7 @@ impl MailboxStore for RedisStore {
                 if removed > 0 {
                     tracing::info!(user = %user.as_str(), removed_keys = removed, "removed the staging copy of an earlier repair");
                 }
-                Ok(token)
+                Ok(())
             }
             _ => Err(self.script_error(&reply)),
         }

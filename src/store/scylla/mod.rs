@@ -54,7 +54,7 @@ use scylla::value::{CqlValue, Row};
 
 use crate::model::{
     AppendOutcome, Event, EventGroup, MailboxId, MailboxInspection, PromoteOutcome,
-    RetentionPolicy, ScanPage, ScanRequest, StoreError, TruncateOutcome, UserId,
+    RetentionPolicy, ScanPage, ScanRequest, StoreError, TruncateOutcome,
 };
 use crate::store::classify::cql;
 use crate::store::{Clock, MailboxStore, PhaseHook, RepairToken, SwapReport};
@@ -457,12 +457,8 @@ impl MailboxStore for ScyllaStore {
         self.inspect_live(mailbox).await
     }
 
-    async fn repair_begin(
-        &self,
-        user: &UserId,
-        lease: Duration,
-    ) -> Result<RepairToken, StoreError> {
-        self.begin_repair(user, lease).await
+    async fn repair_fence(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {
+        self.begin_repair(token, lease).await
     }
 
     async fn repair_renew(&self, token: &RepairToken, lease: Duration) -> Result<(), StoreError> {

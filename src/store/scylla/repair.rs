@@ -19,7 +19,7 @@ use std::time::Duration;
 use super::commit::Commit;
 use super::state::{fence_lost, unsigned, ReadAt, Slot};
 use super::{Attempt, ScyllaStore};
-use crate::model::{StoreError, UserId};
+use crate::model::StoreError;
 use crate::store::classify::cql;
 use crate::store::{RepairToken, SwapReport};
 
@@ -49,16 +49,15 @@ enum Garbage {
 impl ScyllaStore {
     pub(super) async fn begin_repair(
         &self,
-        user: &UserId,
+        token: &RepairToken,
         lease: Duration,
-    ) -> Result<RepairToken, StoreError> {
-        let token = RepairToken::new(user.clone());
-        let u = user.as_str();
+    ) -> Result<(), StoreError> {
+        let u = token.user.as_str();
         // Registered before the fence is taken: a repair that dies holding it is always found.
         self.write(&self.statements.registry_insert, (u, token.holder.as_str()))
             .await?;
         match self
-            .settle(ReadAt::Serial, |now, _| self.try_begin(&token, lease, now))
+            .settle(ReadAt::Serial, |now, _| self.try_begin(token, lease, now))
             .await
         {
             Ok(previous) => {
@@ -66,7 +65,7 @@ impl ScyllaStore {
                 // the registrations of repairs that can no longer swap go now.
                 self.drop_generation(u, &previous).await?;
                 self.forget_other_repairs(u, &token.holder).await?;
-                Ok(token)
+                Ok(())
             }
             Err(e) => {
                 let _ = self
@@ -133,9 +132,22 @@ impl ScyllaStore {
         let (report, replaced) = self
             .settle(ReadAt::Serial, |now, _| self.try_swap(token, now))
             .await?;
-        let partitions = self.drop_generation(u, &replaced).await?;
-        self.write(&self.statements.registry_delete, (u, token.holder.as_str()))
-            .await?;
+        // The swap is committed: the rebuilt copy is live and the fence lifted. What follows is
+        // clean-up of unreachable rows; its failure leaves garbage for the patrol, never a
+        // failed repair (a rerun would rebuild a mailbox that is already right).
+        let partitions = match self.drop_generation(u, &replaced).await {
+            Ok(partitions) => partitions,
+            Err(e) => {
+                tracing::warn!(user = u, error = %e, "swap committed; the replaced copy's rows are left for the patrol");
+                0
+            }
+        };
+        if let Err(e) = self
+            .write(&self.statements.registry_delete, (u, token.holder.as_str()))
+            .await
+        {
+            tracing::warn!(user = u, error = %e, "swap committed; the repair's registration is left for the patrol");
+        }
         Ok(SwapReport {
             replaced: report.replaced + partitions,
             ..report
