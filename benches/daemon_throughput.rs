@@ -403,6 +403,58 @@ fn redis_pipe(
 }
 
 /// The pid of a Redis server, from `INFO server`.
+/// The daemon into one Redis master, then into a 3-master Redis Cluster, both over TCP on
+/// loopback, each with its servers' CPU.
+async fn cluster_rows(
+    bootstrap: &str,
+    w: &Workload,
+    pids: &[(&'static str, String)],
+) -> (Rate, Rate) {
+    let server = RedisServer::start(Clock::Real, Listen::Tcp(redis_server::free_port()), &[]);
+    let mut single_pids = pids.to_vec();
+    if let Some(pid) = redis_pid(&server) {
+        single_pids.push(("redis-server", pid));
+    }
+    let single_store = Arc::new(
+        RedisStore::connect(
+            RedisSettings::new(server.url(), "mm"),
+            RetentionPolicy::default(),
+        )
+        .await
+        .expect("redis"),
+    );
+    let single = daemon_run(
+        bootstrap,
+        w,
+        &format!("{}-redis-tcp", w.topic),
+        single_store,
+        &single_pids,
+    )
+    .await;
+    drop(server);
+
+    let cluster = tokio::task::spawn_blocking(|| redis_server::RedisCluster::start(Clock::Real))
+        .await
+        .expect("cluster start");
+    let names = ["redis-server 1", "redis-server 2", "redis-server 3"];
+    let mut cluster_pids = pids.to_vec();
+    for (name, node) in names.iter().zip(&cluster.nodes) {
+        if let Some(pid) = redis_pid(node) {
+            cluster_pids.push((name, pid));
+        }
+    }
+    let cluster_store = Arc::new(cluster.store().await);
+    let clustered = daemon_run(
+        bootstrap,
+        w,
+        &format!("{}-redis-cluster", w.topic),
+        cluster_store,
+        &cluster_pids,
+    )
+    .await;
+    (single, clustered)
+}
+
 fn redis_pid(server: &RedisServer) -> Option<String> {
     server
         .raw("INFO server")
@@ -560,6 +612,22 @@ async fn main() {
             redis_rate.per_sec,
         ));
         let _ = std::fs::remove_dir_all(&dir);
+
+        // Redis Cluster (SPEC 7.2): the daemon into 3 masters against one master, both over TCP,
+        // with every redis-server's CPU.
+        if w.name == "warm" {
+            let (single, cluster) = cluster_rows(&bootstrap, w, &pids).await;
+            report.push(row(
+                "daemon, one Redis master over TCP (baseline D)",
+                &single,
+                single.per_sec,
+            ));
+            report.push(row(
+                "daemon, 3-master Redis Cluster over TCP (ratio to D)",
+                &cluster,
+                single.per_sec,
+            ));
+        }
     }
 
     if let Ok(nodes) = std::env::var("SCYLLA_NODES") {

@@ -48,6 +48,7 @@ fn group(mb: &MailboxId, seq: u64, events: &[Event]) -> EventGroup {
         mailbox_seq: seq,
         created_at: day * DAY_MS + 1,
         events: events.to_vec(),
+        source: None,
     }
 }
 

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mailbox_materializer::model::{
-    Event, EventGroup, MailboxId, Payload, RetentionPolicy, ScanRequest, UserId, DAY_MS, DAY_SECS,
+    Event, EventGroup, MailboxId, Payload, RetentionPolicy, ScanRequest, SourcePosition, UserId,
+    DAY_MS, DAY_SECS,
 };
 use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
 use mailbox_materializer::store::{MailboxStore, SystemClock};
@@ -189,6 +190,7 @@ async fn run_round(
                 mailbox_seq: seq,
                 created_at: day * DAY_MS + 1,
                 events: events.to_vec(),
+                source: None,
             }
         })
     };
@@ -200,6 +202,24 @@ async fn run_round(
     let appends = meter
         .run(total, move |i| {
             let (store, group) = (s.clone(), g(i));
+            async move {
+                store.append(&group).await.expect("append");
+            }
+        })
+        .await;
+
+    // The daemon's appends carry their log position (zombie fencing keeps it in the meta row):
+    // the same appends on other mailboxes, each group with a position.
+    let (s, g) = (store.clone(), group_of.clone());
+    let positioned = meter
+        .run(total, move |i| {
+            let store = s.clone();
+            let mut group = g(i);
+            group.mailbox = mailbox(round + 1_000, i % MAILBOXES);
+            group.source = Some(SourcePosition {
+                partition: 0,
+                offset: i as i64,
+            });
             async move {
                 store.append(&group).await.expect("append");
             }
@@ -307,6 +327,7 @@ async fn run_round(
                     mailbox_seq: seq,
                     created_at: (today - 1 + seq * 2 / GROUPS_PER_MAILBOX) * DAY_MS + 1,
                     events: events.to_vec(),
+                    source: None,
                 };
                 store.append(&group).await.expect("append");
             }
@@ -392,6 +413,15 @@ async fn run_round(
     println!(
         "{}",
         row("append (3 events)", &appends, "3 plain INSERTs", &inserts)
+    );
+    println!(
+        "{}",
+        row(
+            "append with a log position (the daemon's)",
+            &positioned,
+            "3 plain INSERTs",
+            &inserts
+        )
     );
     println!(
         "{}",

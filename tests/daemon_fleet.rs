@@ -6,7 +6,8 @@
 //!   applies the record and a newer same-day replacement of the same seq and commits, then A goes
 //!   on and sends its old decision. The mailbox keeps B's version.
 //! - **Every rebalance protocol** (classic, `cooperative-sticky`, KIP-848 `group.protocol =
-//!   consumer`): three replicas, a log that keeps arriving, rolling SIGTERM restarts, a kill -9
+//!   consumer`): three replicas (static members under cooperative-sticky, as the chart runs
+//!   them), a log that keeps arriving, rolling SIGTERM restarts, a kill -9
 //!   and a replica frozen past its session and continued. Every mailbox ends equal to the memory
 //!   reference of the whole log and the dead-letter topic holds exactly the expected records
 //!   (duplicates allowed). Each run prints what it measured: groups applied more than once, and
@@ -238,7 +239,24 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
         logs.push(daemon.log());
     };
 
-    let mut replicas: Vec<Daemon> = (0..3).map(|_| Daemon::start(&setup)).collect();
+    // Under cooperative-sticky every replica slot also joins statically, as the chart's pods do
+    // (`group.instance.id`); a restarted slot comes back under its own id, as a StatefulSet's pod
+    // would.
+    let static_ids: Vec<String> = (0..3).map(|i| format!("{}-{i}", setup.group)).collect();
+    let start = |slot: usize| {
+        if protocol == Protocol::CooperativeSticky {
+            Daemon::start_with_env(
+                &setup,
+                &[(
+                    "MATERIALIZER_KAFKA_PROPERTY_GROUP_INSTANCE_ID",
+                    static_ids[slot].as_str(),
+                )],
+            )
+        } else {
+            Daemon::start(&setup)
+        }
+    };
+    let mut replicas: Vec<Daemon> = (0..3).map(start).collect();
     offsets.extend(produce(&setup.topic, chunks[0]).await);
     wait_for(
         "the fleet to make progress",
@@ -265,7 +283,7 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
         retire(replica, &mut applied, &mut logs);
         let status = replica.terminate(Duration::from_secs(40));
         assert!(status.success(), "SIGTERM exits 0: {status:?}");
-        *replica = Daemon::start(&setup);
+        *replica = start(i);
         if i == 0 {
             offsets.extend(produce(&setup.topic, chunks[1]).await);
         }
@@ -276,7 +294,7 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
     retire(&replicas[1], &mut applied, &mut logs);
     replicas[1].kill9();
     offsets.extend(produce(&setup.topic, chunks[2]).await);
-    replicas[1] = Daemon::start(&setup);
+    replicas[1] = start(1);
 
     // A replica frozen past its session, then continued: its partitions moved meanwhile.
     replicas[2].freeze();
