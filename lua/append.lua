@@ -45,7 +45,8 @@
   operation would have compacted the same way).
 
   Cost on the common paths (commands per call): an identical replay MGET of fence and epoch,
-  TIME, one HMGET of the meta, ZSCORE, and one ZRANGE bounded by the incoming group's size; a
+  TIME, one HMGET of the meta, ZSCORE, EXPIRETIME of the identity index (a TTL-less index is
+  repaired), and one ZRANGE bounded by the incoming group's size; a
   warm insert (a day already active) the same up to ZSCORE, then EXPIRETIME of the identity
   index, ZADD + EXPIREAT of the bucket, ZADD of the identity and one HSET of the meta (a new day
   adds one HMGET of the range, ZADD of the day set and EXPIREAT of the index). Promote reads the
@@ -129,6 +130,9 @@ if existing then
     local existing_day = math.floor(tonumber(existing) / 86400) - 1 - tonumber(ARGV[10])
     return {ERR_CROSS_DAY, string.format('%d', existing_day)}
   end
+  -- A TTL-less identity index (SPEC 5) is repaired to its max score by every path that meets
+  -- it, the identical replay included: one EXPIRETIME, and the repair only when it is -1.
+  identity_expiry(seqbucket_key)
   -- Same day: compare the stored group with the incoming one, reading at most one member more
   -- than the incoming group has.
   local old

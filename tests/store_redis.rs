@@ -95,6 +95,17 @@ async fn identity_ttl_is_the_max_live_expiry_never_extended_and_repaired() {
         ms(TODAY0),
         "a truncate repairs it too"
     );
+    // SPEC 10 (added with 7.2): the lean identical-replay path repairs it as well.
+    let _: i64 = f.cmd(redis::cmd("PERSIST").arg(&keys.seqbucket)).await;
+    assert_eq!(
+        s.append(&group(&mb, 4, TODAY0 - 3, 1, "d")).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    assert_eq!(
+        pexpiretime(&f, &keys.seqbucket).await,
+        ms(TODAY0),
+        "an identical replay repairs a TTL-less identity key to its max score"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,6 +126,8 @@ pub struct RedisStore {
     policy: RetentionPolicy,
     scripts: Scripts,
     after_scan_read: Mutex<Option<PhaseHook>>,
+    /// A cluster's slot map, for batches grouped by master (`batch`).
+    slot_map: Mutex<Option<std::sync::Arc<batch::SlotMap>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -216,6 +218,7 @@ impl RedisStore {
             policy,
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
+            slot_map: Mutex::new(None),
         };
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())
