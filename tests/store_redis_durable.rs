@@ -223,3 +223,40 @@ async fn every_acknowledged_append_survives_a_failover() {
         assert_eq!(&*page.groups[0].events, &g.events[..]);
     }
 }
+
+/// SPEC 7: the class of an error never depends on `wait_replicas`. A damaged epoch key is
+/// corrupt, a refused record refused, whether the write is followed by a `WAIT` or not, alone
+/// or in a batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn error_classes_do_not_depend_on_wait_replicas() {
+    use mailbox_materializer::store::redis::keys::MailboxKeys;
+    let (master, _replica) = master_and_replica().await;
+    let class = |r: &Result<AppendOutcome, StoreError>| match r {
+        Ok(_) => "ok",
+        Err(StoreError::Corrupt { .. }) => "corrupt",
+        Err(StoreError::Rejected { .. }) => "rejected",
+        Err(StoreError::Refused { .. }) => "refused",
+        Err(StoreError::Unavailable { .. }) => "transient",
+        Err(_) => "other",
+    };
+    for wait in [0, 1] {
+        let s = store(&master, wait).await;
+        let damaged = mailbox(&format!("damaged-{wait}"), 1);
+        master.raw(&format!("SET {} x", MailboxKeys::new("mm", &damaged).epoch));
+        let mut future = group(&mailbox(&format!("future-{wait}"), 1), 1, today(), 1, "f");
+        future.created_at += 400 * 86_400_000;
+        let damaged_group = group(&damaged, 1, today(), 1, "d");
+        assert_eq!(
+            class(&s.append(&damaged_group).await),
+            "corrupt",
+            "wait {wait}"
+        );
+        assert_eq!(class(&s.append(&future).await), "rejected", "wait {wait}");
+        let batch = s.append_many(&[&damaged_group, &future]).await;
+        assert_eq!(
+            batch.iter().map(class).collect::<Vec<_>>(),
+            vec!["corrupt", "rejected"],
+            "wait {wait}, batched"
+        );
+    }
+}
