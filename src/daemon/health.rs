@@ -1,6 +1,9 @@
 //! Readiness probes: the store answers a ping and the broker answers a metadata request, every
 //! two seconds. `/readyz` (and `materializer_ready`) turn false while either fails, and while the
-//! engine reports a stalled partition.
+//! engine reports any of the other conditions `Health` holds: a stalled partition (or a consumer
+//! that failed fatally), dead letters that keep failing (or a dead-letter producer that failed
+//! fatally), and a transient store write failure in the last few seconds (a store that answers
+//! pings but refuses writes).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,7 +17,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Health {
     store_ok: AtomicBool,
     broker_ok: AtomicBool,
-    /// False while an assigned partition is stalled (records waiting that cannot be read).
+    /// True while an assigned partition is stalled (records waiting that cannot be read), and
+    /// for good once the consumer failed fatally (the run is draining to exit).
     consumer_stalled: AtomicBool,
     /// True while dead letters keep failing (their records' offsets wait).
     dead_letters_failing: AtomicBool,

@@ -23,9 +23,11 @@
 //! size from admission until they leave, for the caller's byte budget; lanes exist only for users
 //! with a delivery in the window.
 //!
-//! [`bytes`]: PartitionPipeline::bytes The caller pauses its source when [`PartitionPipeline::is_full`] and
-//! resumes it below [`PartitionPipeline::has_room`] (hysteresis, so a full window does not turn
-//! into a pause/resume per record).
+//! The caller pauses its source when [`PartitionPipeline::is_full`] and resumes it below
+//! [`PartitionPipeline::has_room`] (hysteresis, so a full window does not turn into a
+//! pause/resume per record).
+//!
+//! [`bytes`]: PartitionPipeline::bytes
 //!
 //! [`Disposition::is_final`]: crate::disposition::Disposition::is_final
 

@@ -32,6 +32,24 @@ pub(super) struct Clients {
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Attempts of an offset fetch while the group's coordinator moves or loads (200 ms, 400 ms, ...:
+/// 3 s in all).
+const COORDINATOR_RETRIES: u32 = 5;
+
+/// Whether a Kafka error says the group coordinator is moving, loading or not yet known.
+fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            Code::NotCoordinator
+                | Code::CoordinatorLoadInProgress
+                | Code::CoordinatorNotAvailable
+                | Code::WaitingForCoordinator
+        )
+    )
+}
+
 impl Clients {
     pub(super) fn new(config: &Config, partition: i32) -> Result<Self, rdkafka::error::KafkaError> {
         let mut reader = crate::daemon::kafka::base_config(
@@ -74,9 +92,19 @@ impl Clients {
             .map_err(|e| format!("kafka: watermarks of partition {}: {e}", self.partition))?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topic, self.partition);
-        let committed = self
-            .watcher
-            .committed_offsets(tpl, KAFKA_TIMEOUT)
+        // The group's coordinator may be moving or still loading (a broker that just started, a
+        // rebalance of the offsets topic): that is a moment, not an answer. Ask again, briefly.
+        let mut attempt = 0;
+        let fetched = loop {
+            match self.watcher.committed_offsets(tpl.clone(), KAFKA_TIMEOUT) {
+                Err(e) if attempt < COORDINATOR_RETRIES && coordinator_moving(&e) => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(200 * u64::from(attempt)));
+                }
+                other => break other,
+            }
+        };
+        let committed = fetched
             .map_err(|e| {
                 format!(
                     "kafka: committed offset of partition {}: {e}",

@@ -1,7 +1,10 @@
 //! The Redis backend: the V4 layout of SPEC 5, every rule of SPEC 4 inside atomic Lua scripts.
 //!
-//! One script per operation (`lua/append.lua`, `truncate.lua`, `promote.lua`, `scan_begin.lua`,
-//! `scan_end.lua`, `inspect.lua`), sharing `lua/includes/`. "Now" is only ever the server's
+//! One script per operation, sharing `lua/includes/`: the SPEC 4 operations (`lua/append.lua`,
+//! `truncate.lua`, `promote.lua`, `scan_begin.lua`, `scan_end.lua`, `inspect.lua`), the repair's
+//! (`repair_begin.lua`, `repair_renew.lua`, `repair_swap.lua`, `repair_abort.lua`,
+//! `repair_collect.lua`) and `user_keys.lua` (every key name of a user, for dumps). Batches of
+//! appends are pipelines, split by master on a cluster (`batch`). "Now" is only ever the server's
 //! `TIME`, so expiry decisions agree with Redis's own TTLs. A scan is a pre-read script, a
 //! pipeline of `ZRANGE BYSCORE` reads over every active day, and a post-read script that refuses
 //! the page if expiry crossed the cursor meanwhile.

@@ -7,7 +7,9 @@ use openssl::ssl::{SslConnector, SslFiletype, SslMethod, SslVerifyMode};
 use super::{ScyllaTls, BACKEND};
 use crate::model::StoreError;
 
-fn refused(what: &str, path: &std::path::Path, e: impl std::fmt::Display) -> StoreError {
+/// A TLS file that cannot be used: transient (`Unavailable`), like every configuration error of
+/// the connection (readiness false, retried, never a record's verdict), with the file named.
+fn unusable(what: &str, path: &std::path::Path, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable {
         backend: BACKEND,
         detail: format!("TLS: cannot use {what} {}: {e}", path.display()),
@@ -24,17 +26,17 @@ pub(super) fn context(tls: &ScyllaTls) -> Result<scylla::client::session::TlsCon
     if let Some(ca) = &tls.ca_file {
         builder
             .set_ca_file(ca)
-            .map_err(|e| refused("store.scylla.tls.ca_file", ca, e))?;
+            .map_err(|e| unusable("store.scylla.tls.ca_file", ca, e))?;
     }
     if let Some((cert, key)) = &tls.client_cert {
         builder
             .set_certificate_chain_file(cert)
-            .map_err(|e| refused("store.scylla.tls.cert_file", cert, e))?;
+            .map_err(|e| unusable("store.scylla.tls.cert_file", cert, e))?;
         builder
             .set_private_key_file(key, SslFiletype::PEM)
-            .map_err(|e| refused("store.scylla.tls.key_file", key, e))?;
+            .map_err(|e| unusable("store.scylla.tls.key_file", key, e))?;
         builder.check_private_key().map_err(|e| {
-            refused(
+            unusable(
                 "store.scylla.tls.key_file (does not match cert_file)",
                 key,
                 e,
