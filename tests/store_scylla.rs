@@ -1016,3 +1016,57 @@ async fn a_scan_beside_a_same_day_replace_never_skips_the_group() {
     );
     assert!(page.groups[1].events[0].payload.as_str().contains("new"));
 }
+
+/// A swap that committed succeeds even when the clean-up after its commit fails (the replaced
+/// copy's rows and the repair's registration are left for the patrol): before, the repair was
+/// reported failed (exit 2) though the rebuilt copy was already live and the fence lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_swap_succeeds_even_when_its_clean_up_fails() {
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let mb = mailbox("swap-clean-up", 1);
+    for seq in 1..=2 {
+        assert_eq!(
+            f.store.append(&group(&mb, seq, TODAY0, 2, "live")).await,
+            Ok(AppendOutcome::Inserted)
+        );
+    }
+    let token = f
+        .store
+        .repair_begin(&mb.user_id, LEASE)
+        .await
+        .expect("fence");
+    f.store
+        .repair_append(&token, &group(&mb, 1, TODAY0, 2, "log"))
+        .await
+        .expect("staged");
+    // Write 1 is the swap's commit; write 2, the first of its clean-up, fails.
+    f.store.arm_failpoint(Some(2));
+    let swapped = f.store.repair_swap(&token).await;
+    f.store.arm_failpoint(None);
+    assert!(swapped.is_ok(), "{swapped:?}");
+    let page = f
+        .store
+        .range_scan(
+            &mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10,
+            },
+        )
+        .await
+        .expect("scan");
+    assert_eq!(
+        page.groups
+            .iter()
+            .map(|g| g.mailbox_seq)
+            .collect::<Vec<_>>(),
+        vec![1],
+        "the rebuilt copy is live"
+    );
+    assert_eq!(
+        f.store.append(&group(&mb, 3, TODAY0, 1, "after")).await,
+        Ok(AppendOutcome::Inserted),
+        "the fence is lifted"
+    );
+}

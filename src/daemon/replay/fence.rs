@@ -101,6 +101,79 @@ fn process_exists(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{
+        AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, RetentionPolicy,
+        ScanPage, ScanRequest, TruncateOutcome,
+    };
+    use crate::store::memory::MemoryStore;
+    use crate::store::SystemClock;
+    use std::sync::Arc;
+
+    /// A store whose fence call takes the fence and then times out: the outcome the caller
+    /// sees is unknown although the fence is up.
+    struct FenceThenTimeout(Arc<MemoryStore>);
+
+    #[async_trait::async_trait]
+    impl MailboxStore for FenceThenTimeout {
+        fn backend(&self) -> &'static str {
+            "memory"
+        }
+        async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+            self.0.append(group).await
+        }
+        async fn truncate_before(
+            &self,
+            mailbox: &MailboxId,
+            before_seq: u64,
+        ) -> Result<TruncateOutcome, StoreError> {
+            self.0.truncate_before(mailbox, before_seq).await
+        }
+        async fn range_scan(
+            &self,
+            mailbox: &MailboxId,
+            request: ScanRequest,
+        ) -> Result<ScanPage, StoreError> {
+            self.0.range_scan(mailbox, request).await
+        }
+        async fn promote(&self, mailbox: &MailboxId) -> Result<PromoteOutcome, StoreError> {
+            self.0.promote(mailbox).await
+        }
+        async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError> {
+            self.0.inspect(mailbox).await
+        }
+        async fn repair_fence(
+            &self,
+            token: &RepairToken,
+            lease: std::time::Duration,
+        ) -> Result<(), StoreError> {
+            self.0.repair_fence(token, lease).await?;
+            Err(StoreError::Unavailable {
+                backend: "memory",
+                detail: "timed out".to_owned(),
+            })
+        }
+        async fn repair_abort(&self, token: &RepairToken) -> Result<(), StoreError> {
+            self.0.repair_abort(token).await
+        }
+    }
+
+    /// A fence whose outcome is unknown (the call timed out, the fence went up) is lifted again:
+    /// the user's writes do not wait for a whole lease for a repair that gave up.
+    #[tokio::test]
+    async fn a_fence_of_unknown_outcome_is_lifted_again() {
+        let inner = Arc::new(MemoryStore::new(
+            RetentionPolicy::default(),
+            Arc::new(SystemClock),
+        ));
+        let user = UserId::parse("u").expect("user");
+        let lease = std::time::Duration::from_secs(60);
+        let failed = take(&FenceThenTimeout(inner.clone()), &user, lease, &[]).await;
+        assert!(matches!(failed, Err((_, true))), "{failed:?}");
+        assert!(
+            inner.repair_begin(&user, lease).await.is_ok(),
+            "no fence is left behind"
+        );
+    }
 
     #[test]
     fn a_holder_names_its_host_and_process() {
