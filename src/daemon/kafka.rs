@@ -40,18 +40,10 @@ pub enum ClientRole {
     Standalone,
 }
 
-/// librdkafka's consumer-only properties (`C` in its CONFIGURATION.md, librdkafka 2.12).
+/// librdkafka's consumer-only properties (`C` in its CONFIGURATION.md, librdkafka 2.12) besides
+/// the group membership ones ([`GROUP_MEMBERSHIP`]): fetching, offsets, commits.
 const CONSUMER_ONLY: &[&str] = &[
-    "group.id",
-    "group.instance.id",
-    "partition.assignment.strategy",
-    "session.timeout.ms",
-    "heartbeat.interval.ms",
-    "group.protocol.type",
-    "group.protocol",
-    "group.remote.assignor",
     "coordinator.query.interval.ms",
-    "max.poll.interval.ms",
     "enable.auto.commit",
     "auto.commit.enable",
     "auto.commit.interval.ms",
@@ -105,7 +97,7 @@ const PRODUCER_ONLY: &[&str] = &[
     "partitioner",
 ];
 
-/// The group membership properties a standalone consumer never takes.
+/// The group membership properties (consumer-only too): a standalone consumer never takes them.
 const GROUP_MEMBERSHIP: &[&str] = &[
     "group.id",
     "group.instance.id",
@@ -122,7 +114,7 @@ const GROUP_MEMBERSHIP: &[&str] = &[
 pub fn applies_to(key: &str, role: ClientRole) -> bool {
     match role {
         ClientRole::GroupConsumer => !PRODUCER_ONLY.contains(&key),
-        ClientRole::Producer => !CONSUMER_ONLY.contains(&key),
+        ClientRole::Producer => !CONSUMER_ONLY.contains(&key) && !GROUP_MEMBERSHIP.contains(&key),
         ClientRole::Standalone => !PRODUCER_ONLY.contains(&key) && !GROUP_MEMBERSHIP.contains(&key),
     }
 }

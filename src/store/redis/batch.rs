@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::cluster_routing::{Route, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Pipeline, RedisError, Value};
 
 use super::keys::{self, KeySet};
@@ -121,10 +121,10 @@ impl RedisStore {
             .iter()
             .map(|g| keys::tag(&g.mailbox.user_id))
             .collect();
+        let slots: Vec<u16> = tags.iter().map(|t| slot_of_key(t)).collect();
         let map = self.slot_map().await;
         let mut parts: HashMap<String, Vec<usize>> = HashMap::new();
-        for (i, tag) in tags.iter().enumerate() {
-            let slot = slot_of_key(tag);
+        for (i, &slot) in slots.iter().enumerate() {
             let node = map
                 .as_deref()
                 .and_then(|m| m.master(slot))
@@ -135,7 +135,7 @@ impl RedisStore {
         let answers = futures::future::join_all(parts.iter().map(|part| {
             let part_groups: Vec<&EventGroup> = part.iter().map(|i| groups[*i]).collect();
             // Routed to the master of its first user's slot, which serves all of them.
-            let route = Route::with_slot(Slot::for_key(&tags[part[0]]), SlotAddr::Master);
+            let route = Route::new(slots[part[0]], SlotAddr::Master);
             async move { self.append_pipeline(&part_groups, Some(route)).await }
         }))
         .await;
