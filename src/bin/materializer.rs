@@ -2,7 +2,9 @@
 
 /// Every delivery allocates small, short-lived buffers (script arguments, replies, decoded
 /// payloads) across threads; mimalloc's thread-local free lists serve that pattern at a fraction of
-/// glibc malloc's cost (measured in BENCHMARKS.md).
+/// glibc malloc's cost (measured in BENCHMARKS.md). A heap profile (heaptrack, which sees only
+/// the C allocator) is taken on a build with the `system-allocator` feature.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
