@@ -374,10 +374,12 @@ pub struct KafkaConfig {
     /// Most records of one partition in the in-flight window (admitted and not yet committable).
     /// When full, the partition is paused until the window has drained to half.
     pub max_in_flight_records: usize,
-    /// Most bytes of raw records held in flight, all partitions together (the raw bytes are
-    /// kept until a record is final, for its dead letter). When reached, every partition is
-    /// paused until half of it is free. Together with librdkafka's prefetch queue
-    /// (`queued.max.messages.kbytes`, 16 MiB by default here) it bounds the daemon's memory.
+    /// Most bytes records in flight may hold, all partitions together, each charged its raw
+    /// bytes (kept until final, for its dead letter) plus its decoded form and store request
+    /// (`DispatchRecord::in_flight_bytes`); each partition gets an even share and is paused at
+    /// it until half is free. librdkafka's prefetch is derived from it (a quarter, see
+    /// `daemon::kafka::prefetch_sizes`), and the peak memory of a catch-up is about 64 MiB +
+    /// 1.25 × (this + prefetch) (`daemon::memory_limit`, README "Memory").
     pub max_in_flight_bytes: usize,
     /// Largest dead letter the producer sends (librdkafka `message.max.bytes` of the producer;
     /// keep it at or below the dead-letter topic's `max.message.bytes`). Larger dead letters

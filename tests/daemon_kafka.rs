@@ -445,3 +445,76 @@ async fn sigterm_drains_commits_and_exits_0() {
     assert!(daemon.terminate(Duration::from_secs(20)).success());
     assert_same_state(&reference, &redis_store(&redis.url()).await).await;
 }
+
+/// The peak resident memory (`VmHWM`, the kernel's own high-water mark) of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    kib * 1024
+}
+
+/// README "Memory": a catch-up of large records (a backlog six times the in-flight budget, 256
+/// KiB each, already in the topic when the daemon starts) stays within 64 MiB + 1.25 × (budget +
+/// prefetch), and ends equal to the memory reference.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_record_catch_up_stays_within_the_memory_formula() {
+    const BUDGET: usize = 8 << 20;
+    const RECORD_BYTES: usize = 256 << 10;
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let mut setup = DaemonSetup::new("catchup-memory", Some(redis.url()));
+    setup.max_in_flight = 10_000;
+    setup
+        .kafka_extra
+        .push(format!("max_in_flight_bytes = {BUDGET}"));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    // Text that compresses like real text, not a repeated letter.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut body = |len: usize| -> String {
+        (0..len)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                char::from(b'a' + ((state >> 33) % 26) as u8)
+            })
+            .collect()
+    };
+    let users = 20;
+    let records: Vec<(i32, Vec<u8>)> = (0..6 * BUDGET / RECORD_BYTES)
+        .map(|i| {
+            let user = i % users;
+            let record = group_record(
+                &format!("big-{user}"),
+                (i / users + 1) as u64,
+                &body(RECORD_BYTES),
+            );
+            ((user % PARTITIONS as usize) as i32, record)
+        })
+        .collect();
+    let offsets = produce(&setup.topic, &records).await;
+    let reference = reference(&records, &offsets).await;
+    let ends = end_offsets(&records, &offsets);
+
+    let mut daemon = Daemon::start(&setup);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(180));
+    let peak = peak_rss(daemon.child.id());
+    let mut kafka = setup.config().kafka;
+    kafka.max_in_flight_bytes = BUDGET;
+    let bound = mailbox_materializer::daemon::memory_limit::required_bytes(&kafka);
+    eprintln!("peak RSS {} KiB, formula {} KiB", peak >> 10, bound >> 10);
+    assert!(
+        peak <= bound,
+        "peak RSS {} MiB over the formula's {} MiB\n{}",
+        peak >> 20,
+        bound >> 20,
+        daemon.log()
+    );
+    assert!(daemon.terminate(Duration::from_secs(20)).success());
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+}

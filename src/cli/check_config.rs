@@ -3,6 +3,9 @@
 //! Without `--connect`: the configuration is parsed and validated (librdkafka checks every
 //! pass-through property) and printed as JSON with secrets masked.
 //!
+//! Both refuse a configuration whose in-flight budget cannot fit the memory limit of the cgroup
+//! they run in (see `daemon::memory_limit`; in a pod's init container, the pod's limit).
+//!
 //! With `--connect`: after the same validation, every dependency is reached the way the daemon
 //! reaches it, one line per check (`ok` or `FAIL`, what was checked, what was found or what to
 //! do), then a summary line; exit 1 when any check fails. Meant for a deployment's pre-flight
@@ -62,7 +65,12 @@ pub async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
         eprintln!("error: invalid configuration: {e}");
         return ExitCode::FAILURE;
     }
+    let memory = check_memory(config, crate::daemon::memory_limit::limit());
     if !args.connect {
+        if let Err(problem) = &memory.result {
+            eprintln!("error: invalid configuration: {problem}");
+            return ExitCode::FAILURE;
+        }
         println!("{}", config.redacted());
         return ExitCode::SUCCESS;
     }
@@ -76,6 +84,8 @@ pub async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
             config.kafka.group_id
         )),
     }];
+    print_line(checks.last());
+    checks.push(memory);
     print_line(checks.last());
     checks.push(check_store(config).await);
     print_line(checks.last());
@@ -98,6 +108,29 @@ pub async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Whether a catch-up's peak memory (README "Memory") fits this process's cgroup limit, read
+/// where `check-config` runs: in the pod (an init container) it is the pod's.
+pub fn check_memory(config: &Config, limit: Option<u64>) -> Check {
+    use crate::daemon::memory_limit;
+    let result = match limit {
+        None => Ok(format!(
+            "no memory limit here; a catch-up may take {} MiB",
+            memory_limit::required_bytes(&config.kafka) >> 20
+        )),
+        Some(limit) => memory_limit::check(&config.kafka, limit).map(|peak| {
+            format!(
+                "a catch-up may take {} MiB of the {} MiB limit",
+                peak >> 20,
+                limit >> 20
+            )
+        }),
+    };
+    Check {
+        name: "memory".to_owned(),
+        result,
     }
 }
 

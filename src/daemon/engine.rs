@@ -8,9 +8,11 @@
 //! broker: every wait is a future in one of the in-flight sets.
 //!
 //! Bounds: per partition, `kafka.max_in_flight_records` records in the window and an even share of
-//! `kafka.max_in_flight_bytes` (paused when either is reached, resumed when both are half free).
+//! `kafka.max_in_flight_bytes` (paused when either is reached, resumed when both are half free),
+//! each record charged its raw bytes plus its decoded form and store request
+//! ([`DispatchRecord::in_flight_bytes`]).
 //! Beyond that, a paused partition may still receive what was already in transit from the poll
-//! thread (at most its channel: 4 batches of 4 MiB). Store calls in flight are at most one per
+//! thread (at most its channel: 4 batches of 1 MiB). Store calls in flight are at most one per
 //! lane, so at most the records in the windows.
 
 mod handover;
@@ -36,7 +38,7 @@ use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{DeliveryRef, PartitionPipeline, Settled};
 use crate::ingest::runner::{Attempt, Cancel, Runner};
-use crate::ingest::Delivery;
+use crate::ingest::{Delivery, DispatchRecord};
 use crate::model::UserId;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -420,7 +422,9 @@ impl Engine {
             return;
         };
         state.last_record = Instant::now();
-        let size = record.size();
+        // What the record holds while in flight: its raw bytes (kept for a dead letter), its
+        // decoded form and its store request.
+        let size = record.size() + decoded.as_ref().map_or(0, DispatchRecord::in_flight_bytes);
         let (partition, offset) = (record.partition, record.offset);
         let meta = RecordMeta {
             timestamp_ms: record.timestamp_ms,
@@ -701,8 +705,10 @@ impl Engine {
         let share = self.settings.max_bytes / self.partitions.len().max(1);
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
+        let mut total = 0;
         for (partition, state) in self.partitions.iter_mut() {
             let bytes = state.pipeline.bytes();
+            total += bytes;
             if !state.paused && (state.pipeline.is_full() || bytes >= share) {
                 state.paused = true;
                 pause.add_partition(&self.settings.topic, *partition);
@@ -711,6 +717,7 @@ impl Engine {
                 resume.add_partition(&self.settings.topic, *partition);
             }
         }
+        metrics::in_flight_bytes(total);
         if pause.count() > 0 {
             if let Err(e) = self.consumer.pause(&pause) {
                 tracing::warn!(error = %e, "pause failed");

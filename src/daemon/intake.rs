@@ -10,7 +10,8 @@
 //! partition's records only between its `Assigned` and `Revoked`.
 //!
 //! Bounds: the channel holds at most [`CHANNEL_BATCHES`] batches, so besides the engine's window
-//! at most `CHANNEL_BATCHES * MAX_BATCH_BYTES` (16 MiB) of records are in transit. When the engine
+//! at most `CHANNEL_BATCHES * MAX_BATCH_BYTES` (4 MiB) of records are in transit (plus one
+//! record beyond the limit per batch, and their decoded form). When the engine
 //! falls behind, the channel fills and this thread blocks, which is the backpressure librdkafka
 //! sees (its own prefetch queue is bounded by `queued.max.messages.kbytes`).
 
@@ -29,8 +30,10 @@ use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
 
 /// Most records in one batch.
 pub const MAX_BATCH_RECORDS: usize = 512;
-/// Most payload bytes in one batch (a batch always holds at least one record).
-pub const MAX_BATCH_BYTES: usize = 4 << 20;
+/// Most payload bytes in one batch (a batch always holds at least one record). Small enough that
+/// the channel's batches, decoded, stay a few MiB; large enough that 1 KB records still travel
+/// [`MAX_BATCH_RECORDS`] at a time.
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Batches in transit between the poll thread and the engine.
 pub const CHANNEL_BATCHES: usize = 4;
 

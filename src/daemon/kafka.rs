@@ -132,9 +132,55 @@ pub fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig {
     config
 }
 
-/// librdkafka's own prefetch queue, per consumer, unless the operator sets it: 16 MiB instead of
-/// librdkafka's 64 MiB, so the daemon's memory is its window plus a predictable prefetch.
-const DEFAULT_QUEUED_MAX_KBYTES: &str = "16384";
+/// librdkafka's prefetch, derived from the in-flight byte budget unless the operator sets its
+/// properties: the consumer queue (`queued.max.messages.kbytes`) and one fetch response
+/// (`fetch.max.bytes`, which the queue may overshoot by) each get an eighth of the budget, so the
+/// prefetch is a quarter of it (16 MiB for the default 64 MiB) instead of librdkafka's 64 MiB
+/// queue plus 50 MiB fetch. The daemon's peak memory is then a fixed overhead plus the budget
+/// plus this, whatever the record size (README "Memory", BENCHMARKS.md). Both sizes count
+/// uncompressed bytes for the queue but compressed ones for the fetch: a response of very
+/// compressible records decompresses to more (docs/decisions.md).
+pub fn prefetch_sizes(kafka: &KafkaConfig) -> PrefetchSizes {
+    let eighth = (kafka.max_in_flight_bytes / 8).max(MIN_PREFETCH_PART_BYTES);
+    let queue_kbytes = match kafka.properties.get("queued.max.messages.kbytes") {
+        Some(v) => v.parse::<usize>().unwrap_or(0),
+        None => eighth / 1024,
+    };
+    let fetch_bytes = match kafka.properties.get("fetch.max.bytes") {
+        Some(v) => v.parse::<usize>().unwrap_or(0),
+        // librdkafka refuses a fetch size below its `message.max.bytes` (1,000,000).
+        None => eighth.max(LIBRDKAFKA_MESSAGE_MAX_BYTES),
+    };
+    PrefetchSizes {
+        queue_bytes: queue_kbytes * 1024,
+        fetch_bytes,
+    }
+}
+
+/// librdkafka's prefetch sizes, as [`prefetch_sizes`] sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefetchSizes {
+    /// The consumer queue (`queued.max.messages.kbytes`), in bytes.
+    pub queue_bytes: usize,
+    /// One fetch response (`fetch.max.bytes`).
+    pub fetch_bytes: usize,
+}
+
+impl PrefetchSizes {
+    /// Everything librdkafka may hold of records not yet polled: the queue plus one response.
+    pub fn total(self) -> usize {
+        self.queue_bytes + self.fetch_bytes
+    }
+}
+
+/// The record size below which the prefetch queue is bounded by count (`queued.min.messages`
+/// = queue bytes / this) rather than by bytes.
+const PREFETCH_MESSAGE_BYTES: usize = 1024;
+
+/// The smallest part of the prefetch the budget gives (a tiny budget still fetches).
+const MIN_PREFETCH_PART_BYTES: usize = 1 << 20;
+/// librdkafka's default `message.max.bytes`, the floor of `fetch.max.bytes`.
+const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// librdkafka's fetch postponement when its queue is at the threshold, unless the operator sets
 /// it (see `consumer_config`).
@@ -162,8 +208,26 @@ pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfi
     if !kafka.properties.contains_key("auto.offset.reset") {
         config.set("auto.offset.reset", "earliest");
     }
+    let prefetch = prefetch_sizes(kafka);
     if !kafka.properties.contains_key("queued.max.messages.kbytes") {
-        config.set("queued.max.messages.kbytes", DEFAULT_QUEUED_MAX_KBYTES);
+        config.set(
+            "queued.max.messages.kbytes",
+            (prefetch.queue_bytes / 1024).to_string(),
+        );
+    }
+    if !kafka.properties.contains_key("fetch.max.bytes") {
+        config.set("fetch.max.bytes", prefetch.fetch_bytes.to_string());
+    }
+    // The queue's byte bound counts payloads only; each queued message also costs librdkafka a
+    // few hundred bytes, so small records are bounded by count too (librdkafka's 100,000 of
+    // 100-byte records held more than their payloads' worth).
+    if !kafka.properties.contains_key("queued.min.messages") {
+        config.set(
+            "queued.min.messages",
+            (prefetch.queue_bytes / PREFETCH_MESSAGE_BYTES)
+                .max(1000)
+                .to_string(),
+        );
     }
     // When the store is the bottleneck the prefetch queue sits at its threshold, and librdkafka
     // then postpones the partition's next fetch by this much (1 s by default). A partition the

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -39,6 +39,9 @@ pub const LAST_RECORD_TIMESTAMP: &str = "materializer_last_record_timestamp_seco
 pub const UNKNOWN_FIELDS_TOTAL: &str = "materializer_unknown_fields_total";
 pub const PARTITION_UNREADABLE: &str = "materializer_partition_unreadable";
 pub const CONSUMER_ERRORS_TOTAL: &str = "materializer_consumer_errors_total";
+pub const IN_FLIGHT_BYTES: &str = "materializer_in_flight_bytes";
+pub const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_bytes";
+pub const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -116,14 +119,23 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
 
 /// The scrape: the recorder's metrics followed by the per-partition gauges.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MetricsHandle {
     prometheus: PrometheusHandle,
+    /// The standard `process_*` metrics (resident memory, CPU, open fds), read at each scrape.
+    process: Arc<metrics_process::Collector>,
+}
+
+impl std::fmt::Debug for MetricsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsHandle").finish_non_exhaustive()
+    }
 }
 
 impl MetricsHandle {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.process.collect();
         let mut text = self.prometheus.render();
         render_partitions(&mut text);
         text
@@ -152,7 +164,12 @@ pub fn install() -> Result<MetricsHandle, String> {
         .map_err(|e| e.to_string())?;
     describe();
     zero_counters();
-    let handle = MetricsHandle { prometheus };
+    let process = Arc::new(metrics_process::Collector::default());
+    process.describe();
+    let handle = MetricsHandle {
+        prometheus,
+        process,
+    };
     let _ = HANDLE.set(handle.clone());
     Ok(handle)
 }
@@ -196,6 +213,21 @@ fn describe() {
         UNKNOWN_FIELDS_TOTAL,
         "Records carrying a field the decoder does not know and ignored, by field path without indices; at most 64 paths, then other"
     );
+    describe_gauge!(
+        IN_FLIGHT_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes held by records in flight (raw, decoded and store request), against in_flight_budget_bytes"
+    );
+    describe_gauge!(
+        IN_FLIGHT_BUDGET_BYTES,
+        metrics::Unit::Bytes,
+        "The in-flight byte budget, kafka.max_in_flight_bytes"
+    );
+    describe_gauge!(
+        MEMORY_LIMIT_BYTES,
+        metrics::Unit::Bytes,
+        "The process's cgroup memory limit, 0 without one"
+    );
     describe_counter!(
         CONSUMER_ERRORS_TOTAL,
         "Errors the Kafka consumer returned instead of a record, by librdkafka error code"
@@ -216,6 +248,21 @@ fn zero_counters() {
         counter!(REPLAY_RECORDS_TOTAL, "outcome" => *outcome).absolute(0);
     }
     counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).absolute(0);
+}
+
+/// The in-flight byte budget (`kafka.max_in_flight_bytes`), beside [`in_flight_bytes`].
+pub fn in_flight_budget(bytes: usize) {
+    gauge!(IN_FLIGHT_BUDGET_BYTES).set(bytes as f64);
+}
+
+/// The bytes records in flight are charged (raw, decoded and store request), all partitions.
+pub fn in_flight_bytes(bytes: usize) {
+    gauge!(IN_FLIGHT_BYTES).set(bytes as f64);
+}
+
+/// The process's cgroup memory limit, 0 without one (the RSS alert compares with it).
+pub fn memory_limit(bytes: u64) {
+    gauge!(MEMORY_LIMIT_BYTES).set(bytes as f64);
 }
 
 /// The registered handle, if [`install`] ran.

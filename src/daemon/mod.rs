@@ -38,6 +38,7 @@ pub mod http;
 pub mod intake;
 pub mod kafka;
 pub mod logging;
+pub mod memory_limit;
 pub mod metrics;
 pub mod replay;
 pub mod telemetry;
@@ -99,6 +100,21 @@ pub async fn run(
 ) -> Result<RunReport, DaemonError> {
     let topic = config.kafka.topic.clone();
     let settings = EngineSettings::from_config(config, options.commit_offsets);
+    metrics::in_flight_budget(settings.max_bytes);
+    let limit = memory_limit::limit();
+    metrics::memory_limit(limit.unwrap_or(0));
+    if let Some(limit) = limit {
+        match memory_limit::check(&config.kafka, limit) {
+            Ok(peak) => tracing::info!(
+                limit_mib = limit >> 20,
+                peak_mib = peak >> 20,
+                "the in-flight budget fits the memory limit"
+            ),
+            // Not fatal: the operator may know better (a record size far below the budget's
+            // worst case), but an OOM kill during a catch-up is what this warns of.
+            Err(problem) => tracing::error!("{problem}"),
+        }
+    }
     let context = DaemonContext::new(
         &topic,
         options.health.clone(),

@@ -141,7 +141,44 @@ impl DispatchRecord {
             Self::TruncateBefore(_) => None,
         }
     }
+
+    /// The memory this record costs while in flight, beside its raw bytes: its decoded form
+    /// (payload texts, ids and the structures around them, [`RECORD_OVERHEAD_BYTES`] per record
+    /// and [`EVENT_OVERHEAD_BYTES`] per event) plus the store request built from it, which holds
+    /// each payload once more (a Redis script call's arguments, a CQL statement's values).
+    ///
+    /// The daemon charges raw bytes + this against `kafka.max_in_flight_bytes`, so the budget
+    /// bounds what records really hold, not only what they weighed on the wire (measured by
+    /// `benches/catchup_memory.rs`, BENCHMARKS.md "Memory during a catch-up").
+    pub fn in_flight_bytes(&self) -> usize {
+        match self {
+            Self::GroupDispatch(g) => {
+                let events: usize = g
+                    .deliveries
+                    .iter()
+                    .map(|d| {
+                        d.mailbox.user_id.as_str().len()
+                            + d.events
+                                .iter()
+                                .map(|e| 2 * e.payload.len() + EVENT_OVERHEAD_BYTES)
+                                .sum::<usize>()
+                    })
+                    .sum();
+                RECORD_OVERHEAD_BYTES + g.dispatch_id.len() + g.group_id.len() + events
+            }
+            Self::TruncateBefore(t) => RECORD_OVERHEAD_BYTES + t.mailbox.user_id.as_str().len(),
+        }
+    }
 }
+
+/// Memory a record holds in flight besides its texts: its window slot, lane entry, delivery,
+/// result, its share of a store call (script arguments, keys, reply) and of the allocator's
+/// slack. Measured: shrinking the window by 24,000 records of 100 bytes lowered the peak RSS by
+/// 78 MiB, about 3.3 KiB a record (BENCHMARKS.md "Memory during a catch-up").
+pub const RECORD_OVERHEAD_BYTES: usize = 3 * 1024;
+/// Memory an event holds besides its payload text (its struct, the shared text's header, the
+/// key the store request builds for it).
+pub const EVENT_OVERHEAD_BYTES: usize = 128;
 
 /// Most distinct unknown field paths reported for one record; further ones are reported once
 /// as [`OTHER_UNKNOWN_FIELDS`]. Keeps the list (and the caller's counting) bounded whatever

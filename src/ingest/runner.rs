@@ -28,6 +28,14 @@ use crate::store::MailboxStore;
 /// of its first reply) while amortizing the round trip over many.
 pub const MAX_BATCH: usize = 256;
 
+/// Most batches sent and not answered at once: what the store is asked to hold in its queue.
+/// Each batch holds its encoded request (every payload once more, plus keys and arguments), so
+/// this bounds that memory whatever the window holds; the other started deliveries wait, as
+/// cheap references, for a batch to come back. Eight kept a Redis server only 40% busy with
+/// 1 KB records; 32 matched the unbounded throughput (BENCHMARKS.md "Memory during a
+/// catch-up"). Retries waiting out their backoff are not counted.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 32;
+
 /// A finished attempt.
 #[derive(Debug)]
 pub struct Attempt<K> {
@@ -89,7 +97,10 @@ struct Queued<K> {
 pub struct Runner<K> {
     /// Deliveries started since the last flush, sent together at the next one.
     queued: Vec<Queued<K>>,
-    inflight: FuturesUnordered<BoxFuture<'static, Vec<Attempt<K>>>>,
+    /// Each future answers whether it was a counted batch, and its attempts.
+    inflight: FuturesUnordered<BoxFuture<'static, (bool, Vec<Attempt<K>>)>>,
+    /// Batches in `inflight` sent without delay (bounded by [`MAX_BATCHES_IN_FLIGHT`]).
+    batches: usize,
     /// Attempts of finished batches not handed out yet.
     done: VecDeque<Attempt<K>>,
     /// Deliveries queued or in flight (a batch counts all of its deliveries).
@@ -101,6 +112,7 @@ impl<K> Default for Runner<K> {
         Self {
             queued: Vec::new(),
             inflight: FuturesUnordered::new(),
+            batches: 0,
             done: VecDeque::new(),
             pending: 0,
         }
@@ -135,15 +147,15 @@ impl<K: Send + Sync + 'static> Runner<K> {
                     _ = tokio::time::sleep(delay) => {}
                     _ = queued.cancel.cancelled() => {}
                 }
-                run_batch(vec![queued]).await
+                (false, run_batch(vec![queued]).await)
             }));
         }
     }
 
     /// Sends what was started since the last flush: one batch per target, at most
-    /// [`MAX_BATCH`] deliveries each.
+    /// [`MAX_BATCH`] deliveries each, while fewer than [`MAX_BATCHES_IN_FLIGHT`] are out.
     fn flush(&mut self) {
-        while !self.queued.is_empty() {
+        while !self.queued.is_empty() && self.batches < MAX_BATCHES_IN_FLIGHT {
             let target = self.queued[0].target.clone();
             let mut batch = Vec::new();
             let mut rest = Vec::new();
@@ -155,7 +167,9 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 }
             }
             self.queued = rest;
-            self.inflight.push(Box::pin(run_batch(batch)));
+            self.batches += 1;
+            self.inflight
+                .push(Box::pin(async move { (true, run_batch(batch).await) }));
         }
     }
 
@@ -174,7 +188,10 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 return attempt;
             }
             match self.inflight.next().await {
-                Some(batch) => self.done.extend(batch),
+                Some(finished) => {
+                    self.finished(finished);
+                    self.flush();
+                }
                 None => std::future::pending::<()>().await,
             }
         }
@@ -187,9 +204,17 @@ impl<K: Send + Sync + 'static> Runner<K> {
         if let Some(attempt) = self.hand_out() {
             return Some(attempt);
         }
-        let batch = self.inflight.next().now_or_never().flatten()?;
-        self.done.extend(batch);
+        let finished = self.inflight.next().now_or_never().flatten()?;
+        self.finished(finished);
+        self.flush();
         self.hand_out()
+    }
+
+    fn finished(&mut self, (counted, attempts): (bool, Vec<Attempt<K>>)) {
+        if counted {
+            self.batches -= 1;
+        }
+        self.done.extend(attempts);
     }
 
     /// Deliveries started and not handed back yet.

@@ -239,14 +239,12 @@ impl RedisStore {
         let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let invocations: Vec<redis::ScriptInvocation<'_>> = sent
-            .iter()
-            .map(|i| self.append_invocation(KeySet::Live, "", groups[*i]))
-            .collect();
+        // Each invocation is dropped once the pipeline holds its command: the payloads are held
+        // once here (and once more while the pipeline is written), not twice.
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for invocation in &invocations {
-            pipe.invoke_script(invocation);
+        for i in &sent {
+            pipe.invoke_script(&self.append_invocation(KeySet::Live, "", groups[*i]));
         }
         if wanted > 0 {
             pipe.cmd("WAIT").arg(wanted).arg(timeout_ms);
@@ -264,7 +262,13 @@ impl RedisStore {
             Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
         };
         if noscript(&replies) {
-            if let Err(e) = invocations[0].load_async(&mut conn).await {
+            if let Err(e) = self
+                .scripts
+                .append
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+            {
                 let error = classified(e);
                 return groups
                     .iter()
