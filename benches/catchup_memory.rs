@@ -30,6 +30,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mailbox_materializer::config::Config;
+use mailbox_materializer::daemon::kafka::prefetch_sizes;
+use mailbox_materializer::daemon::memory_limit;
 use mailbox_materializer::model::DAY_MS;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -38,10 +40,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use redis_server::{Clock, Listen, RedisServer};
 
 const PARTITIONS: i32 = 3;
-/// librdkafka's prefetch queue the daemon sets unless told otherwise (`queued.max.messages.kbytes`).
-const PREFETCH_BYTES: u64 = 16 << 20;
-/// The fixed overhead the README's formula allows (binary, runtimes, clients, metrics).
-const FIXED_OVERHEAD: u64 = 64 << 20;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -334,12 +332,16 @@ async fn main() {
     let budget = env_or("BENCH_BUDGET_MIB", default_budget >> 20) << 20;
     let factor: u64 = env_or("BENCH_BACKLOG_FACTOR", 5);
     let extra = std::env::var("BENCH_EXTRA").unwrap_or_default();
-    let bound = FIXED_OVERHEAD + (1.25 * (budget + PREFETCH_BYTES) as f64) as u64;
+    // The README's formula, as the daemon computes it for its cgroup check.
+    let mut kafka = Config::default().kafka;
+    kafka.max_in_flight_bytes = budget as usize;
+    let bound = memory_limit::required_bytes(&kafka);
+    let prefetch = prefetch_sizes(&kafka).total() as u64;
 
     println!(
         "budget {} MiB, prefetch {} MiB, bound {} MiB (64 + 1.25 × (budget + prefetch)), backlog ≥ {factor}× budget\n",
         mib(budget),
-        mib(PREFETCH_BYTES),
+        mib(prefetch),
         mib(bound)
     );
     println!("| backend | record size | records | backlog MiB | peak RSS MiB | within bound | peak charged MiB | records/s | CPU (cores) |");
@@ -349,7 +351,7 @@ async fn main() {
             let records = ((factor * budget) / size as u64).max(1_000);
             let replays = backend == "memory";
             let users = if replays {
-                ((4u64 << 20) / size as u64).clamp(3, 20_000).min(records)
+                ((4u64 << 20) / size as u64).clamp(3, 2_000).min(records)
             } else {
                 (records / 10).max(3)
             };

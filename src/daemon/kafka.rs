@@ -133,23 +133,30 @@ pub fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig {
 }
 
 /// librdkafka's prefetch, derived from the in-flight byte budget unless the operator sets its
-/// properties: the consumer queue (`queued.max.messages.kbytes`) and one fetch response
-/// (`fetch.max.bytes`, which the queue may overshoot by) each get an eighth of the budget, so the
-/// prefetch is a quarter of it (16 MiB for the default 64 MiB) instead of librdkafka's 64 MiB
-/// queue plus 50 MiB fetch. The daemon's peak memory is then a fixed overhead plus the budget
-/// plus this, whatever the record size (README "Memory", BENCHMARKS.md). Both sizes count
-/// uncompressed bytes for the queue but compressed ones for the fetch: a response of very
-/// compressible records decompresses to more (docs/decisions.md).
+/// properties: a quarter of the budget (16 MiB for the default 64 MiB) instead of librdkafka's
+/// 64 MiB queue plus 50 MiB fetch. One fetch response (`fetch.max.bytes`, which the queue may
+/// overshoot by) gets a thirty-second, the consumer queue (`queued.max.messages.kbytes`) the
+/// rest. The fetch is kept small because its bytes are compressed ones and every message it
+/// brings costs librdkafka a few hundred bytes besides its payload: an 8 MiB fetch of 100-byte
+/// records held over 100 MiB (BENCHMARKS.md "Memory during a catch-up"). The daemon's peak
+/// memory is then a fixed overhead plus the budget plus this (README "Memory"). A response of
+/// very compressible records still decompresses to more (docs/decisions.md).
 pub fn prefetch_sizes(kafka: &KafkaConfig) -> PrefetchSizes {
-    let eighth = (kafka.max_in_flight_bytes / 8).max(MIN_PREFETCH_PART_BYTES);
+    let quarter = kafka.max_in_flight_bytes / 4;
+    let fetch_part = (kafka.max_in_flight_bytes / 32).max(MIN_PREFETCH_PART_BYTES);
     let queue_kbytes = match kafka.properties.get("queued.max.messages.kbytes") {
         Some(v) => v.parse::<usize>().unwrap_or(0),
-        None => eighth / 1024,
+        None => {
+            quarter
+                .saturating_sub(fetch_part)
+                .max(MIN_PREFETCH_PART_BYTES)
+                / 1024
+        }
     };
     let fetch_bytes = match kafka.properties.get("fetch.max.bytes") {
         Some(v) => v.parse::<usize>().unwrap_or(0),
         // librdkafka refuses a fetch size below its `message.max.bytes` (1,000,000).
-        None => eighth.max(LIBRDKAFKA_MESSAGE_MAX_BYTES),
+        None => fetch_part.max(LIBRDKAFKA_MESSAGE_MAX_BYTES),
     };
     PrefetchSizes {
         queue_bytes: queue_kbytes * 1024,
@@ -176,6 +183,9 @@ impl PrefetchSizes {
 /// The record size below which the prefetch queue is bounded by count (`queued.min.messages`
 /// = queue bytes / this) rather than by bytes.
 const PREFETCH_MESSAGE_BYTES: usize = 1024;
+
+/// The smallest per-partition fetch the budget gives.
+const MIN_PARTITION_FETCH_BYTES: usize = 64 << 10;
 
 /// The smallest part of the prefetch the budget gives (a tiny budget still fetches).
 const MIN_PREFETCH_PART_BYTES: usize = 1 << 20;
@@ -217,6 +227,19 @@ pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfi
     }
     if !kafka.properties.contains_key("fetch.max.bytes") {
         config.set("fetch.max.bytes", prefetch.fetch_bytes.to_string());
+    }
+    // One partition's part of a fetch, a 256th of the budget (256 KiB by default, librdkafka's
+    // is 1 MiB): a fetch of 100-byte records decompresses to tens of thousands of messages, each
+    // costing librdkafka a few hundred bytes; 1 MiB per partition held twice the formula's
+    // prefetch. A record batch larger than this still comes, one partition per fetch, so
+    // records near 1 MB catch up slower (README "Memory").
+    if !kafka.properties.contains_key("max.partition.fetch.bytes") {
+        config.set(
+            "max.partition.fetch.bytes",
+            (kafka.max_in_flight_bytes / 256)
+                .max(MIN_PARTITION_FETCH_BYTES)
+                .to_string(),
+        );
     }
     // The queue's byte bound counts payloads only; each queued message also costs librdkafka a
     // few hundred bytes, so small records are bounded by count too (librdkafka's 100,000 of
