@@ -463,7 +463,7 @@ fn peak_rss(pid: u32) -> u64 {
 /// prefetch), and ends equal to the memory reference.
 #[tokio::test(flavor = "multi_thread")]
 async fn large_record_catch_up_stays_within_the_memory_formula() {
-    const BUDGET: usize = 8 << 20;
+    const BUDGET: usize = 32 << 20;
     const RECORD_BYTES: usize = 256 << 10;
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let mut setup = DaemonSetup::new("catchup-memory", Some(redis.url()));
