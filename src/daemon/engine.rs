@@ -12,7 +12,7 @@
 //! each record charged its raw bytes plus its decoded form and store request
 //! ([`DispatchRecord::in_flight_bytes`]).
 //! Beyond that, a paused partition may still receive what was already in transit from the poll
-//! thread (at most its channel: 4 batches of 1 MiB). Store calls in flight are at most one per
+//! thread (at most 4 batches of 256 KiB, see `intake`). Store calls in flight are at most one per
 //! lane, so at most the records in the windows.
 
 mod handover;
@@ -30,6 +30,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 
 use super::dead_letter::{self, Letter, Source};
+use super::fetch_waker::FetchWaker;
 use super::intake::{IntakeEvent, Polled, RawRecord};
 use super::kafka::{lock, DaemonContext, GroupEvent};
 use super::metrics;
@@ -138,6 +139,8 @@ pub struct RunReport {
 pub struct Engine {
     settings: EngineSettings,
     consumer: Arc<BaseConsumer<DaemonContext>>,
+    /// Restarts librdkafka's fetcher after a resume (see `fetch_waker`).
+    waker: FetchWaker,
     producer: FutureProducer,
     store: Arc<dyn MailboxStore>,
     telemetry: Telemetry,
@@ -166,9 +169,11 @@ impl Engine {
         store: Arc<dyn MailboxStore>,
         telemetry: Telemetry,
     ) -> Self {
+        let waker = FetchWaker::start(consumer.clone(), settings.topic.clone());
         Self {
             settings,
             consumer,
+            waker,
             producer,
             store,
             telemetry,
@@ -726,6 +731,9 @@ impl Engine {
         if resume.count() > 0 {
             if let Err(e) = self.consumer.resume(&resume) {
                 tracing::warn!(error = %e, "resume failed");
+            }
+            for element in resume.elements() {
+                self.waker.wake(element.partition());
             }
         }
     }

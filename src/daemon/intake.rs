@@ -10,8 +10,11 @@
 //! partition's records only between its `Assigned` and `Revoked`.
 //!
 //! Bounds: the channel holds at most [`CHANNEL_BATCHES`] batches, so besides the engine's window
-//! at most `CHANNEL_BATCHES * MAX_BATCH_BYTES` (4 MiB) of records are in transit (plus one
-//! record beyond the limit per batch, and their decoded form). When the engine
+//! at most `(CHANNEL_BATCHES + 2) * MAX_BATCH_BYTES` (1 MiB raw: the channel's batches, the one
+//! this thread is handing over and the one the engine is admitting; plus one record beyond the
+//! limit per batch, and their decoded form, about 3 MiB charged) are in transit. These bytes are
+//! admitted even into a partition that was paused meanwhile, so they are the budget's overshoot:
+//! kept small on purpose (4 batches of 1 MiB overshot a 64 MiB budget by 13-18 MiB). When the engine
 //! falls behind, the channel fills and this thread blocks, which is the backpressure librdkafka
 //! sees (its own prefetch queue is bounded by `queued.max.messages.kbytes`).
 
@@ -31,11 +34,11 @@ use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
 /// Most records in one batch.
 pub const MAX_BATCH_RECORDS: usize = 512;
 /// Most payload bytes in one batch (a batch always holds at least one record). Small enough that
-/// the channel's batches, decoded, stay a few MiB; large enough that 1 KB records still travel
-/// [`MAX_BATCH_RECORDS`] at a time.
-pub const MAX_BATCH_BYTES: usize = 1 << 20;
-/// Batches in transit between the poll thread and the engine.
-pub const CHANNEL_BATCHES: usize = 4;
+/// the batches in transit, decoded, stay about 3 MiB (they are the in-flight budget's overshoot);
+/// large enough that records of up to 512 bytes still travel [`MAX_BATCH_RECORDS`] at a time.
+pub const MAX_BATCH_BYTES: usize = 256 << 10;
+/// Batches waiting between the poll thread and the engine: one to take while the next is built.
+pub const CHANNEL_BATCHES: usize = 2;
 
 /// One record copied out of librdkafka.
 #[derive(Debug, Clone, PartialEq, Eq)]

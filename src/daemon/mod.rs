@@ -33,6 +33,7 @@
 
 pub mod dead_letter;
 pub mod engine;
+pub mod fetch_waker;
 pub mod health;
 pub mod http;
 pub mod intake;
