@@ -483,6 +483,11 @@ async fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
+    // As the `materializer` binary does first thing (`BENCH_ALLOCATOR_DEFAULTS` skips it, to
+    // measure what it costs).
+    if std::env::var_os("BENCH_ALLOCATOR_DEFAULTS").is_none() {
+        mailbox_materializer::allocator::return_memory_promptly();
+    }
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP")
         .expect("KAFKA_BOOTSTRAP must point at a broker (scripts/kafka start)");
     // As in `materializer run`: every metric is recorded, so its cost is measured too.

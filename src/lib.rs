@@ -23,9 +23,11 @@
 //! - [`demo`]: the synthetic dispatch log of `materializer demo`.
 //! - [`config`]: the TOML configuration with environment overrides and validation.
 //! - [`cli`]: the `materializer` commands; builds config and store once and hands them on.
+//! - [`allocator`]: how the binary's allocator returns memory (part of the memory bound).
 //!
 //! `src/bin/materializer.rs` only parses the command line and calls [`cli::main`].
 
+pub mod allocator;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -9,5 +9,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    #[cfg(not(feature = "system-allocator"))]
+    mailbox_materializer::allocator::return_memory_promptly();
     mailbox_materializer::cli::main()
 }
