@@ -5,9 +5,9 @@
 //! With mimalloc's defaults a catch-up of 64 KB records into Redis peaked at 172-203 MiB of RSS
 //! for 56-67 MiB of charged bytes (bound 164): its arena was backed by transparent huge pages
 //! (it asks for them), so a 2 MiB page stays resident while any 4 KiB of it is live, and freed
-//! memory is returned only after a one-second delay (ten for whole arenas). Both off, the same
-//! run peaks at 125-132 MiB (BENCHMARKS.md, "Memory during a catch-up"), at a throughput cost
-//! measured there too.
+//! memory is returned only after a one-second delay (ten for whole arenas). With huge pages off
+//! and a 10 ms delay the same run peaks at 130-137 MiB (BENCHMARKS.md, "Memory during a
+//! catch-up"); a delay of 0 peaked the same but cost the memory store's path a sixth of its rate.
 
 /// mimalloc's `mi_option_purge_delay` (the position in the vendored v3 `mimalloc.h`'s
 /// `mi_option_e`; the Rust bindings do not name it). The unit test below checks its default.
@@ -17,8 +17,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// default is 1,000 ms, and ten times that for whole arenas).
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
-/// Returns freed memory at once and keeps the process off transparent huge pages. Called first
-/// thing in `main`; harmless (and without effect on the heap) when another allocator is global.
+/// Returns freed memory within `PURGE_DELAY_MS` and keeps the process off transparent huge
+/// pages. Called first thing in `main`; harmless (and without effect on the heap) when another allocator is global.
 pub fn return_memory_promptly() {
     // An operator's `MIMALLOC_PURGE_DELAY` (read by mimalloc at start) wins.
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
