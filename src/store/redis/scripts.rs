@@ -107,3 +107,58 @@ impl ScriptCode {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each `ERR_*` constant of `common.lua` with the variant it must map to.
+    fn lua_name(code: ScriptCode) -> &'static str {
+        match code {
+            ScriptCode::FutureCreatedAt => "ERR_FUTURE",
+            ScriptCode::SpanExceeded => "ERR_SPAN",
+            ScriptCode::CrossDay => "ERR_CROSS_DAY",
+            ScriptCode::UnsupportedFormat => "ERR_UNSUPPORTED_FORMAT",
+            ScriptCode::IndexLost => "ERR_INDEX_LOST",
+            ScriptCode::MetaLost => "ERR_META_LOST",
+            ScriptCode::IdentityMissing => "ERR_IDENTITY_MISSING",
+            ScriptCode::BadProof => "ERR_BAD_PROOF",
+            ScriptCode::EpochMismatch => "ERR_EPOCH_MISMATCH",
+            ScriptCode::CursorTrimmed => "ERR_CURSOR_TRIMMED",
+            ScriptCode::CursorGap => "ERR_CURSOR_GAP",
+            ScriptCode::UnderRepair => "ERR_UNDER_REPAIR",
+            ScriptCode::FenceLost => "ERR_FENCE_LOST",
+        }
+    }
+
+    #[test]
+    fn every_error_code_of_the_lua_scripts_has_its_script_code_and_no_other() {
+        let declared: Vec<(&str, i64)> = COMMON
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.trim().strip_prefix("local ")?.split_once('=')?;
+                let name = name.trim();
+                name.starts_with("ERR_")
+                    .then(|| Some((name, value.trim().parse().ok()?)))?
+            })
+            .collect();
+        assert!(
+            declared.len() >= 13,
+            "common.lua's codes not found: {declared:?}"
+        );
+        for (name, code) in &declared {
+            let variant = ScriptCode::from_code(*code)
+                .unwrap_or_else(|| panic!("{name} = {code} has no ScriptCode"));
+            assert_eq!(lua_name(variant), *name, "code {code}");
+        }
+        // And the other way: every code the Rust side knows is declared, with its number.
+        for code in -100..0 {
+            if let Some(variant) = ScriptCode::from_code(code) {
+                assert!(
+                    declared.contains(&(lua_name(variant), code)),
+                    "{variant:?} ({code}) is not declared in common.lua"
+                );
+            }
+        }
+    }
+}
