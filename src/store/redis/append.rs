@@ -1,0 +1,123 @@
+//! The write paths shared by the live copy and a repair's staging copy: the same scripts, bound
+//! to the copy's keys, with the fence check of `fence_verdict` (`lua/includes/common.lua`).
+
+use super::*;
+
+impl RedisStore {
+    /// The invocation of `lua/append.lua` that appends `group` to `copy` (as `holder`): exactly
+    /// what [`MailboxStore::append`] sends. Benchmarks pipe the very same commands to the server
+    /// raw, as the baseline of the daemon's rate.
+    pub fn append_invocation(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        group: &EventGroup,
+    ) -> redis::ScriptInvocation<'_> {
+        let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
+        let day = group.day();
+        let mut events: Vec<&Event> = group.events.iter().collect();
+        events.sort_by_key(|e| e.event_ordinal);
+        let mut invocation = self.scripts.append.prepare_invoke();
+        keys.bind(&mut invocation);
+        // ARGV as `lua/append.lua` lists them.
+        invocation
+            .arg(&keys.stem)
+            .arg(keys::tag(&group.mailbox.user_id))
+            .arg(group.mailbox.epoch)
+            .arg(group.mailbox_seq)
+            .arg(format!("{:016}", group.mailbox_seq))
+            .arg(day)
+            .arg(self.policy.expires_at(day))
+            .arg(
+                day.saturating_sub(u64::from(self.policy.future_window_days))
+                    .saturating_mul(crate::model::DAY_SECS),
+            )
+            .arg(self.policy.max_active_span_days)
+            .arg(self.policy.retention_days)
+            .arg(holder)
+            .arg(self.wait_flag())
+            .arg(events.len() + 1)
+            .arg(group.source.map(|s| s.encode()).unwrap_or_default());
+        for event in events {
+            invocation.arg(event_member(
+                group.mailbox_seq,
+                event.event_ordinal,
+                group.created_at,
+                event.payload.as_str(),
+            ));
+        }
+        invocation
+    }
+
+    /// Appends `group` to one copy. `holder` is empty for a live write (refused under any fence)
+    /// or the repair's holder id for a staged write (refused unless that repair holds the fence).
+    pub(super) async fn append_to(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        validate_group(group)?;
+        let invocation = self.append_invocation(copy, holder, group);
+        let reply = self.invoke_durable(invocation).await?;
+        self.append_reply(reply, group)
+    }
+
+    /// The outcome of `lua/append.lua`'s reply for `group`.
+    pub(super) fn append_reply(
+        &self,
+        reply: Vec<Value>,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        if matches!(reply.first().and_then(int), Some(1..=5)) {
+            crate::store::note_promoted_days(num(reply.get(1)));
+        }
+        match reply.first().and_then(int) {
+            Some(1) => Ok(AppendOutcome::Inserted),
+            Some(2) => Ok(AppendOutcome::Unchanged),
+            Some(3) => Ok(AppendOutcome::Replaced),
+            Some(4) => Ok(AppendOutcome::ExpiredMerged),
+            Some(5) => Ok(AppendOutcome::Trimmed),
+            Some(6) => Ok(AppendOutcome::StaleEpoch),
+            _ => {
+                let mut reply = reply;
+                // Cross-day and identity-missing replies name one side; add the other.
+                match reply.first().and_then(int).and_then(ScriptCode::from_code) {
+                    Some(ScriptCode::CrossDay) => reply.push(Value::Int(group.day() as i64)),
+                    Some(ScriptCode::IdentityMissing) => {
+                        reply.push(Value::Int(group.mailbox_seq as i64))
+                    }
+                    _ => {}
+                }
+                Err(self.script_error(&reply))
+            }
+        }
+    }
+
+    /// `truncate_before` on one copy; `holder` as in [`RedisStore::append_to`].
+    pub(super) async fn truncate_in(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        mailbox: &MailboxId,
+        before_seq: u64,
+    ) -> Result<TruncateOutcome, StoreError> {
+        validate_before_seq(before_seq)?;
+        let keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
+        let mut invocation = self.scripts.truncate.prepare_invoke();
+        keys.bind(&mut invocation);
+        invocation
+            .arg(mailbox.epoch)
+            .arg(before_seq)
+            .arg(holder)
+            .arg(self.wait_flag());
+        let reply = self.invoke_durable(invocation).await?;
+        match reply.first().and_then(int) {
+            Some(0) => Ok(TruncateOutcome {
+                user_trim_seq: num(reply.get(1)),
+                removed_groups: num(reply.get(2)),
+            }),
+            _ => Err(self.script_error(&reply)),
+        }
+    }
+}
