@@ -14,8 +14,15 @@
 //! Beyond that, a paused partition may still receive what was already in transit from the poll
 //! thread (at most 4 batches of 256 KiB, see `intake`). Store calls in flight are at most one per
 //! lane, so at most the records in the windows.
+//!
+//! Beside this file: `letters` (dead letters in flight), `housekeeping` (the one-second tick:
+//! gauges and stalled partitions) and `handover` (revokes waiting for the calls already sent).
 
 mod handover;
+mod housekeeping;
+mod letters;
+
+use letters::LetterDone;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,17 +66,6 @@ struct Key {
     partition: i32,
     generation: u64,
     at: DeliveryRef,
-}
-
-/// A dead letter in flight.
-struct LetterDone {
-    partition: i32,
-    generation: u64,
-    offset: i64,
-    attempt: u32,
-    reason: &'static str,
-    letter: Arc<Letter>,
-    result: Result<(), KafkaError>,
 }
 
 struct PartitionState {
@@ -579,99 +575,6 @@ impl Engine {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn send_letter(
-        &mut self,
-        partition: i32,
-        generation: u64,
-        offset: i64,
-        reason: &'static str,
-        letter: Arc<Letter>,
-        attempt: u32,
-        delay: Duration,
-    ) {
-        if let Some(state) = self.partitions.get_mut(&partition) {
-            state.letters += 1;
-        }
-        let producer = self.producer.clone();
-        let topic = self.settings.dlq_topic.clone();
-        self.letters.push(Box::pin(async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            let result = dead_letter::send(&producer, &topic, &letter).await;
-            LetterDone {
-                partition,
-                generation,
-                offset,
-                attempt,
-                reason,
-                letter,
-                result,
-            }
-        }));
-    }
-
-    fn on_letter(&mut self, done: LetterDone) {
-        let Some(state) = self
-            .partitions
-            .get_mut(&done.partition)
-            .filter(|s| s.generation == done.generation)
-        else {
-            return;
-        };
-        state.letters = state.letters.saturating_sub(1);
-        match done.result {
-            Ok(()) => {
-                self.telemetry.health().set_dead_letters(true);
-                state.pipeline.dead_lettered(done.offset);
-                self.telemetry.dead_lettered(
-                    done.partition,
-                    done.offset,
-                    done.reason,
-                    done.letter.truncated,
-                );
-            }
-            Err(error) => {
-                self.telemetry.health().set_dead_letters(false);
-                self.telemetry.dead_letter_failed(
-                    done.partition,
-                    done.offset,
-                    &error,
-                    done.attempt,
-                );
-                // A fatal producer error (librdkafka's idempotence guarantee broken, a fenced
-                // producer) fails every later send too: resending forever would pin the
-                // partition with readiness still true. Drain and exit non-zero instead, so the
-                // orchestrator restarts the replica with a new producer (SPEC 7.2).
-                if let Some(reason) = dead_letter::fatal(&self.producer, &error) {
-                    tracing::error!(error = %error, reason = %reason, "the dead-letter producer failed fatally");
-                    self.fatal = Some(format!("the dead-letter producer failed fatally: {reason}"));
-                    return;
-                }
-                let mut letter = done.letter;
-                if dead_letter::is_too_large(&error) && !letter.truncated {
-                    // The producer's real limit is below the configured one: send the excerpt.
-                    letter = Arc::new(dead_letter::truncate(
-                        (*letter).clone(),
-                        self.settings.dlq_max_message_bytes,
-                    ));
-                }
-                let delay = self.settings.backoff.delay(done.attempt);
-                let generation = state.generation;
-                self.send_letter(
-                    done.partition,
-                    generation,
-                    done.offset,
-                    done.reason,
-                    letter,
-                    done.attempt + 1,
-                    delay,
-                );
-            }
-        }
-    }
-
     /// Moves every partition's final records out of its window in source order, reports them,
     /// stores the new watermarks, and resumes partitions with room again.
     fn advance(&mut self) {
@@ -737,94 +640,6 @@ impl Engine {
             }
         }
     }
-
-    /// Every second: refresh each assigned partition's gauges (a revoked partition's gauges are
-    /// no longer refreshed and disappear) and detect partitions that cannot be read.
-    fn housekeeping(&mut self) {
-        // Expired days the store compacted inside appends (and any other promote) since the
-        // last tick.
-        let promoted = crate::store::promoted_days_total();
-        if promoted > self.promoted_reported {
-            metrics::promote_expired_buckets(
-                u32::try_from(promoted - self.promoted_reported).unwrap_or(u32::MAX),
-            );
-            self.promoted_reported = promoted;
-        }
-        let highs = lock(&self.consumer.context().high_watermarks).clone();
-        let starts = lock(&self.consumer.context().start_offsets).clone();
-        let committed = lock(&self.consumer.context().committed).clone();
-        let mut any_stalled = false;
-        for (partition, state) in self.partitions.iter_mut() {
-            let position = state
-                .pipeline
-                .watermark()
-                .or(state.start)
-                .or_else(|| starts.get(partition).copied());
-            state.start = state.start.or_else(|| starts.get(partition).copied());
-            metrics::partition_blocked(*partition, state.blocked.len());
-            if let Some(offset) = committed.get(partition) {
-                metrics::committed_offset(*partition, *offset);
-            }
-            let lag = match (highs.get(partition), position) {
-                (Some(high), Some(position)) => Some(high - position),
-                _ => None,
-            };
-            if let Some(lag) = lag {
-                metrics::consumer_lag(*partition, lag);
-            }
-            // Stalled: the consumer reports errors, the partition has records to read, nothing in
-            // flight, not paused, and nothing arrived for a while — a record librdkafka cannot
-            // read (an unsupported codec). Without consumer errors an idle partition whose last
-            // offsets are transaction markers (never delivered) is not stalled.
-            let stalled = is_stalled(&Stall {
-                last_consumer_error: self
-                    .last_consumer_error
-                    .as_ref()
-                    .map(|(at, _)| at.elapsed()),
-                lag,
-                idle: state.pipeline.is_empty() && !state.paused,
-                since_last_record: state.last_record.elapsed(),
-                threshold: self.settings.stalled_after,
-            });
-            if stalled && !state.stalled {
-                tracing::error!(
-                    partition = *partition,
-                    lag = lag.unwrap_or(0),
-                    last_consumer_error = self.last_consumer_error.as_ref().map_or("none", |(_, e)| e.as_str()),
-                    "partition stalled: records are waiting but none could be read for {:?}; check the consumer errors above (a 'Not implemented' error means the topic uses a compression codec or format this build cannot read) and the broker's health",
-                    self.settings.stalled_after
-                );
-            }
-            state.stalled = stalled;
-            any_stalled |= stalled;
-            metrics::partition_unreadable(*partition, stalled);
-        }
-        self.telemetry.health().set_consumer(!any_stalled);
-        self.telemetry.health().refresh();
-    }
-}
-
-/// What the stall check of one partition looks at.
-struct Stall {
-    /// How long ago the consumer last reported an error, if ever.
-    last_consumer_error: Option<Duration>,
-    /// High watermark minus the partition's position, when known.
-    lag: Option<i64>,
-    /// Nothing in the window and not paused (so nothing is waiting on the store or on us).
-    idle: bool,
-    since_last_record: Duration,
-    threshold: Duration,
-}
-
-/// A partition is stalled when the consumer reports errors, records wait (lag), the engine
-/// holds none of them, and none arrived for the threshold: librdkafka cannot hand them over
-/// (an unreadable record). An idle partition whose last offsets are transaction markers has lag
-/// too, but no consumer error: not stalled.
-fn is_stalled(s: &Stall) -> bool {
-    s.last_consumer_error.is_some_and(|ago| ago < s.threshold)
-        && s.lag.is_some_and(|l| l > 0)
-        && s.idle
-        && s.since_last_record >= s.threshold
 }
 
 /// Starts the next attempt of a delivery that is not final.
@@ -845,68 +660,4 @@ fn retry(engine: &mut Engine, key: Key, delivery: Arc<Delivery>, attempt: u32, d
         delay,
         state.cancel.clone(),
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_partition_is_stalled_only_with_errors_waiting_records_and_no_progress() {
-        let threshold = Duration::from_secs(30);
-        let unreadable = Stall {
-            last_consumer_error: Some(Duration::from_secs(1)),
-            lag: Some(3),
-            idle: true,
-            since_last_record: Duration::from_secs(31),
-            threshold,
-        };
-        assert!(is_stalled(&unreadable));
-        for (name, stall) in [
-            (
-                "no consumer error (transaction markers)",
-                Stall {
-                    last_consumer_error: None,
-                    ..unreadable
-                },
-            ),
-            (
-                "an old error",
-                Stall {
-                    last_consumer_error: Some(Duration::from_secs(60)),
-                    ..unreadable
-                },
-            ),
-            (
-                "nothing waiting",
-                Stall {
-                    lag: Some(0),
-                    ..unreadable
-                },
-            ),
-            (
-                "lag unknown",
-                Stall {
-                    lag: None,
-                    ..unreadable
-                },
-            ),
-            (
-                "busy (window or pause)",
-                Stall {
-                    idle: false,
-                    ..unreadable
-                },
-            ),
-            (
-                "a record arrived recently",
-                Stall {
-                    since_last_record: Duration::from_secs(5),
-                    ..unreadable
-                },
-            ),
-        ] {
-            assert!(!is_stalled(&stall), "{name}");
-        }
-    }
 }
