@@ -12,7 +12,8 @@
 //! - [`store`]: the [`store::MailboxStore`] trait (the contract of SPEC section 4, and the repair
 //!   of 7.1 in [`store::repair`]), the [`store::Clock`], one module per backend
 //!   ([`store::memory`], the executable reference; [`store::redis`]; [`store::scylla`]), and
-//!   [`store::classify`], the one place native store errors get their class.
+//!   [`store::classify`], the one place native store errors get their class, and
+//!   [`store::open`], the one place a configuration becomes a store.
 //! - [`ingest`]: decoding records, the ordering core (windows, lanes, watermark) and the store
 //!   calls in flight; reaches a store only through the trait.
 //! - [`disposition`]: the one table from a delivery's result to an action (advance, dead-letter,
@@ -22,7 +23,8 @@
 //!   health) and `materializer replay`.
 //! - [`demo`]: the synthetic dispatch log of `materializer demo`.
 //! - [`config`]: the TOML configuration with environment overrides and validation.
-//! - [`cli`]: the `materializer` commands; builds config and store once and hands them on.
+//! - [`cli`]: the `materializer` commands; loads the configuration, opens the store once and
+//!   hands both on.
 //! - [`allocator`]: how the binary's allocator returns memory (part of the memory bound).
 //!
 //! `src/bin/materializer.rs` only parses the command line and calls [`cli::main`].

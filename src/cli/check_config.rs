@@ -185,7 +185,7 @@ async fn check_store(config: &Config) -> Check {
             ),
             None => "in-process; nothing to reach".to_owned(),
         }),
-        Backend::Redis => match &opened.redis {
+        Backend::Redis => match opened.redis() {
             Some(store) => redis_details(store)
                 .await
                 .map(|details| format!("{target}: {details}"))

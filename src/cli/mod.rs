@@ -12,18 +12,12 @@ mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Backend, Config, Overrides};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
-use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::scylla::{ScyllaSettings, ScyllaStore, ScyllaTls};
-use crate::store::{Clock, MailboxStore, ManualClock, SystemClock};
-use scylla::statement::{Consistency, SerialConsistency};
+use crate::store::{MailboxStore, OpenedStore};
 
 use output::{ErrorEnvelope, TruncateLine};
 
@@ -243,126 +237,11 @@ async fn run(command: Command, config: Config) -> ExitCode {
     code
 }
 
-/// A store built from the configuration, with what it takes to keep a memory store's content.
-pub struct OpenedStore {
-    pub store: Arc<dyn MailboxStore>,
-    memory_snapshot: Option<(Arc<MemoryStore>, PathBuf)>,
-    /// The same store when it is Redis, for the Redis-only commands (patrol).
-    redis: Option<Arc<RedisStore>>,
-}
-
-impl OpenedStore {
-    /// Saves a memory store to its snapshot file, if one is configured.
-    pub fn persist(&self) -> Result<(), String> {
-        match &self.memory_snapshot {
-            Some((store, path)) => store.save_snapshot(path).map_err(|e| e.to_string()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// The Redis store settings of a configuration.
-fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
-    RedisSettings {
-        url: redis.url.clone(),
-        cluster: redis.cluster,
-        extra_nodes: redis.cluster_nodes.clone(),
-        key_prefix: redis.key_prefix.clone(),
-        connect_timeout: Duration::from_millis(redis.connect_timeout_ms),
-        command_timeout: Duration::from_millis(redis.command_timeout_ms),
-        wait_replicas: redis.wait_replicas,
-        wait_timeout: Duration::from_millis(redis.wait_timeout_ms),
-    }
-}
-
-/// Builds the configured backend.
+/// Builds the configured backend ([`crate::store::open`]), naming it in `build_info` first so a
+/// daemon waiting for its store already says what it runs (a no-op without the metrics recorder).
 pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
-    // Names the backend in build_info before the first connection attempt, so a daemon waiting
-    // for its store already says what it runs (a no-op without the metrics recorder).
     crate::daemon::metrics::backend(config.store.backend.as_str());
-    let policy = config.retention.policy();
-    match config.store.backend {
-        Backend::Memory => {
-            let clock: Arc<dyn Clock> = match config.store.memory.fixed_now {
-                Some(now) => Arc::new(ManualClock::new(now)),
-                None => Arc::new(SystemClock),
-            };
-            let store = Arc::new(MemoryStore::new(policy, clock));
-            let memory_snapshot = match &config.store.memory.snapshot {
-                Some(path) => {
-                    store.load_snapshot(path).map_err(|e| e.to_string())?;
-                    Some((store.clone(), path.clone()))
-                }
-                None => None,
-            };
-            Ok(OpenedStore {
-                store,
-                memory_snapshot,
-                redis: None,
-            })
-        }
-        Backend::Redis => {
-            let store = Arc::new(
-                RedisStore::connect(redis_settings(&config.store.redis), policy)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            );
-            Ok(OpenedStore {
-                store: store.clone(),
-                memory_snapshot: None,
-                redis: Some(store),
-            })
-        }
-        Backend::Scylla => {
-            let store = ScyllaStore::connect(
-                scylla_settings(&config.store.scylla),
-                policy,
-                Arc::new(SystemClock),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            Ok(OpenedStore {
-                store: Arc::new(store),
-                memory_snapshot: None,
-                redis: None,
-            })
-        }
-    }
-}
-
-/// The Scylla store settings of a configuration (validated names).
-fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
-    let mut settings = ScyllaSettings::new(scylla.nodes.clone(), scylla.keyspace.clone());
-    settings.replication = scylla.replication.clone();
-    settings.username = scylla.username.clone();
-    settings.password = scylla.password.clone();
-    settings.connect_timeout = Duration::from_millis(scylla.connect_timeout_ms);
-    settings.local_dc = Some(scylla.local_dc.clone()).filter(|dc| !dc.is_empty());
-    settings.tls = scylla
-        .tls
-        .as_ref()
-        .filter(|t| t.enabled)
-        .map(|t| ScyllaTls {
-            ca_file: t.ca_file.clone(),
-            client_cert: t.cert_file.clone().zip(t.key_file.clone()),
-            verify: t.verify,
-        });
-    settings.consistency = match scylla.consistency.as_str() {
-        "ANY" => Consistency::Any,
-        "ONE" => Consistency::One,
-        "TWO" => Consistency::Two,
-        "THREE" => Consistency::Three,
-        "QUORUM" => Consistency::Quorum,
-        "ALL" => Consistency::All,
-        "EACH_QUORUM" => Consistency::EachQuorum,
-        "LOCAL_ONE" => Consistency::LocalOne,
-        _ => Consistency::LocalQuorum,
-    };
-    settings.serial_consistency = match scylla.serial_consistency.as_str() {
-        "LOCAL_SERIAL" => SerialConsistency::LocalSerial,
-        _ => SerialConsistency::Serial,
-    };
-    settings
+    crate::store::open(config).await
 }
 
 pub(crate) fn print_json(value: &impl serde::Serialize) {
@@ -440,7 +319,7 @@ async fn truncate(store: &dyn MailboxStore, args: &TruncateArgs) -> ExitCode {
 }
 
 async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> ExitCode {
-    let Some(store) = &opened.redis else {
+    let Some(store) = opened.redis() else {
         // Scylla rows and memory mailboxes expire by the store's own clock, so only the
         // leftovers of crashed repairs need a walk there.
         return match opened.store.repair_collect_garbage().await {

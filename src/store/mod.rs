@@ -7,6 +7,7 @@ pub mod classify;
 pub mod clock;
 pub mod fault;
 pub mod memory;
+mod open;
 pub mod redis;
 pub mod repair;
 pub mod scylla;
@@ -19,6 +20,7 @@ use crate::model::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use open::{open, OpenedStore};
 
 /// Expired days compacted into gap boundaries by this process's stores (every promote: inside
 /// appends, truncates and scans, and explicit ones). The daemon reports its increase as
