@@ -284,19 +284,11 @@ impl UserState {
         epoch: u32,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
-        match self.epoch {
+        if !rules::check_epoch(self.epoch.map(u64::from), u64::from(epoch))? {
             // A user never written: the truncate establishes the mailbox so the trim is durable
             // and a later replay of older seqs stays trimmed.
-            None => {
-                self.epoch = Some(epoch);
-                self.mailbox = Mailbox::default();
-            }
-            Some(current) if current != epoch => {
-                return Err(StoreError::EpochMismatch {
-                    current: Some(current),
-                })
-            }
-            Some(_) => {}
+            self.epoch = Some(epoch);
+            self.mailbox = Mailbox::default();
         }
         let mailbox = &mut self.mailbox;
         mailbox.prepare_write(now)?;
@@ -327,14 +319,8 @@ impl UserState {
         epoch: u32,
         request: &ScanRequest,
     ) -> Result<Option<ScanPage>, StoreError> {
-        match self.epoch {
-            None => return Ok(None),
-            Some(current) if current != epoch => {
-                return Err(StoreError::EpochMismatch {
-                    current: Some(current),
-                })
-            }
-            Some(_) => {}
+        if !rules::check_epoch(self.epoch.map(u64::from), u64::from(epoch))? {
+            return Ok(None);
         }
         if request
             .until_seq
@@ -361,10 +347,9 @@ impl UserState {
         epoch: u32,
         request: &ScanRequest,
     ) -> Result<(), StoreError> {
-        if self.epoch != Some(epoch) {
-            return Err(StoreError::EpochMismatch {
-                current: self.epoch,
-            });
+        if !rules::check_epoch(self.epoch.map(u64::from), u64::from(epoch))? {
+            // The user vanished between the read and this check.
+            return Err(StoreError::EpochMismatch { current: None });
         }
         let mailbox = &mut self.mailbox;
         mailbox.expire_physically(now);
