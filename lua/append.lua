@@ -29,7 +29,7 @@
   Returns {code, ...}:
     1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed (each followed by the
     number of expired days promote compacted on the way), 6 stale_epoch
-    ERR_FUTURE, ERR_SPAN low high, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
+    ERR_FUTURE day now, ERR_SPAN low high day, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
     ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
     ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
     fence is not this repair's)
@@ -88,7 +88,7 @@ local now = now_text()
 -- 2. Future window, before anything is read or written: day > today + future_window_days
 -- exactly when now < (day - future_window_days) * 86400, the second the caller sends.
 if seq_less(now, ARGV[8]) then
-  return {ERR_FUTURE}
+  return {ERR_FUTURE, day_text, now}
 end
 
 -- 3. Epoch (canonical decimals). A move is applied only once something is written.
@@ -204,7 +204,7 @@ if not had_proof then
   if min_day and min_day < low then low = min_day end
   if max_day and max_day > high then high = max_day end
   if high - low > tonumber(ARGV[9]) then
-    return {ERR_SPAN, string.format('%d', low), string.format('%d', high)}
+    return {ERR_SPAN, string.format('%d', low), string.format('%d', high), day_text}
   end
 end
 

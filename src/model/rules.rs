@@ -41,14 +41,32 @@ pub fn check_future_window(policy: &RetentionPolicy, day: u64, now: u64) -> Resu
     if !policy.is_beyond_future_window(day, now) {
         return Ok(());
     }
-    Err(StoreError::rejected(
+    Err(future_created_at(policy, day, now))
+}
+
+/// The refusal of SPEC 4.2 step 2, as every backend words it (Redis decides in its script and
+/// reports the day and the server's clock).
+pub fn future_created_at(policy: &RetentionPolicy, day: u64, now: u64) -> StoreError {
+    StoreError::rejected(
         RejectKind::FutureCreatedAt,
         format!(
             "created_at day {day} is beyond today ({}) + future_window_days ({})",
             today(now),
             policy.future_window_days
         ),
-    ))
+    )
+}
+
+/// The refusal of SPEC 4.2 step 8 when adding `day` would make the active days span
+/// `low..=high`, as every backend words it.
+pub fn span_exceeded(policy: &RetentionPolicy, day: u64, low: u64, high: u64) -> StoreError {
+    StoreError::rejected(
+        RejectKind::SpanExceeded,
+        format!(
+            "adding day {day} makes the active days span {low}..={high}, more than max_active_span_days ({})",
+            policy.max_active_span_days
+        ),
+    )
 }
 
 /// What SPEC 4.2 step 3 does with an append of `incoming` for a user whose current epoch is
@@ -255,13 +273,7 @@ pub fn append_step(
     }
     let (low, high) = active_days.map_or((day, day), |(min, max)| (min.min(day), max.max(day)));
     if high - low > u64::from(policy.max_active_span_days) {
-        return Err(StoreError::rejected(
-            RejectKind::SpanExceeded,
-            format!(
-                "adding day {day} makes the active days span {low}..={high}, more than max_active_span_days ({})",
-                policy.max_active_span_days
-            ),
-        ));
+        return Err(span_exceeded(policy, day, low, high));
     }
     Ok(AppendStep::Insert)
 }

@@ -111,22 +111,12 @@ impl RedisStore {
         let arg = |i: usize| reply.get(i).map(text).unwrap_or_default();
         let n = |i: usize| num(reply.get(i));
         match ScriptCode::from_code(code) {
-            Some(ScriptCode::FutureCreatedAt) => StoreError::rejected(
-                RejectKind::FutureCreatedAt,
-                format!(
-                    "created_at is beyond today + future_window_days ({}) by the server clock",
-                    self.policy.future_window_days
-                ),
-            ),
-            Some(ScriptCode::SpanExceeded) => StoreError::rejected(
-                RejectKind::SpanExceeded,
-                format!(
-                    "the active days would span {}..={}, more than max_active_span_days ({})",
-                    n(1),
-                    n(2),
-                    self.policy.max_active_span_days
-                ),
-            ),
+            Some(ScriptCode::FutureCreatedAt) => {
+                crate::model::rules::future_created_at(&self.policy, n(1), n(2))
+            }
+            Some(ScriptCode::SpanExceeded) => {
+                crate::model::rules::span_exceeded(&self.policy, n(3), n(1), n(2))
+            }
             Some(ScriptCode::CrossDay) => StoreError::Conflict {
                 kind: ConflictKind::CrossDay {
                     existing_day: n(1),

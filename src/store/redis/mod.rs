@@ -46,7 +46,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use crate::model::error::{ConflictKind, CorruptKind, CursorExpired, RejectKind};
+use crate::model::error::{ConflictKind, CorruptKind, CursorExpired};
 use crate::model::validate::{
     validate_before_seq, validate_group, validate_scan, MAX_EVENTS_PER_GROUP,
 };
