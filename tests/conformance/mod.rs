@@ -5,6 +5,30 @@
 //! its clock, a way to damage it) and one call of [`conformance_tests!`], which expands to one
 //! `#[tokio::test]` per case. Backend differences are capabilities of the fixture, never copies of
 //! a test.
+//!
+//! Where each part of the SPEC is checked (cases in `cases.rs` and `repair.rs`, run on memory,
+//! Redis standalone, Redis Cluster, Redis with a replica and Scylla):
+//!
+//! | SPEC | cases |
+//! |---|---|
+//! | 4.1 validation | `duplicate_ordinal_rejected`, `largest_group_inserts_replaces_and_scans_whole`, `payload_round_trips_as_canonical_json`, `ordinals_above_two_to_the_31_keep_identity_and_order` |
+//! | 4.2 step 2, future window | `future_window_rejects_and_leaves_no_key` |
+//! | 4.2 step 3, epochs | `epoch_move_deletes_the_old_epoch`, `stale_epoch_writes_nothing` |
+//! | 4.2 format, meta | `v3_meta_rejected_with_nothing_modified` |
+//! | 4.2 replays | `identical_replay_is_unchanged`, `same_day_replacement_of_the_whole_group`, `cross_day_conflict`, `cross_day_conflict_for_expired_input`, `expired_replay_merges_the_gap` |
+//! | 4.2 steps 7-8, identity and span | `identity_missing_below_seqbucket_max_seq_is_corrupt`, `span_exceeded_rejects_and_changes_nothing` |
+//! | 4.2 under concurrency and in batches | `concurrent_appends_to_one_mailbox`, `append_many_answers_each_group_like_append`, `append_many_spread_over_many_users_answers_each` |
+//! | 4.3 truncate | `trim_outcome_and_trim_never_lowers`, `truncate_removes_whole_groups_and_keeps_empty_day_proofs`, `truncate_on_unknown_user_is_durable`, `natural_ttl_kept_apart_from_explicit_trim` |
+//! | 4.4 scan | `memory_epoch_check_and_reverse_range`, `scan_epoch_check_comes_before_the_reverse_range`, `scan_pages_whole_groups_in_seq_order`, `expired_cursor_gap`, `expiry_between_check_and_read`, `scan_reads_buckets_older_than_max_day_minus_retention`, `scans_beside_same_day_replaces_never_skip_a_group`, `index_lost_is_corrupt`, `meta_lost_is_corrupt` |
+//! | 4.5 promote | `active_proof_compaction`, `bad_proof_two_phase_promote_changes_nothing`, `thirty_two_consecutive_day_buckets`, `long_offline_recovery` |
+//! | 4.6 boundedness | `metadata_stays_bounded_over_a_year` |
+//! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference) |
+//! | 7.1 repair | `repair_*` (`repair.rs`) |
+//! | 7.2 zombies | `late_write_of_an_older_position_is_fenced` |
+//!
+//! Outside this suite: the Redis layout of SPEC 5 and identity TTLs (`tests/store_redis.rs`),
+//! batch boundaries of `apply`, `replay` and the daemon (`tests/batches.rs`), the daemon's
+//! section 7 (`tests/daemon_*.rs`) and the CLI's section 8 (`tests/cli*.rs`).
 #![allow(dead_code)]
 
 pub mod cases;
