@@ -18,7 +18,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// Returns freed memory within `PURGE_DELAY_MS` and keeps the process off transparent huge
-/// pages. Called first thing in `main`; harmless (and without effect on the heap) when another allocator is global.
+/// pages. Called first thing in `main`; harmless (and without effect on the heap) when another
+/// allocator is global.
 pub fn return_memory_promptly() {
     // An operator's `MIMALLOC_PURGE_DELAY` (read by mimalloc at start) wins.
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
