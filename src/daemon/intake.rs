@@ -118,17 +118,41 @@ impl Intake {
     }
 }
 
+/// The batch being built: handed over once it holds [`MAX_BATCH_RECORDS`] records or
+/// [`MAX_BATCH_BYTES`] bytes (or when nothing else is ready).
+#[derive(Debug, Default)]
+struct Batch {
+    records: Vec<RawRecord>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Adds a record; true when the batch is full and goes to the engine now. A record larger
+    /// than the byte limit makes a batch of its own.
+    fn push(&mut self, record: RawRecord) -> bool {
+        self.bytes += record.size();
+        self.records.push(record);
+        self.records.len() >= MAX_BATCH_RECORDS || self.bytes >= MAX_BATCH_BYTES
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    fn take(&mut self) -> Vec<RawRecord> {
+        self.bytes = 0;
+        std::mem::replace(&mut self.records, Vec::with_capacity(MAX_BATCH_RECORDS))
+    }
+}
+
 fn poll_loop(
     consumer: &BaseConsumer<DaemonContext>,
     tx: &mpsc::Sender<IntakeEvent>,
     stop: &AtomicBool,
     options: &DecodeOptions,
 ) {
-    let flush = |tx: &mpsc::Sender<IntakeEvent>, batch: &mut Vec<RawRecord>, bytes: &mut usize| {
-        flush(tx, batch, bytes, options)
-    };
-    let mut batch: Vec<RawRecord> = Vec::with_capacity(MAX_BATCH_RECORDS);
-    let mut batch_bytes = 0usize;
+    let flush = |tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch| flush(tx, batch, options);
+    let mut batch = Batch::default();
     while !stop.load(Ordering::Acquire) {
         // Block for the first record of a batch, then take whatever else is ready.
         let timeout = if batch.is_empty() {
@@ -140,7 +164,7 @@ fn poll_loop(
         // Rebalance events raised inside this poll come after the records polled before it.
         let group_events = consumer.context().take_group_events();
         if !group_events.is_empty() {
-            if !flush(tx, &mut batch, &mut batch_bytes) {
+            if !flush(tx, &mut batch) {
                 return;
             }
             for event in group_events {
@@ -158,25 +182,19 @@ fn poll_loop(
                     payload: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
                     timestamp_ms: message.timestamp().to_millis(),
                 };
-                batch_bytes += record.size();
-                batch.push(record);
-                if (batch.len() >= MAX_BATCH_RECORDS || batch_bytes >= MAX_BATCH_BYTES)
-                    && !flush(tx, &mut batch, &mut batch_bytes)
-                {
+                if batch.push(record) && !flush(tx, &mut batch) {
                     return;
                 }
             }
             Some(Err(error)) => {
-                if !flush(tx, &mut batch, &mut batch_bytes)
-                    || tx.blocking_send(IntakeEvent::Error(error)).is_err()
-                {
+                if !flush(tx, &mut batch) || tx.blocking_send(IntakeEvent::Error(error)).is_err() {
                     return;
                 }
                 // A persistent error (an unreadable record) comes back at once: do not spin.
                 std::thread::sleep(Duration::from_millis(100));
             }
             None => {
-                if !flush(tx, &mut batch, &mut batch_bytes) {
+                if !flush(tx, &mut batch) {
                     return;
                 }
             }
@@ -185,17 +203,12 @@ fn poll_loop(
 }
 
 /// Decodes the batch and hands it over; false when the engine is gone.
-fn flush(
-    tx: &mpsc::Sender<IntakeEvent>,
-    batch: &mut Vec<RawRecord>,
-    bytes: &mut usize,
-    options: &DecodeOptions,
-) -> bool {
+fn flush(tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch, options: &DecodeOptions) -> bool {
     if batch.is_empty() {
         return true;
     }
-    *bytes = 0;
-    let records: Vec<Polled> = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH_RECORDS))
+    let records: Vec<Polled> = batch
+        .take()
         .into_iter()
         .map(|raw| {
             let decoded = decode(&raw.payload, options).map(|decoded| {
@@ -208,4 +221,60 @@ fn flush(
         })
         .collect();
     tx.blocking_send(IntakeEvent::Records(records)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(offset: i64, bytes: usize) -> RawRecord {
+        RawRecord {
+            partition: 0,
+            offset,
+            key: None,
+            payload: vec![b'x'; bytes],
+            timestamp_ms: None,
+        }
+    }
+
+    /// Fills a batch with `count` records of `bytes` each; answers after which record it was
+    /// full (1-based), if it was.
+    fn full_after(count: usize, bytes: usize) -> Option<usize> {
+        let mut batch = Batch::default();
+        (1..=count).find(|&i| batch.push(record(i as i64, bytes)))
+    }
+
+    #[test]
+    fn a_batch_is_full_at_exactly_its_byte_limit() {
+        let each = MAX_BATCH_BYTES / 4;
+        assert_eq!(full_after(4, each), Some(4), "exact");
+        let mut batch = Batch::default();
+        for i in 0..3 {
+            assert!(!batch.push(record(i, each)));
+        }
+        assert!(!batch.push(record(3, each - 1)), "one byte short");
+        assert!(batch.push(record(4, 1)), "the limit reached");
+        assert_eq!(batch.take().len(), 5);
+        assert!(batch.is_empty());
+        // Taking resets the count: the next batch starts from zero.
+        assert!(!batch.push(record(5, each - 1)));
+        assert!(batch.push(record(6, MAX_BATCH_BYTES + 1)), "one byte over");
+    }
+
+    #[test]
+    fn a_record_over_the_byte_limit_is_a_batch_of_its_own() {
+        assert_eq!(full_after(3, MAX_BATCH_BYTES + 1), Some(1));
+        assert_eq!(full_after(3, MAX_BATCH_BYTES), Some(1));
+        assert_eq!(full_after(3, MAX_BATCH_BYTES - 1), Some(2));
+    }
+
+    #[test]
+    fn a_batch_is_full_at_exactly_its_record_limit() {
+        assert_eq!(full_after(MAX_BATCH_RECORDS - 1, 10), None);
+        assert_eq!(full_after(MAX_BATCH_RECORDS, 10), Some(MAX_BATCH_RECORDS));
+        assert_eq!(
+            full_after(MAX_BATCH_RECORDS + 1, 10),
+            Some(MAX_BATCH_RECORDS)
+        );
+    }
 }
