@@ -234,9 +234,22 @@ pub struct ScyllaConfig {
     /// The datacenter this process runs next to: requests go only to its nodes (datacenter-aware
     /// routing), which is what `LOCAL_*` consistency levels mean. Empty: no preference.
     pub local_dc: String,
+    /// Most appends sent to the cluster and not answered yet. Each holds its statements'
+    /// serialized values and the driver's request state while it waits for its Paxos round
+    /// (about 8 KiB beside the payloads), and a cluster answers no faster for a deeper queue:
+    /// on a 2-core Cassandra, 8,192 in flight held 64 MiB more than 512 and were slower
+    /// (BENCHMARKS.md "Memory during a catch-up"). `1..=MAX_SCYLLA_APPENDS_IN_FLIGHT`.
+    pub max_in_flight_appends: usize,
     /// `[store.scylla.tls]`: client-to-node encryption. Absent: plain connections.
     pub tls: Option<ScyllaTlsConfig>,
 }
+
+/// Upper limit of `store.scylla.max_in_flight_appends`: the most deliveries the store calls
+/// in flight ever hold.
+pub const MAX_SCYLLA_APPENDS_IN_FLIGHT: usize =
+    crate::ingest::runner::MAX_BATCH * crate::ingest::runner::MAX_BATCHES_IN_FLIGHT;
+/// Default of `store.scylla.max_in_flight_appends`.
+pub const DEFAULT_SCYLLA_APPENDS_IN_FLIGHT: usize = 512;
 
 /// `[store.scylla.tls]`: TLS to the cluster, with the server certificate verified by default.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -280,6 +293,7 @@ impl Default for ScyllaConfig {
             password: None,
             connect_timeout_ms: 10_000,
             local_dc: String::new(),
+            max_in_flight_appends: DEFAULT_SCYLLA_APPENDS_IN_FLIGHT,
             tls: None,
         }
     }
@@ -297,6 +311,7 @@ impl fmt::Debug for ScyllaConfig {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("local_dc", &self.local_dc)
+            .field("max_in_flight_appends", &self.max_in_flight_appends)
             .field("tls", &self.tls)
             .finish()
     }

@@ -76,6 +76,35 @@ fn redis_wait_is_off_by_default_and_validated() {
 }
 
 #[test]
+fn scylla_appends_in_flight_are_bounded_at_both_ends() {
+    assert_eq!(
+        Config::default().store.scylla.max_in_flight_appends,
+        DEFAULT_SCYLLA_APPENDS_IN_FLIGHT
+    );
+    for (value, valid) in [
+        (0, false),
+        (1, true),
+        (MAX_SCYLLA_APPENDS_IN_FLIGHT, true),
+        (MAX_SCYLLA_APPENDS_IN_FLIGHT + 1, false),
+    ] {
+        let c = Config::from_toml(&format!(
+            "[store.scylla]\nmax_in_flight_appends = {value}\n"
+        ))
+        .unwrap();
+        match c.validate() {
+            Ok(()) => assert!(valid, "{value} accepted"),
+            Err(e) => {
+                assert!(!valid, "{value} refused: {e}");
+                assert!(
+                    e.to_string().contains("store.scylla.max_in_flight_appends"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn unknown_keys_are_refused() {
     let e = Config::from_toml("[store]\nbakend = \"redis\"\n").unwrap_err();
     assert!(e.to_string().contains("bakend"), "{e}");

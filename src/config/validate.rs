@@ -164,6 +164,16 @@ impl Config {
                 format!("{} is outside 1..=600000", scylla.connect_timeout_ms),
             ));
         }
+        if !(1..=super::MAX_SCYLLA_APPENDS_IN_FLIGHT).contains(&scylla.max_in_flight_appends) {
+            return Err(invalid(
+                "store.scylla.max_in_flight_appends",
+                format!(
+                    "{} is outside 1..={}",
+                    scylla.max_in_flight_appends,
+                    super::MAX_SCYLLA_APPENDS_IN_FLIGHT
+                ),
+            ));
+        }
         if scylla.local_dc.len() > 256 || scylla.local_dc.chars().any(char::is_control) {
             return Err(invalid(
                 "store.scylla.local_dc",

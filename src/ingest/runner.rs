@@ -8,6 +8,11 @@
 //! `WAIT` for all of them; elsewhere concurrent calls. Lanes guarantee a batch never holds two
 //! deliveries of one user, so the order inside a batch does not matter.
 //!
+//! What is in flight is bounded twice: at most [`MAX_BATCHES_IN_FLIGHT`] batches of at most
+//! [`MAX_BATCH`] deliveries, and at most the store's own
+//! [`MailboxStore::max_appends_in_flight`] deliveries (Scylla's requests wait for a Paxos round
+//! each and hold the driver's state meanwhile).
+//!
 //! Each attempt is exactly one store call; what happens next (advance, retry, block) is the
 //! front end's decision through [`crate::disposition`], so a retry is just another
 //! [`Runner::start`] with a delay.
@@ -101,6 +106,8 @@ pub struct Runner<K> {
     inflight: FuturesUnordered<BoxFuture<'static, (bool, Vec<Attempt<K>>)>>,
     /// Batches in `inflight` sent without delay (bounded by [`MAX_BATCHES_IN_FLIGHT`]).
     batches: usize,
+    /// Deliveries in those batches (bounded by the store's `max_appends_in_flight`).
+    sent: usize,
     /// Attempts of finished batches not handed out yet.
     done: VecDeque<Attempt<K>>,
     /// Deliveries queued or in flight (a batch counts all of its deliveries).
@@ -113,6 +120,7 @@ impl<K> Default for Runner<K> {
             queued: Vec::new(),
             inflight: FuturesUnordered::new(),
             batches: 0,
+            sent: 0,
             done: VecDeque::new(),
             pending: 0,
         }
@@ -153,14 +161,24 @@ impl<K: Send + Sync + 'static> Runner<K> {
     }
 
     /// Sends what was started since the last flush: one batch per target, at most
-    /// [`MAX_BATCH`] deliveries each, while fewer than [`MAX_BATCHES_IN_FLIGHT`] are out.
+    /// [`MAX_BATCH`] deliveries each, while fewer than [`MAX_BATCHES_IN_FLIGHT`] are out and the
+    /// target's `max_appends_in_flight` has room. What does not fit waits, in order, for a
+    /// batch to come back.
     fn flush(&mut self) {
         while !self.queued.is_empty() && self.batches < MAX_BATCHES_IN_FLIGHT {
             let target = self.queued[0].target.clone();
+            let limit = target
+                .max_appends_in_flight()
+                .unwrap_or(MAX_BATCH * MAX_BATCHES_IN_FLIGHT)
+                .max(1);
+            let size = MAX_BATCH.min(limit.saturating_sub(self.sent));
+            if size == 0 {
+                break;
+            }
             let mut batch = Vec::new();
             let mut rest = Vec::new();
             for queued in self.queued.drain(..) {
-                if batch.len() < MAX_BATCH && Arc::ptr_eq(&queued.target, &target) {
+                if batch.len() < size && Arc::ptr_eq(&queued.target, &target) {
                     batch.push(queued);
                 } else {
                     rest.push(queued);
@@ -168,6 +186,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
             }
             self.queued = rest;
             self.batches += 1;
+            self.sent += batch.len();
             self.inflight
                 .push(Box::pin(async move { (true, run_batch(batch).await) }));
         }
@@ -213,6 +232,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
     fn finished(&mut self, (counted, attempts): (bool, Vec<Attempt<K>>)) {
         if counted {
             self.batches -= 1;
+            self.sent -= attempts.len();
         }
         self.done.extend(attempts);
     }
@@ -335,3 +355,6 @@ mod failpoint {
         true
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -110,6 +110,7 @@ fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
     settings.password = scylla.password.clone();
     settings.connect_timeout = Duration::from_millis(scylla.connect_timeout_ms);
     settings.local_dc = Some(scylla.local_dc.clone()).filter(|dc| !dc.is_empty());
+    settings.max_in_flight_appends = scylla.max_in_flight_appends;
     settings.tls = scylla
         .tls
         .as_ref()

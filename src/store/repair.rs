@@ -140,6 +140,10 @@ impl MailboxStore for StagingView {
         self.store.backend()
     }
 
+    fn max_appends_in_flight(&self) -> Option<usize> {
+        self.store.max_appends_in_flight()
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         self.check_user(&group.mailbox.user_id)?;
         self.store.repair_append(&self.token, group).await

@@ -89,6 +89,9 @@ pub struct ScyllaSettings {
     /// The datacenter to route every request to (`LOCAL_*` consistency is relative to the
     /// coordinator's datacenter); `None`: no preference.
     pub local_dc: Option<String>,
+    /// Most appends in flight at once (`store.scylla.max_in_flight_appends`): see
+    /// [`MailboxStore::max_appends_in_flight`].
+    pub max_in_flight_appends: usize,
     /// Client-to-node TLS; `None`: plain connections.
     pub tls: Option<ScyllaTls>,
 }
@@ -112,6 +115,7 @@ impl std::fmt::Debug for ScyllaSettings {
             .field("keyspace", &self.keyspace)
             .field("username", &self.username)
             .field("local_dc", &self.local_dc)
+            .field("max_in_flight_appends", &self.max_in_flight_appends)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
@@ -129,6 +133,7 @@ impl ScyllaSettings {
             serial_consistency: SerialConsistency::Serial,
             connect_timeout: Duration::from_secs(10),
             local_dc: None,
+            max_in_flight_appends: crate::config::DEFAULT_SCYLLA_APPENDS_IN_FLIGHT,
             tls: None,
         }
     }
@@ -427,6 +432,10 @@ async fn check_schema(session: &Session, keyspace: &str) -> Result<(), StoreErro
 impl MailboxStore for ScyllaStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn max_appends_in_flight(&self) -> Option<usize> {
+        Some(self.settings.max_in_flight_appends)
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {

@@ -1,0 +1,144 @@
+//! The runner's bounds on what is in flight, at the store's limit − 1, exact, + 1 and many
+//! times over: every delivery reaches the store exactly once, never more at once than allowed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::model::{
+    AppendOutcome, Event, EventGroup, MailboxId, MailboxInspection, Payload, PromoteOutcome,
+    RetentionPolicy, ScanPage, ScanRequest, TruncateOutcome, UserId,
+};
+use crate::store::memory::MemoryStore;
+use crate::store::SystemClock;
+
+/// The memory store with a limit of its own, counting the appends it holds at once.
+struct Limited {
+    inner: MemoryStore,
+    limit: Option<usize>,
+    now: AtomicUsize,
+    most: AtomicUsize,
+    seen: Mutex<Vec<u64>>,
+}
+
+#[async_trait]
+impl MailboxStore for Limited {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn max_appends_in_flight(&self) -> Option<usize> {
+        self.limit
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        // Long enough for every batch the runner is willing to send to be out at once.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let outcome = self.inner.append(group).await;
+        self.seen.lock().expect("lock").push(group.mailbox_seq);
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        outcome
+    }
+
+    async fn truncate_before(&self, m: &MailboxId, s: u64) -> Result<TruncateOutcome, StoreError> {
+        self.inner.truncate_before(m, s).await
+    }
+
+    async fn range_scan(&self, m: &MailboxId, r: ScanRequest) -> Result<ScanPage, StoreError> {
+        self.inner.range_scan(m, r).await
+    }
+
+    async fn promote(&self, m: &MailboxId) -> Result<PromoteOutcome, StoreError> {
+        self.inner.promote(m).await
+    }
+
+    async fn inspect(&self, m: &MailboxId) -> Result<MailboxInspection, StoreError> {
+        self.inner.inspect(m).await
+    }
+}
+
+fn delivery(i: usize) -> Arc<Delivery> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64;
+    Arc::new(Delivery::Append(EventGroup {
+        mailbox: MailboxId::new(UserId::parse(&format!("user-{i}")).expect("id"), 1),
+        mailbox_seq: i as u64 + 1,
+        created_at: now,
+        events: vec![Event {
+            event_ordinal: 0,
+            payload: Payload::from_value(&serde_json::json!({"i": i})),
+        }],
+        source: None,
+    }))
+}
+
+/// Starts `count` deliveries of distinct users at once and collects every attempt; answers the
+/// most appends the store held at once.
+async fn run(limit: Option<usize>, count: usize) -> usize {
+    let store = Arc::new(Limited {
+        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
+        limit,
+        now: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+        seen: Mutex::new(Vec::new()),
+    });
+    let target: Arc<dyn MailboxStore> = store.clone();
+    let mut runner = Runner::default();
+    for i in 0..count {
+        runner.start(
+            i,
+            target.clone(),
+            delivery(i),
+            0,
+            Duration::ZERO,
+            Cancel::default(),
+        );
+    }
+    let mut keys = Vec::new();
+    while !runner.is_empty() {
+        let attempt = runner.next().await;
+        assert_eq!(
+            attempt.result,
+            Some(Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))),
+            "delivery {}",
+            attempt.key
+        );
+        keys.push(attempt.key);
+    }
+    keys.sort_unstable();
+    assert_eq!(keys, (0..count).collect::<Vec<_>>(), "each delivery once");
+    let mut seen = store.seen.lock().expect("lock").clone();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (1..=count as u64).collect::<Vec<_>>(),
+        "each append once"
+    );
+    store.most.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn a_stores_limit_bounds_the_appends_in_flight_at_every_boundary() {
+    // Above one batch, so the limit cuts a batch short (256 + 44).
+    const LIMIT: usize = MAX_BATCH + 44;
+    for count in [LIMIT - 1, LIMIT, LIMIT + 1, 3 * LIMIT + 7] {
+        let most = run(Some(LIMIT), count).await;
+        assert_eq!(most, count.min(LIMIT), "{count} deliveries, limit {LIMIT}");
+    }
+    for (limit, count) in [(1, 5), (7, 50)] {
+        assert_eq!(run(Some(limit), count).await, limit, "limit {limit}");
+    }
+}
+
+#[tokio::test]
+async fn without_a_limit_of_its_own_the_runners_bound_applies() {
+    let bound = MAX_BATCH * MAX_BATCHES_IN_FLIGHT;
+    assert_eq!(run(None, bound + 1).await, bound);
+}
