@@ -28,7 +28,9 @@
 
   Returns {code, ...}:
     1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed (each followed by the
-    number of expired days promote compacted on the way), 6 stale_epoch
+    number of expired days promote compacted on the way), 6 stale_epoch,
+    7 promoted refusal...: one of the refusals below after promote compacted days
+    (`after_promote`)
     ERR_FUTURE day now, ERR_SPAN low high day, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
     ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
     ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
@@ -108,6 +110,7 @@ end
 local m = load_meta(meta_key, 'bucket_max_seq:' .. day_text, 'source_position')
 local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
+local function refused(reply) return after_promote(reply, promoted) end
 
 -- 6. Integrity. A live identity of this seq proves the index exists (the replay path needs
 -- no more); otherwise the index's expiry tells, and an index without one is repaired on the way.
@@ -115,7 +118,7 @@ local existing = redis.call('ZSCORE', seqbucket_key, seq16)
 local index_expiry = 0
 if not existing then index_expiry = identity_expiry(seqbucket_key) end
 err = check_integrity(m, existing or index_expiry ~= -2, now)
-if err then return err end
+if err then return refused(err) end
 
 -- 7. Trim.
 if seq_less(seq, m.trim) then return {5, promoted} end
@@ -128,7 +131,7 @@ local exact_score = seq_less(seq, '9007199254740992')
 if existing then
   if existing ~= expires_text then
     local existing_day = math.floor(tonumber(existing) / 86400) - 1 - tonumber(ARGV[10])
-    return {ERR_CROSS_DAY, string.format('%d', existing_day)}
+    return refused({ERR_CROSS_DAY, string.format('%d', existing_day)})
   end
   -- A TTL-less identity index (SPEC 5) is repaired to its max score by every path that meets
   -- it, the identical replay included: one EXPIRETIME, and the repair only when it is -1.
@@ -178,7 +181,7 @@ end
 if not seq_less(now, expires_text) then
   -- Expired replay: no events, no identity; only the gap boundary moves.
   err = load_boundary(m)
-  if err then return err end
+  if err then return refused(err) end
   establish_epoch()
   local fields = {}
   if not m.exists then fields = new_meta_fields() end
@@ -189,7 +192,7 @@ if not seq_less(now, expires_text) then
 end
 
 if not seq_less(m.seqbucket_max, seq) then
-  return {ERR_IDENTITY_MISSING, m.seqbucket_max}
+  return refused({ERR_IDENTITY_MISSING, m.seqbucket_max})
 end
 
 -- A day with a proof is active (in the day set, inside the range): adding to it cannot widen
@@ -204,7 +207,7 @@ if not had_proof then
   if min_day and min_day < low then low = min_day end
   if max_day and max_day > high then high = max_day end
   if high - low > tonumber(ARGV[9]) then
-    return {ERR_SPAN, string.format('%d', low), string.format('%d', high), day_text}
+    return refused({ERR_SPAN, string.format('%d', low), string.format('%d', high), day_text})
   end
 end
 

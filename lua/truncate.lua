@@ -8,7 +8,8 @@
   ARGV[3]  '' (live write) or the repair's holder id (staged write; see `fence_verdict`)
   ARGV[4]  '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
 
-  Returns {0, user_trim_seq, removed_groups}, or ERR_EPOCH_MISMATCH current,
+  Returns {0, user_trim_seq, removed_groups, promoted_days}, or {7, promoted_days, refusal...}
+  when the integrity check refuses after promote compacted days (`after_promote`), or ERR_EPOCH_MISMATCH current,
   ERR_UNSUPPORTED_FORMAT found, ERR_INDEX_LOST, ERR_META_LOST, ERR_BAD_PROOF detail,
   ERR_UNDER_REPAIR holder, ERR_FENCE_LOST.
 
@@ -36,10 +37,10 @@ if current and current ~= epoch then
 end
 
 local m = load_meta(meta_key, '')
-local err = prepare_write(m, days_key, seqbucket_key, now)
+local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
 err = check_integrity(m, identity_expiry(seqbucket_key) ~= -2, now)
-if err then return err end
+if err then return after_promote(err, promoted) end
 
 if not current then redis.call('SET', epoch_key, epoch) end
 ensure_meta(m)
@@ -66,4 +67,4 @@ end
 for _, s16 in ipairs(redis.call('ZRANGE', seqbucket_key, 0, -1)) do
   if pad(s16) < trim20 then redis.call('ZREM', seqbucket_key, s16) end
 end
-return {0, trim, removed_groups}
+return {0, trim, removed_groups, promoted}

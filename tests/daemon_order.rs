@@ -32,6 +32,10 @@ impl MailboxStore for Recording {
         "memory"
     }
 
+    fn promoted_buckets_total(&self) -> u64 {
+        self.inner.promoted_buckets_total()
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         let user = group.mailbox.user_id.as_str().to_owned();
         {

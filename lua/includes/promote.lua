@@ -119,3 +119,16 @@ local function prepare_write(m, days_key, seqbucket_key, now)
   local promoted, perr = promote(m, days_key, seqbucket_key, now)
   return perr, promoted or 0
 end
+
+--[[
+  A refusal of a write after its promote compacted days: those changes are applied (a script
+  does not roll back), so the caller must still count them (`store::PromotedBuckets`). Returns
+  `reply` as it is when nothing was compacted, else {7, promoted, reply...}; 7 is no outcome
+  and no error code of any script.
+]]
+local function after_promote(reply, promoted)
+  if promoted == 0 then return reply end
+  local wrapped = {7, promoted}
+  for _, v in ipairs(reply) do wrapped[#wrapped + 1] = v end
+  return wrapped
+end

@@ -151,7 +151,7 @@ pub struct Engine {
     /// A client the daemon cannot continue without (the dead-letter producer, the consumer) hit
     /// a fatal error: the run drains and ends in this error (SPEC 7.2 "No silent stall").
     fatal: Option<String>,
-    /// `store::promoted_days_total()` already added to `promote_expired_buckets_total`.
+    /// The store's `promoted_buckets_total()` already added to `promote_expired_buckets_total`.
     promoted_reported: u64,
     /// Revokes waiting for the calls already sent (see `handover`).
     handovers: Vec<handover::Pending>,
@@ -166,6 +166,7 @@ impl Engine {
         telemetry: Telemetry,
     ) -> Self {
         let waker = FetchWaker::start(consumer.clone(), settings.topic.clone());
+        let promoted_reported = store.promoted_buckets_total();
         Self {
             settings,
             consumer,
@@ -180,7 +181,7 @@ impl Engine {
             last_consumer_error: None,
             intake_lost: false,
             fatal: None,
-            promoted_reported: crate::store::promoted_days_total(),
+            promoted_reported,
             handovers: Vec::new(),
         }
     }

@@ -198,7 +198,7 @@ fn describe() {
     );
     describe_counter!(
         PROMOTE_EXPIRED_BUCKETS_TOTAL,
-        "Expired day buckets compacted into gap boundaries (promotes inside appends and scans, the patrol)"
+        "Expired day buckets compacted into gap boundaries (the promote inside appends and truncates)"
     );
     describe_counter!(
         REPLAY_RECORDS_TOTAL,
@@ -309,9 +309,9 @@ pub fn apply_duration(seconds: f64) {
     histogram!(APPLY_DURATION).record(seconds);
 }
 
-/// Call with the number of expired days a store operation compacted into the gap boundary:
-/// after every explicit promote (`promote`, the patrol) **and every append or scan that promoted
-/// first** (SPEC 4.5), so the counter moves whatever triggered the compaction.
+/// Call with the number of expired days the store compacted into gap boundaries since the last
+/// call (its `promoted_buckets_total()` grew by that): the promote inside every append and
+/// truncate (SPEC 4.5), so the counter moves whatever write triggered the compaction.
 pub fn promote_expired_buckets(days: u32) {
     counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).increment(u64::from(days));
 }

@@ -22,21 +22,26 @@ use crate::model::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use open::{open, OpenedStore};
 
-/// Expired days compacted into gap boundaries by this process's stores (every promote: inside
-/// appends, truncates and scans, and explicit ones). The daemon reports its increase as
-/// `promote_expired_buckets_total`, whatever operation triggered the compaction.
-static PROMOTED_DAYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Expired day buckets one store compacted into gap boundaries, by every write and explicit
+/// promote that was applied (committed): inside appends and truncates (live or staged), and
+/// `promote` itself. A scan's compaction is a read's and is not counted (no backend's scan
+/// reply carries it). Each store keeps one and answers it as
+/// [`MailboxStore::promoted_buckets_total`]; the daemon reports its increase as
+/// `promote_expired_buckets_total`, whatever write triggered the compaction.
+#[derive(Debug, Default)]
+pub struct PromotedBuckets(std::sync::atomic::AtomicU64);
 
-/// Counts `days` compacted by a promote that was applied (committed).
-pub fn note_promoted_days(days: u64) {
-    if days > 0 {
-        PROMOTED_DAYS.fetch_add(days, std::sync::atomic::Ordering::Relaxed);
+impl PromotedBuckets {
+    /// Counts `days` compacted by a promote that was applied.
+    pub fn add(&self, days: u64) {
+        if days > 0 {
+            self.0.fetch_add(days, std::sync::atomic::Ordering::Relaxed);
+        }
     }
-}
 
-/// Expired days compacted by this process's stores so far.
-pub fn promoted_days_total() -> u64 {
-    PROMOTED_DAYS.load(std::sync::atomic::Ordering::Relaxed)
+    pub fn total(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 pub use repair::{RepairToken, StagingView, SwapReport};
 
@@ -72,6 +77,9 @@ pub trait MailboxStore: Send + Sync {
     fn max_appends_in_flight(&self) -> Option<usize> {
         None
     }
+
+    /// Expired day buckets this store compacted so far ([`PromotedBuckets`]).
+    fn promoted_buckets_total(&self) -> u64;
 
     /// Appends one group (SPEC 4.2, in that order).
     ///

@@ -144,6 +144,11 @@ impl MailboxStore for StagingView {
         self.store.max_appends_in_flight()
     }
 
+    /// The store's count: a staging copy's promotes are the store's.
+    fn promoted_buckets_total(&self) -> u64 {
+        self.store.promoted_buckets_total()
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         self.check_user(&group.mailbox.user_id)?;
         self.store.repair_append(&self.token, group).await

@@ -436,6 +436,49 @@ pub async fn active_proof_compaction(h: &H) {
     assert_eq!(s.promote(&mb).await.unwrap().expired_days, 0);
 }
 
+/// Every write's compaction is counted by the store (what the daemon reports as
+/// `promote_expired_buckets_total`, SPEC 9): an append's, a truncate's, a refused append's (its
+/// promote is applied) and an explicit promote's; a promote with nothing to compact adds nothing.
+pub async fn compacted_days_are_counted_by_the_store(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-counted", 1);
+    for (seq, back) in [(1, 4), (2, 3), (3, 2), (4, 1), (5, 0)] {
+        append_ok(&*s, &mb, seq, TODAY0 - back, "a").await;
+    }
+    let base = s.promoted_buckets_total();
+    f.set_now(expiry_of(&policy(), TODAY0 - 4)).await;
+    append_ok(&*s, &mb, 6, TODAY0, "b").await;
+    assert_eq!(
+        s.promoted_buckets_total(),
+        base + 1,
+        "an append's compaction"
+    );
+    f.set_now(expiry_of(&policy(), TODAY0 - 3)).await;
+    s.truncate_before(&mb, 2).await.unwrap();
+    assert_eq!(
+        s.promoted_buckets_total(),
+        base + 2,
+        "a truncate's compaction"
+    );
+    // A refused write still applied its promote (seq 5 is stored under TODAY0).
+    f.set_now(expiry_of(&policy(), TODAY0 - 2)).await;
+    assert!(matches!(
+        s.append(&group(&mb, 5, TODAY0 - 1, 1, "c")).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(
+        s.promoted_buckets_total(),
+        base + 3,
+        "a refused append's compaction"
+    );
+    f.set_now(expiry_of(&policy(), TODAY0 - 1)).await;
+    assert_eq!(s.promote(&mb).await.unwrap().expired_days, 1);
+    assert_eq!(s.promoted_buckets_total(), base + 4, "an explicit promote");
+    assert_eq!(s.promote(&mb).await.unwrap().expired_days, 0);
+    assert_eq!(s.promoted_buckets_total(), base + 4, "nothing to compact");
+}
+
 /// Writes one group a day for `days` days, moving the clock a day each time; returns the last seq.
 async fn write_daily(f: &dyn Fixture, mb: &MailboxId, days: u64) -> u64 {
     let s = f.store();

@@ -216,8 +216,9 @@ pub async fn run_history(
             ..Default::default()
         })
         .collect();
-    let mut observed = Vec::with_capacity(ops.len());
+    let mut observed = Vec::with_capacity(ops.len() + 1);
     let name = |u: u8| format!("u-hist-{u}");
+    let compacted_before = store.promoted_buckets_total();
 
     for op in ops {
         let today = now / DAY_SECS;
@@ -337,6 +338,11 @@ pub async fn run_history(
         };
         observed.push(line);
     }
+    // The days the store counted as compacted (what the daemon reports), over the history.
+    observed.push(format!(
+        "compacted {}",
+        store.promoted_buckets_total() - compacted_before
+    ));
     Ok(observed)
 }
 

@@ -9,7 +9,7 @@ impl Engine {
     pub(super) fn housekeeping(&mut self) {
         // Expired days the store compacted inside appends (and any other promote) since the
         // last tick.
-        let promoted = crate::store::promoted_days_total();
+        let promoted = self.store.promoted_buckets_total();
         if promoted > self.promoted_reported {
             metrics::promote_expired_buckets(
                 u32::try_from(promoted - self.promoted_reported).unwrap_or(u32::MAX),

@@ -118,6 +118,9 @@ mod tests {
         fn backend(&self) -> &'static str {
             "memory"
         }
+        fn promoted_buckets_total(&self) -> u64 {
+            self.0.promoted_buckets_total()
+        }
         async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
             self.0.append(group).await
         }

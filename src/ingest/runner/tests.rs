@@ -34,6 +34,10 @@ impl MailboxStore for Limited {
         self.limit
     }
 
+    fn promoted_buckets_total(&self) -> u64 {
+        self.inner.promoted_buckets_total()
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);

@@ -46,6 +46,10 @@ struct Mailbox {
     /// path where nothing has expired. Only ever lowered by writes, recomputed after expiry work.
     #[serde(skip)]
     next_expiry: u64,
+    /// Days compacted by promotes since the store last took the count
+    /// ([`UserState::take_promoted`]).
+    #[serde(skip)]
+    promoted: u64,
 }
 
 /// The V4 meta hash.
@@ -361,6 +365,12 @@ impl UserState {
         mailbox.check_cursor(request.after_seq)
     }
 
+    /// Days compacted by this user's promotes since the last call (the store adds them to its
+    /// count after every operation).
+    pub fn take_promoted(&mut self) -> u64 {
+        std::mem::take(&mut self.mailbox.promoted)
+    }
+
     /// SPEC 4.5 for the mailbox of `epoch`, if it is the current one.
     pub fn promote(&mut self, now: u64, epoch: u32) -> Result<PromoteOutcome, StoreError> {
         if self.epoch != Some(epoch) {
@@ -661,7 +671,7 @@ impl Mailbox {
         meta.recompute_range(&self.day_set);
         self.drop_expired_identities(now);
         self.recompute_next_expiry();
-        crate::store::note_promoted_days(plan.expired_days.len() as u64);
+        self.promoted += plan.expired_days.len() as u64;
         Ok(plan.expired_days.len() as u32)
     }
 

@@ -51,6 +51,8 @@ pub struct MemoryStore {
     /// case) a write skips the map entirely. Written under the user's shard lock, so a write
     /// holding that lock sees every fence taken before it.
     active_repairs: AtomicUsize,
+    /// Day buckets compacted by promotes (live and staging mailboxes).
+    promoted: crate::store::PromotedBuckets,
 }
 
 /// One user's repair: the fence (holder and lease, by the store's clock) and the staging copy.
@@ -89,6 +91,7 @@ impl MemoryStore {
             after_scan_read: Mutex::new(None),
             repairs: Mutex::new(HashMap::new()),
             active_repairs: AtomicUsize::new(0),
+            promoted: Default::default(),
         }
     }
 
@@ -158,10 +161,18 @@ impl MemoryStore {
             _ => return Err(fence_lost(token)),
         };
         let mut state = repair.staging.take().unwrap_or_default();
-        let result = write(&mut state, now);
+        let result = self.counted(&mut state, |state| write(state, now));
         if state.exists() {
             repair.staging = Some(state);
         }
+        result
+    }
+
+    /// Runs `op` on `user`, then adds the days its promotes compacted to the store's count:
+    /// every operation on a user's state goes through here.
+    fn counted<T>(&self, user: &mut UserState, op: impl FnOnce(&mut UserState) -> T) -> T {
+        let result = op(user);
+        self.promoted.add(user.take_promoted());
         result
     }
 
@@ -206,6 +217,10 @@ impl MailboxStore for MemoryStore {
         "memory"
     }
 
+    fn promoted_buckets_total(&self) -> u64 {
+        self.promoted.total()
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         crate::model::validate::validate_group(group)?;
         let now = self.clock.now_secs();
@@ -213,12 +228,12 @@ impl MailboxStore for MemoryStore {
         let mut shard = self.shard(&group.mailbox.user_id);
         self.check_fence(&group.mailbox.user_id)?;
         match shard.get_mut(&group.mailbox.user_id) {
-            Some(user) => user.append(&self.policy, now, group),
+            Some(user) => self.counted(user, |u| u.append(&self.policy, now, group)),
             None => {
                 // A cold user: build the state aside and keep it only if something was written,
                 // so a rejected input leaves no trace.
                 let mut user = UserState::default();
-                let result = user.append(&self.policy, now, group);
+                let result = self.counted(&mut user, |u| u.append(&self.policy, now, group));
                 if user.exists() {
                     shard.insert(group.mailbox.user_id.clone(), user);
                 }
@@ -237,7 +252,7 @@ impl MailboxStore for MemoryStore {
         let mut shard = self.shard(&mailbox.user_id);
         self.check_fence(&mailbox.user_id)?;
         let user = shard.entry(mailbox.user_id.clone()).or_default();
-        let result = user.truncate_before(now, mailbox.epoch, before_seq);
+        let result = self.counted(user, |u| u.truncate_before(now, mailbox.epoch, before_seq));
         if !user.exists() {
             shard.remove(&mailbox.user_id);
         }
@@ -255,7 +270,10 @@ impl MailboxStore for MemoryStore {
             let Some(user) = shard.get_mut(&mailbox.user_id) else {
                 return Ok(ScanPage::empty(request.after_seq));
             };
-            user.scan_read(self.clock.now_secs(), mailbox.epoch, &request)?
+            let page = user.scan_read(self.clock.now_secs(), mailbox.epoch, &request);
+            // A scan's compaction is not counted (`PromotedBuckets`).
+            user.take_promoted();
+            page?
         };
         let Some(page) = page else {
             // Reverse range or empty mailbox: nothing was read, nothing to re-check.
@@ -268,7 +286,9 @@ impl MailboxStore for MemoryStore {
         let mut shard = self.shard(&mailbox.user_id);
         match shard.get_mut(&mailbox.user_id) {
             Some(user) => {
-                user.scan_verify(self.clock.now_secs(), mailbox.epoch, &request)?;
+                let verified = user.scan_verify(self.clock.now_secs(), mailbox.epoch, &request);
+                user.take_promoted();
+                verified?;
                 Ok(page)
             }
             // The user vanished between the read and the check: an epoch move by another
@@ -281,7 +301,7 @@ impl MailboxStore for MemoryStore {
         let now = self.clock.now_secs();
         let mut shard = self.shard(&mailbox.user_id);
         match shard.get_mut(&mailbox.user_id) {
-            Some(user) => user.promote(now, mailbox.epoch),
+            Some(user) => self.counted(user, |u| u.promote(now, mailbox.epoch)),
             None => Ok(PromoteOutcome::default()),
         }
     }

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The reply code of a write refused after its promote compacted days (`after_promote`).
+const REFUSED_AFTER_PROMOTE: i64 = 7;
+
 impl RedisStore {
     /// The invocation of `lua/append.lua` that appends `group` to `copy` (as `holder`): exactly
     /// what [`MailboxStore::append`] sends. Benchmarks pipe the very same commands to the server
@@ -63,14 +66,26 @@ impl RedisStore {
         self.append_reply(reply, group)
     }
 
+    /// A write refused after its promote compacted days answers `{7, days, refusal...}`
+    /// (`after_promote` in `lua/includes/promote.lua`): counts the days, which are applied, and
+    /// leaves the refusal to be read as usual.
+    fn unwrap_refusal_after_promote(&self, reply: &mut Vec<Value>) {
+        if reply.first().and_then(int) == Some(REFUSED_AFTER_PROMOTE) {
+            self.promoted.add(num(reply.get(1)));
+            reply.drain(..2.min(reply.len()));
+        }
+    }
+
     /// The outcome of `lua/append.lua`'s reply for `group`.
     pub(super) fn append_reply(
         &self,
         reply: Vec<Value>,
         group: &EventGroup,
     ) -> Result<AppendOutcome, StoreError> {
+        let mut reply = reply;
+        self.unwrap_refusal_after_promote(&mut reply);
         if matches!(reply.first().and_then(int), Some(1..=5)) {
-            crate::store::note_promoted_days(num(reply.get(1)));
+            self.promoted.add(num(reply.get(1)));
         }
         match reply.first().and_then(int) {
             Some(1) => Ok(AppendOutcome::Inserted),
@@ -80,7 +95,6 @@ impl RedisStore {
             Some(5) => Ok(AppendOutcome::Trimmed),
             Some(6) => Ok(AppendOutcome::StaleEpoch),
             _ => {
-                let mut reply = reply;
                 // Cross-day and identity-missing replies name one side; add the other.
                 match reply.first().and_then(int).and_then(ScriptCode::from_code) {
                     Some(ScriptCode::CrossDay) => reply.push(Value::Int(group.day() as i64)),
@@ -111,12 +125,16 @@ impl RedisStore {
             .arg(before_seq)
             .arg(holder)
             .arg(self.wait_flag());
-        let reply = self.invoke_durable(invocation).await?;
+        let mut reply = self.invoke_durable(invocation).await?;
+        self.unwrap_refusal_after_promote(&mut reply);
         match reply.first().and_then(int) {
-            Some(0) => Ok(TruncateOutcome {
-                user_trim_seq: num(reply.get(1)),
-                removed_groups: num(reply.get(2)),
-            }),
+            Some(0) => {
+                self.promoted.add(num(reply.get(3)));
+                Ok(TruncateOutcome {
+                    user_trim_seq: num(reply.get(1)),
+                    removed_groups: num(reply.get(2)),
+                })
+            }
             _ => Err(self.script_error(&reply)),
         }
     }

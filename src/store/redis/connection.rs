@@ -127,6 +127,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
             slot_map: Mutex::new(None),
+            promoted: Default::default(),
         };
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())

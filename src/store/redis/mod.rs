@@ -71,6 +71,8 @@ pub struct RedisStore {
     after_scan_read: Mutex<Option<PhaseHook>>,
     /// A cluster's slot map, for batches grouped by master (`batch`).
     slot_map: Mutex<Option<std::sync::Arc<batch::SlotMap>>>,
+    /// Day buckets the append script compacted (its reply says how many).
+    promoted: crate::store::PromotedBuckets,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -114,6 +116,10 @@ impl RedisStore {
 impl MailboxStore for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn promoted_buckets_total(&self) -> u64 {
+        self.promoted.total()
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
@@ -228,10 +234,13 @@ impl MailboxStore for RedisStore {
         invocation.arg(mailbox.epoch);
         let reply = self.invoke(invocation).await?;
         match reply.first().and_then(int) {
-            Some(0) => Ok(PromoteOutcome {
-                expired_days: num(reply.get(1)) as u32,
-                expired_gap_boundary: num(reply.get(2)),
-            }),
+            Some(0) => {
+                self.promoted.add(num(reply.get(1)));
+                Ok(PromoteOutcome {
+                    expired_days: num(reply.get(1)) as u32,
+                    expired_gap_boundary: num(reply.get(2)),
+                })
+            }
             _ => Err(self.script_error(&reply)),
         }
     }

@@ -147,7 +147,7 @@ impl ScyllaStore {
         self.tick_failpoint()?;
         let applied = applied(&result)?;
         if applied {
-            crate::store::note_promoted_days(promoted_days);
+            self.promoted.add(promoted_days);
         }
         Ok(applied)
     }

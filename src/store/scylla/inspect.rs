@@ -44,6 +44,7 @@ impl ScyllaStore {
                 .unwrap_or(snapshot.version.unwrap_or(0) + 1);
             let mut commit = Commit::new(&self.statements, user, snapshot.version);
             commit.write_meta(slot, generation, epoch, &meta);
+            commit.count_promoted(promoted.len());
             if !self.commit(commit).await? {
                 return Ok(Attempt::Retry);
             }

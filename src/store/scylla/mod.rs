@@ -158,6 +158,8 @@ pub struct ScyllaStore {
     after_scan_read: Mutex<Option<PhaseHook>>,
     /// Lightweight transactions and `SERIAL` reads sent: each costs the cluster a Paxos round.
     paxos_rounds: AtomicU64,
+    /// Day buckets compacted by commits that were applied.
+    promoted: crate::store::PromotedBuckets,
 }
 
 impl std::fmt::Debug for ScyllaStore {
@@ -279,6 +281,7 @@ impl ScyllaStore {
             failpoints: failpoints::Failpoints::default(),
             after_scan_read: Mutex::new(None),
             paxos_rounds: AtomicU64::new(0),
+            promoted: Default::default(),
         })
     }
 
@@ -436,6 +439,10 @@ impl MailboxStore for ScyllaStore {
 
     fn max_appends_in_flight(&self) -> Option<usize> {
         Some(self.settings.max_in_flight_appends)
+    }
+
+    fn promoted_buckets_total(&self) -> u64 {
+        self.promoted.total()
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {

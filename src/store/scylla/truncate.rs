@@ -52,9 +52,11 @@ impl ScyllaStore {
                 current.generation.unwrap_or(expected.unwrap_or(0) + 1),
             )
         };
-        if meta.exists() {
-            meta.promote(now)?;
-        }
+        let promoted_days = if meta.exists() {
+            meta.promote(now)?.len()
+        } else {
+            0
+        };
         let trim = meta.user_trim_seq.max(before);
         // The identities this trim removes (work proportional to what is removed).
         let below = if creating {
@@ -84,6 +86,7 @@ impl ScyllaStore {
             commit.clear_fence();
         }
         commit.write_meta(slot, generation, epoch, &meta);
+        commit.count_promoted(promoted_days);
         if !creating {
             commit.delete_identities(slot, 0, stored(trim));
         }
