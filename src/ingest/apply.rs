@@ -1,5 +1,6 @@
 //! Applying one decoded record to a store, delivery by delivery, in record order.
 
+use crate::disposition::Disposition;
 use crate::model::{AppendOutcome, StoreError};
 use crate::store::MailboxStore;
 
@@ -122,9 +123,11 @@ pub async fn apply_delivery(
 
 /// Applies every delivery of `record` in order.
 ///
-/// Stops at the first transient error (`StoreError::Unavailable`): the deliveries after it were not
-/// attempted and the caller must retry the whole record, which replay makes idempotent. Every
-/// other error is final for its delivery and the next delivery is attempted.
+/// Stops at the first result [`Disposition`](crate::disposition::Disposition) says to retry (an
+/// unavailable store, a mailbox under repair): the deliveries after it were not attempted and the
+/// caller must retry the whole record, which replay makes idempotent. Every other result (a
+/// corrupt mailbox's block included) concerns its own mailbox only, and the next delivery is
+/// attempted.
 pub async fn apply_record(
     store: &dyn MailboxStore,
     record: &DispatchRecord,
@@ -133,7 +136,7 @@ pub async fn apply_record(
     let mut results = Vec::with_capacity(deliveries.len());
     for delivery in &deliveries {
         let result = apply_delivery(store, delivery).await;
-        let transient = matches!(result, Err(StoreError::Unavailable { .. }));
+        let transient = matches!(Disposition::of(&result), Disposition::Retry { .. });
         results.push(DeliveryResult {
             mailbox: delivery.mailbox().clone(),
             mailbox_seq: delivery.mailbox_seq(),

@@ -33,9 +33,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::disposition::Disposition;
 use crate::ingest::pipeline::PartitionPipeline;
 use crate::ingest::runner::{Cancel, Runner};
-use crate::model::{StoreError, UserId};
+use crate::model::UserId;
 use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
 
@@ -426,7 +427,8 @@ pub async fn replay(
                     renewal.stop();
                 }
                 abort_all(store.as_ref(), &tokens[i..]).await;
-                let retryable = matches!(e, StoreError::Unavailable { .. });
+                // Worth running again (exit 2) exactly when the table says retry.
+                let retryable = matches!(Disposition::of_error(&e), Disposition::Retry { .. });
                 summary.abort(
                     format!("swap of {} failed: {e}", token.user.as_str()),
                     retryable,
