@@ -163,6 +163,14 @@ async fn dashboard_and_rules_use_only_metrics_a_live_daemon_exports() {
         assert!(dashboard_names.contains(name), "the dashboard lacks {name}");
     }
     assert!(dashboard_names.contains("materializer_apply_duration_seconds_bucket"));
+    assert!(dashboard_names.contains("materializer_store_call_duration_seconds_bucket"));
+    // One sample per store call, labelled with the backend and the operation.
+    assert!(
+        scrape.contains(
+            "materializer_store_call_duration_seconds_count{backend=\"redis\",op=\"append\"}"
+        ),
+        "{scrape}"
+    );
 }
 
 #[test]

@@ -483,7 +483,9 @@ impl Engine {
             attempt,
             result,
             elapsed,
+            calls,
         } = attempt;
+        self.telemetry.store_calls(&calls);
         let Some(state) = self
             .partitions
             .get_mut(&key.partition)

@@ -29,6 +29,7 @@ pub const DLQ_TOTAL: &str = "materializer_dlq_total";
 pub const PARTITION_BLOCKED: &str = "materializer_partition_blocked";
 pub const CONSUMER_LAG: &str = "materializer_consumer_lag";
 pub const APPLY_DURATION: &str = "materializer_apply_duration_seconds";
+pub const STORE_CALL_DURATION: &str = "materializer_store_call_duration_seconds";
 pub const STORE_ERRORS_TOTAL: &str = "materializer_store_errors_total";
 pub const PROMOTE_EXPIRED_BUCKETS_TOTAL: &str = "materializer_promote_expired_buckets_total";
 pub const REPLAY_RECORDS_TOTAL: &str = "materializer_replay_records_total";
@@ -151,13 +152,17 @@ pub fn install() -> Result<MetricsHandle, String> {
     if let Some(handle) = HANDLE.get() {
         return Ok(handle.clone());
     }
+    // From 100 µs (a memory call) to 5 s (a batch waiting for a slow cluster).
+    const LATENCY_BUCKETS: &[f64] = &[
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        5.0,
+    ];
     let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(APPLY_DURATION.to_owned()), LATENCY_BUCKETS)
+        .map_err(|e| e.to_string())?
         .set_buckets_for_metric(
-            Matcher::Full(APPLY_DURATION.to_owned()),
-            &[
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                1.0, 2.5, 5.0,
-            ],
+            Matcher::Full(STORE_CALL_DURATION.to_owned()),
+            LATENCY_BUCKETS,
         )
         .map_err(|e| e.to_string())?
         .install_recorder()
@@ -186,6 +191,11 @@ fn describe() {
     describe_counter!(
         DLQ_TOTAL,
         "Records written to the dead-letter topic, by reason (malformed, rejected, conflict)"
+    );
+    describe_histogram!(
+        STORE_CALL_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of one call to the store, by backend and operation (append: one batch of appends)"
     );
     describe_histogram!(
         APPLY_DURATION,
@@ -307,6 +317,13 @@ pub fn store_error(backend: &'static str, kind: &'static str) {
 
 pub fn apply_duration(seconds: f64) {
     histogram!(APPLY_DURATION).record(seconds);
+}
+
+/// Call once per store call (a batch of appends is one call): `op` is `append` or
+/// `truncate_before`. Beside [`apply_duration`], which a batch feeds once per delivery, this
+/// answers "is the store slow?" per call and per backend.
+pub fn store_call_duration(backend: &'static str, op: &'static str, seconds: f64) {
+    histogram!(STORE_CALL_DURATION, "backend" => backend, "op" => op).record(seconds);
 }
 
 /// Call with the number of expired days the store compacted into gap boundaries since the last

@@ -189,7 +189,15 @@ impl Telemetry {
         }
     }
 
+    /// One delivery's attempt took `seconds` in the store (its batch's call).
     pub fn store_call(&self, seconds: f64) {
         metrics::apply_duration(seconds);
+    }
+
+    /// The store calls a batch made.
+    pub fn store_calls(&self, calls: &[crate::ingest::runner::StoreCall]) {
+        for call in calls {
+            metrics::store_call_duration(call.backend, call.op, call.elapsed.as_secs_f64());
+        }
     }
 }

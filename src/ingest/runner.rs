@@ -53,6 +53,22 @@ pub struct Attempt<K> {
     pub result: Option<Result<DeliveryOutcome, StoreError>>,
     /// Time spent in the store call (not in the backoff before it).
     pub elapsed: Duration,
+    /// The store calls the attempt's batch made, each once: handed out with the batch's first
+    /// attempt, empty on the others (one sample per call, not per delivery, for
+    /// `store_call_duration_seconds`).
+    pub calls: Vec<StoreCall>,
+}
+
+/// One call to the store, timed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreCall {
+    /// [`MailboxStore::backend`].
+    pub backend: &'static str,
+    /// `append` (one `append_many` of a batch) or `truncate_before`.
+    pub op: &'static str,
+    /// Deliveries the call carried.
+    pub deliveries: usize,
+    pub elapsed: Duration,
 }
 
 /// Cancels the not-yet-started attempts of one source (a revoked partition, a stopping replay):
@@ -266,10 +282,19 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
             _ => None,
         })
         .collect();
+    let mut calls = Vec::new();
     let mut appended = if groups.is_empty() {
         Vec::new()
     } else {
-        target.append_many(&groups).await
+        let call = Instant::now();
+        let appended = target.append_many(&groups).await;
+        calls.push(StoreCall {
+            backend: target.backend(),
+            op: "append",
+            deliveries: groups.len(),
+            elapsed: call.elapsed(),
+        });
+        appended
     }
     .into_iter();
     let mut results = Vec::with_capacity(batch.len());
@@ -288,7 +313,15 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
                     }),
             ),
             (Delivery::Truncate { .. }, true) => {
-                Some(apply_delivery(target.as_ref(), &q.delivery).await)
+                let call = Instant::now();
+                let result = apply_delivery(target.as_ref(), &q.delivery).await;
+                calls.push(StoreCall {
+                    backend: target.backend(),
+                    op: "truncate_before",
+                    deliveries: 1,
+                    elapsed: call.elapsed(),
+                });
+                Some(result)
             }
         };
         results.push(result);
@@ -298,6 +331,7 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
     if paused {
         eprintln!("sent the paused batch");
     }
+    let mut calls = Some(calls);
     batch
         .into_iter()
         .zip(results)
@@ -307,6 +341,7 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
             attempt: q.attempt,
             result,
             elapsed,
+            calls: calls.take().unwrap_or_default(),
         })
         .collect()
 }

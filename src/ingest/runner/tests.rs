@@ -106,8 +106,10 @@ async fn run(limit: Option<usize>, count: usize) -> usize {
         );
     }
     let mut keys = Vec::new();
+    let mut calls = Vec::new();
     while !runner.is_empty() {
-        let attempt = runner.next().await;
+        let mut attempt = runner.next().await;
+        calls.append(&mut attempt.calls);
         assert_eq!(
             attempt.result,
             Some(Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))),
@@ -118,6 +120,14 @@ async fn run(limit: Option<usize>, count: usize) -> usize {
     }
     keys.sort_unstable();
     assert_eq!(keys, (0..count).collect::<Vec<_>>(), "each delivery once");
+    // Each batch's call is reported once, whatever the number of its deliveries.
+    assert!(calls
+        .iter()
+        .all(|c| c.op == "append" && c.backend == "memory"));
+    assert!(calls
+        .iter()
+        .all(|c| (1..=MAX_BATCH).contains(&c.deliveries)));
+    assert_eq!(calls.iter().map(|c| c.deliveries).sum::<usize>(), count);
     let mut seen = store.seen.lock().expect("lock").clone();
     seen.sort_unstable();
     assert_eq!(
