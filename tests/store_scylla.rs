@@ -1061,36 +1061,25 @@ async fn a_committed_swap_succeeds_even_when_its_clean_up_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_configured_appends_in_flight_reach_the_store() {
     use mailbox_materializer::config::{Backend, Config, DEFAULT_SCYLLA_APPENDS_IN_FLIGHT};
+    async fn limit_of(config: &Config) -> Option<usize> {
+        mailbox_materializer::store::open(config)
+            .await
+            .expect("open")
+            .store
+            .max_appends_in_flight()
+    }
     let f = ScyllaFixture::start(policy(), NOW0).await;
     let mut config = Config::default();
     config.store.backend = Backend::Scylla;
     config.store.scylla.nodes = conformance::scylla::nodes();
     config.store.scylla.keyspace = f.store.keyspace().to_owned();
     assert_eq!(
-        mailbox_materializer::store::open(&config)
-            .await
-            .expect("open")
-            .store
-            .max_appends_in_flight(),
+        limit_of(&config).await,
         Some(DEFAULT_SCYLLA_APPENDS_IN_FLIGHT)
     );
     config.store.scylla.max_in_flight_appends = 3;
     config.validate().expect("valid");
-    assert_eq!(
-        mailbox_materializer::store::open(&config)
-            .await
-            .expect("open")
-            .store
-            .max_appends_in_flight(),
-        Some(3)
-    );
+    assert_eq!(limit_of(&config).await, Some(3));
     config.store.backend = Backend::Memory;
-    assert_eq!(
-        mailbox_materializer::store::open(&config)
-            .await
-            .expect("open")
-            .store
-            .max_appends_in_flight(),
-        None
-    );
+    assert_eq!(limit_of(&config).await, None);
 }

@@ -46,7 +46,8 @@ struct Mailbox {
     /// path where nothing has expired. Only ever lowered by writes, recomputed after expiry work.
     #[serde(skip)]
     next_expiry: u64,
-    /// Days compacted by promotes since the store last took the count
+    /// Days compacted by the promotes of writes and explicit promotes (not a scan's, see
+    /// `store::PromotedBuckets`) since the store last took the count
     /// ([`UserState::take_promoted`]).
     #[serde(skip)]
     promoted: u64,
@@ -383,6 +384,7 @@ impl UserState {
             return Ok(PromoteOutcome::default());
         }
         let expired_days = mailbox.promote(now)?;
+        mailbox.promoted += u64::from(expired_days);
         mailbox.drop_expired_identities(now);
         Ok(PromoteOutcome {
             expired_days,
@@ -600,7 +602,8 @@ impl Mailbox {
         self.expire_physically(now);
         self.check_format()?;
         if self.meta.is_some() {
-            self.promote(now)?;
+            // Counted: a write's compaction stands even when the write is refused after it.
+            self.promoted += u64::from(self.promote(now)?);
         }
         self.drop_expired_identities(now);
         self.check_integrity(now)
@@ -671,7 +674,6 @@ impl Mailbox {
         meta.recompute_range(&self.day_set);
         self.drop_expired_identities(now);
         self.recompute_next_expiry();
-        self.promoted += plan.expired_days.len() as u64;
         Ok(plan.expired_days.len() as u32)
     }
 

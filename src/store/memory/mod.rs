@@ -270,10 +270,7 @@ impl MailboxStore for MemoryStore {
             let Some(user) = shard.get_mut(&mailbox.user_id) else {
                 return Ok(ScanPage::empty(request.after_seq));
             };
-            let page = user.scan_read(self.clock.now_secs(), mailbox.epoch, &request);
-            // A scan's compaction is not counted (`PromotedBuckets`).
-            user.take_promoted();
-            page?
+            user.scan_read(self.clock.now_secs(), mailbox.epoch, &request)?
         };
         let Some(page) = page else {
             // Reverse range or empty mailbox: nothing was read, nothing to re-check.
@@ -286,9 +283,7 @@ impl MailboxStore for MemoryStore {
         let mut shard = self.shard(&mailbox.user_id);
         match shard.get_mut(&mailbox.user_id) {
             Some(user) => {
-                let verified = user.scan_verify(self.clock.now_secs(), mailbox.epoch, &request);
-                user.take_promoted();
-                verified?;
+                user.scan_verify(self.clock.now_secs(), mailbox.epoch, &request)?;
                 Ok(page)
             }
             // The user vanished between the read and the check: an epoch move by another
