@@ -1,9 +1,9 @@
 //! `materializer apply`: dispatch records from a file or stdin straight into the store, through
-//! the daemon's ordering core (`ingest::pipeline` + `ingest::runner`): many users in flight, each
-//! user's deliveries in line order, and the output still one JSON line per delivery in input order.
+//! the daemon's drive loop ([`Driver`]): many users in flight, each user's deliveries in line
+//! order, and the output still one JSON line per delivery in input order.
 //!
 //! What a line's result means is [`Disposition`]'s table. `apply` differs from the daemon only in
-//! what it does not wait for: a corrupt mailbox is printed `corrupt` (exit 3) instead of blocking,
+//! its [`ApplyPolicy`], what it does not wait for: a corrupt mailbox is printed `corrupt` (exit 3) instead of blocking,
 //! a user fenced by a running repair stops the run (exit 2, retry later) with no line printed for
 //! that record, and an unreachable store is retried briefly before the same exit 2. Lines printed
 //! before an exit 2 are final; rerunning the whole input is safe (replay is idempotent).
@@ -17,9 +17,9 @@ use super::output::ApplyLine;
 use super::{ApplyArgs, EXIT_CORRUPT, EXIT_UNAVAILABLE};
 use crate::config::Config;
 use crate::disposition::Disposition;
-use crate::ingest::pipeline::{FinalRecord, PartitionPipeline};
-use crate::ingest::runner::{Attempt, Cancel, Runner, MAX_BATCH};
-use crate::ingest::{decode, DecodeOptions, DeliveryResult};
+use crate::ingest::drive::{Driver, Policy, Step, Verdict};
+use crate::ingest::pipeline::FinalRecord;
+use crate::ingest::{decode, DecodeOptions, DeliveryOutcome, DeliveryResult};
 use crate::model::StoreError;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -66,29 +66,27 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
     }
 
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    let mut pipeline: PartitionPipeline<(), u64> = PartitionPipeline::new(WINDOW);
-    let mut runner: Runner<crate::ingest::pipeline::DeliveryRef> = Runner::default();
-    let cancel = Cancel::default();
+    let mut driver: Driver<(), (), u64, ()> = Driver::new(store);
+    driver.open((), WINDOW, ());
+    let mut policy = ApplyPolicy;
     let mut corrupt = false;
     let mut input_done = false;
-    let mut failure: Option<(u64, String, ExitCode)> = None;
-    while failure.is_none() && !(input_done && pipeline.is_empty()) {
+    let mut failure: Option<Failure> = None;
+    while failure.is_none() && !(input_done && driver.is_empty()) {
         tokio::select! {
             biased;
-            attempt = runner.next() => {
-                failure = on_attempt(&mut pipeline, &mut runner, &store, &cancel, attempt);
+            attempt = driver.next() => {
                 // Everything else already finished, in the same wake-up.
-                while failure.is_none() {
-                    let Some(attempt) = runner.try_next() else { break };
-                    failure = on_attempt(&mut pipeline, &mut runner, &store, &cancel, attempt);
-                }
+                failure = driver
+                    .handle(attempt, &mut policy)
+                    .and_then(|()| driver.handle_ready(&mut policy))
+                    .err();
             }
-            line = lines.recv(), if !input_done && !pipeline.is_full() => {
+            line = lines.recv(), if !input_done && driver.room_for_more(&(), 0) => {
                 // Take every line already read (up to a batch), so their deliveries go to the
-                // store together. A line is only taken off the channel when it will be admitted
-                // in this same pass: a line received and then left behind would be lost.
+                // store together.
                 let mut next = line;
-                let mut admitted = 0usize;
+                let mut taken = 0usize;
                 loop {
                     match next {
                         None => {
@@ -99,10 +97,13 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
                             failure = Some((0, e, ExitCode::FAILURE));
                             break;
                         }
-                        Some(Ok(line)) => admit(&mut pipeline, &mut runner, &store, &cancel, &options, line),
+                        Some(Ok(line)) => {
+                            let decoded = decode(&line.bytes, &options).map(|d| d.record);
+                            driver.admit((), line.number as i64, (), 0, line.number, decoded, &mut policy);
+                        }
                     }
-                    admitted += 1;
-                    if admitted >= MAX_BATCH || pipeline.is_full() {
+                    taken += 1;
+                    if !driver.room_for_more(&(), taken) {
                         break;
                     }
                     match lines.try_recv() {
@@ -112,11 +113,13 @@ pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config
                 }
             }
         }
-        for record in pipeline.pop_final() {
-            corrupt |= print_record(&mut out, &record);
+        if let Some(window) = driver.window_mut(&()) {
+            for record in window.pipeline.pop_final() {
+                corrupt |= print_record(&mut out, &record);
+            }
         }
     }
-    cancel.cancel();
+    driver.cancel_all();
     drop(lines);
     let _ = out.flush();
     if let Some((line, message, code)) = failure {
@@ -189,104 +192,57 @@ fn read_lines(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn start(
-    runner: &mut Runner<crate::ingest::pipeline::DeliveryRef>,
-    pipeline: &PartitionPipeline<(), u64>,
-    store: &Arc<dyn MailboxStore>,
-    cancel: &Cancel,
-    at: crate::ingest::pipeline::DeliveryRef,
-    attempt: u32,
-    delay: Duration,
-) {
-    if let Some(delivery) = pipeline.delivery(at).cloned() {
-        runner.start(at, store.clone(), delivery, attempt, delay, cancel.clone());
-    }
-}
+/// Why a run stops: the line (0: none), the message and the exit status.
+type Failure = (u64, String, ExitCode);
 
-/// Admits one line into the window and starts its runnable deliveries.
-fn admit(
-    pipeline: &mut PartitionPipeline<(), u64>,
-    runner: &mut Runner<crate::ingest::pipeline::DeliveryRef>,
-    store: &Arc<dyn MailboxStore>,
-    cancel: &Cancel,
-    options: &DecodeOptions,
-    line: Line,
-) {
-    let index = line.number as i64;
-    let decoded = decode(&line.bytes, options).map(|d| d.record);
-    if let Some(admission) = pipeline.admit(index, (), 0, line.number, decoded) {
-        for at in admission.ready {
-            start(runner, pipeline, store, cancel, at, 0, Duration::ZERO);
-        }
-        if admission.settled.is_some_and(|s| s.dead_letter.is_some()) {
-            pipeline.dead_lettered(index);
-        }
-    }
-}
+/// `apply`'s answers to results the table does not make final: it reports a corrupt mailbox
+/// (exit 3 at the end) instead of waiting for its repair, stops at a repair's fence, and
+/// retries an unreachable store a few times before it gives up.
+struct ApplyPolicy;
 
-/// Handles a finished attempt; `Some` stops the run with the line, the message and the status.
-fn on_attempt(
-    pipeline: &mut PartitionPipeline<(), u64>,
-    runner: &mut Runner<crate::ingest::pipeline::DeliveryRef>,
-    store: &Arc<dyn MailboxStore>,
-    cancel: &Cancel,
-    attempt: Attempt<crate::ingest::pipeline::DeliveryRef>,
-) -> Option<(u64, String, ExitCode)> {
-    let result = attempt.result?;
-    let at = attempt.key;
-    let line = pipeline.meta(at.offset).copied().unwrap_or(0);
-    match Disposition::of(&result) {
-        // `apply` reports a corrupt mailbox (exit 3) instead of waiting for its repair.
-        Disposition::Advance | Disposition::DeadLetter | Disposition::Block => {}
-        Disposition::Retry { under_repair: true } => {
-            let detail = result.err().map(|e| e.detail()).unwrap_or_default();
-            return Some((
+impl Policy<(), ()> for ApplyPolicy {
+    type Stop = Failure;
+
+    fn not_final(
+        &mut self,
+        step: Step<'_, ()>,
+        _state: &mut (),
+        result: &Result<DeliveryOutcome, StoreError>,
+        disposition: Disposition,
+    ) -> Verdict<Failure> {
+        // The window's offsets are the line numbers.
+        let line = step.at.offset as u64;
+        let error = result.as_ref().err();
+        let detail = match error {
+            Some(StoreError::Unavailable { detail, .. }) => detail.clone(),
+            Some(e) => e.to_string(),
+            None => String::new(),
+        };
+        match disposition {
+            Disposition::Advance | Disposition::DeadLetter | Disposition::Block => Verdict::Final,
+            Disposition::Retry { under_repair: true } => Verdict::Stop((
                 line,
-                format!("the user's mailboxes are being rebuilt ({detail}); nothing was written for this record: rerun when the repair is done"),
+                format!(
+                    "the user's mailboxes are being rebuilt ({}); nothing was written for this record: rerun when the repair is done",
+                    error.map(StoreError::detail).unwrap_or_default()
+                ),
                 ExitCode::from(EXIT_UNAVAILABLE),
-            ));
-        }
-        Disposition::Retry {
-            under_repair: false,
-        } => {
-            if attempt.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS {
-                let detail = match result {
-                    Err(StoreError::Unavailable { detail, .. }) => detail,
-                    Err(e) => e.to_string(),
-                    Ok(_) => String::new(),
-                };
-                return Some((
-                    line,
-                    format!("store unreachable: {detail}"),
-                    ExitCode::from(EXIT_UNAVAILABLE),
-                ));
+            )),
+            Disposition::Retry {
+                under_repair: false,
+            } if step.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS => Verdict::Stop((
+                line,
+                format!("store unreachable: {detail}"),
+                ExitCode::from(EXIT_UNAVAILABLE),
+            )),
+            Disposition::Retry {
+                under_repair: false,
+            } => Verdict::Retry(BACKOFF.delay(step.attempt)),
+            Disposition::AbortRepair => {
+                Verdict::Stop((line, detail, ExitCode::from(EXIT_UNAVAILABLE)))
             }
-            runner.start(
-                at,
-                store.clone(),
-                attempt.delivery,
-                attempt.attempt + 1,
-                BACKOFF.delay(attempt.attempt),
-                cancel.clone(),
-            );
-            return None;
-        }
-        Disposition::AbortRepair => {
-            let detail = result.err().map(|e| e.to_string()).unwrap_or_default();
-            return Some((line, detail, ExitCode::from(EXIT_UNAVAILABLE)));
         }
     }
-    let (next, settled) = pipeline.complete(at, result);
-    if let Some(next) = next {
-        start(runner, pipeline, store, cancel, next, 0, Duration::ZERO);
-    }
-    if let Some(settled) = settled {
-        if settled.dead_letter.is_some() {
-            pipeline.dead_lettered(settled.offset);
-        }
-    }
-    None
 }
 
 /// Prints a final record's lines; true when one of its deliveries met a corrupt mailbox.

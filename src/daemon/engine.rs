@@ -1,10 +1,11 @@
 //! The daemon's loop: records in, store calls and dead letters out, offsets stored.
 //!
-//! One task owns every assigned partition's window ([`PartitionPipeline`]) and polls, in one
-//! `select!`, the poll thread's batches, the store calls in flight ([`Runner`]), the dead letters
-//! in flight, and a one-second housekeeping tick. Each finished store call is turned into an
-//! action by [`Disposition`]; each record that leaves a window final moves the partition's
-//! watermark, which is stored for librdkafka to commit. Nothing here waits on the store or the
+//! One task owns the drive loop ([`Driver`]: every assigned partition's window and the store
+//! calls in flight) and polls, in one `select!`, the poll thread's batches, the store calls'
+//! answers, the dead letters in flight, and a one-second housekeeping tick. What a finished
+//! store call means is the drive loop's, with the daemon's [`DaemonPolicy`] (wait for
+//! everything); each record that leaves a window final moves the partition's watermark, which
+//! is stored for librdkafka to commit. Nothing here waits on the store or the
 //! broker: every wait is a future in one of the in-flight sets.
 //!
 //! Bounds: per partition, `kafka.max_in_flight_records` records in the window and an even share of
@@ -44,10 +45,11 @@ use super::metrics;
 use super::telemetry::Telemetry;
 use crate::config::Config;
 use crate::disposition::Disposition;
-use crate::ingest::pipeline::{DeliveryRef, PartitionPipeline, Settled};
-use crate::ingest::runner::{Attempt, Cancel, Runner};
-use crate::ingest::{Delivery, DispatchRecord};
-use crate::model::UserId;
+use crate::ingest::drive::{Driver, Policy, Step, Verdict};
+use crate::ingest::pipeline::Settled;
+use crate::ingest::runner::StoreCall;
+use crate::ingest::{DeliveryOutcome, DispatchRecord};
+use crate::model::{StoreError, UserId};
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
 
@@ -59,22 +61,11 @@ struct RecordMeta {
     timestamp_ms: Option<i64>,
 }
 
-/// A delivery's key in the runner: stale results (a revoked partition) are recognised by
-/// `generation`.
-#[derive(Debug, Clone, Copy)]
-struct Key {
-    partition: i32,
-    generation: u64,
-    at: DeliveryRef,
-}
-
+/// What the engine keeps per assigned partition besides its window (the driver's).
 struct PartitionState {
-    generation: u64,
-    pipeline: PartitionPipeline<RawRecord, RecordMeta>,
     /// Users of this partition failing closed, with the reason.
     blocked: HashMap<UserId, String>,
     paused: bool,
-    cancel: Cancel,
     /// The last watermark handed to librdkafka's offset store.
     stored: Option<i64>,
     /// The committed offset when the partition was assigned (lag before the first record).
@@ -82,10 +73,6 @@ struct PartitionState {
     /// When a record of the partition was last admitted (stall detection).
     last_record: Instant,
     stalled: bool,
-    /// Revoked, handing over (see `handover`): nothing new starts, records arriving are dropped.
-    revoking: bool,
-    /// Store calls started and not handed back yet (a hand-over waits for them).
-    store_calls: usize,
     /// Dead letters sent and not acknowledged yet (a hand-over waits for them too).
     letters: usize,
 }
@@ -138,11 +125,10 @@ pub struct Engine {
     /// Restarts librdkafka's fetcher after a resume (see `fetch_waker`).
     waker: FetchWaker,
     producer: FutureProducer,
-    store: Arc<dyn MailboxStore>,
     telemetry: Telemetry,
-    partitions: HashMap<i32, PartitionState>,
-    next_generation: u64,
-    runner: Runner<Key>,
+    /// Every assigned partition's window (a revoked one is closing while it hands over) and the
+    /// store calls in flight for them.
+    driver: Driver<i32, RawRecord, RecordMeta, PartitionState>,
     letters: FuturesUnordered<BoxFuture<'static, LetterDone>>,
     /// The last consumer error, for the stall log, and when it happened.
     last_consumer_error: Option<(Instant, String)>,
@@ -172,11 +158,8 @@ impl Engine {
             consumer,
             waker,
             producer,
-            store,
+            driver: Driver::new(store),
             telemetry,
-            partitions: HashMap::new(),
-            next_generation: 0,
-            runner: Runner::default(),
             letters: FuturesUnordered::new(),
             last_consumer_error: None,
             intake_lost: false,
@@ -209,7 +192,7 @@ impl Engine {
                 intake = None;
                 deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
             }
-            if deadline.is_some() && self.partitions.values().all(|p| p.pipeline.is_empty()) {
+            if deadline.is_some() && self.driver.is_empty() {
                 break;
             }
             let until = deadline.unwrap_or_else(tokio::time::Instant::now);
@@ -218,7 +201,7 @@ impl Engine {
                 changed = shutdown.changed(), if deadline.is_none() => {
                     if changed.is_err() || *shutdown.borrow() {
                         let in_flight: usize =
-                            self.partitions.values().map(|p| p.pipeline.in_flight()).sum();
+                            self.driver.windows().map(|(_, w)| w.pipeline.in_flight()).sum();
                         tracing::info!(in_flight, "shutdown: fetching stopped, draining");
                         deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
                         // Records not yet admitted stay uncommitted; the next owner reads them.
@@ -234,7 +217,7 @@ impl Engine {
                             // with work that is already done.
                             for _ in 0..8 {
                                 self.drain_finished();
-                                if self.partitions.values().any(|p| p.paused) {
+                                if self.driver.windows().any(|(_, w)| w.state.paused) {
                                     break;
                                 }
                                 match intake.as_mut().map(|rx| rx.try_recv()) {
@@ -253,8 +236,10 @@ impl Engine {
                         }
                     }
                 }
-                attempt = self.runner.next() => {
-                    self.on_attempt(attempt);
+                attempt = self.driver.next() => {
+                    let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
+                    let Ok(()) = self.driver.handle(attempt, &mut policy);
+                    self.send_letters(policy.letters);
                     self.drain_finished();
                 }
                 Some(handover) = handovers.recv() => self.begin_handover(handover),
@@ -276,11 +261,11 @@ impl Engine {
         } else if let Some(reason) = &self.fatal {
             report.failure = Some(reason.clone());
         }
-        for (partition, state) in &self.partitions {
+        self.driver.cancel_all();
+        for (partition, window) in self.driver.windows() {
             metrics::partition_revoked(*partition);
-            report.abandoned_records += state.pipeline.in_flight();
-            state.cancel.cancel();
-            if let Some(watermark) = state.pipeline.watermark() {
+            report.abandoned_records += window.pipeline.in_flight();
+            if let Some(watermark) = window.pipeline.watermark() {
                 report.committed.insert(*partition, watermark);
             }
         }
@@ -289,9 +274,9 @@ impl Engine {
 
     /// Handles every store call that has already finished, then moves the windows.
     fn drain_finished(&mut self) {
-        while let Some(attempt) = self.runner.try_next() {
-            self.on_attempt(attempt);
-        }
+        let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
+        let Ok(()) = self.driver.handle_ready(&mut policy);
+        self.send_letters(policy.letters);
         self.advance();
     }
 
@@ -303,7 +288,7 @@ impl Engine {
                 }
             }
             IntakeEvent::Group(GroupEvent::Lost) => {
-                let all: Vec<i32> = self.partitions.keys().copied().collect();
+                let all = self.driver.sources();
                 self.revoke(all);
             }
             IntakeEvent::Group(GroupEvent::Revoked(partitions)) => self.revoke(partitions),
@@ -333,9 +318,8 @@ impl Engine {
     fn revoke(&mut self, partitions: Vec<i32>) {
         for partition in partitions {
             metrics::partition_revoked(partition);
-            if let Some(state) = self.partitions.remove(&partition) {
-                state.cancel.cancel();
-                let abandoned = state.pipeline.in_flight();
+            if let Some(window) = self.driver.close(&partition) {
+                let abandoned = window.pipeline.in_flight();
                 if abandoned > 0 {
                     tracing::info!(
                         partition,
@@ -348,7 +332,7 @@ impl Engine {
     }
 
     fn assign(&mut self, partition: i32) {
-        if self.partitions.contains_key(&partition) {
+        if self.driver.window(&partition).is_some() {
             return;
         }
         // The engine's own pause of an earlier assignment of this partition may have reached
@@ -359,21 +343,16 @@ impl Engine {
         if let Err(e) = self.consumer.resume(&tpl) {
             tracing::warn!(partition, error = %e, "resume of an assigned partition failed");
         }
-        self.next_generation += 1;
-        self.partitions.insert(
+        self.driver.open(
             partition,
+            self.settings.max_records,
             PartitionState {
-                generation: self.next_generation,
-                pipeline: PartitionPipeline::new(self.settings.max_records),
                 blocked: HashMap::new(),
                 paused: false,
-                cancel: Cancel::default(),
                 stored: None,
                 start: None,
                 last_record: Instant::now(),
                 stalled: false,
-                revoking: false,
-                store_calls: 0,
                 letters: 0,
             },
         );
@@ -412,10 +391,10 @@ impl Engine {
             raw: record,
             decoded,
         } = polled;
-        let Some(state) = self
-            .partitions
-            .get_mut(&record.partition)
-            .filter(|s| !s.revoking)
+        let Some(window) = self
+            .driver
+            .window_mut(&record.partition)
+            .filter(|w| !w.is_closing())
         else {
             tracing::debug!(
                 partition = record.partition,
@@ -423,7 +402,7 @@ impl Engine {
             );
             return;
         };
-        state.last_record = Instant::now();
+        window.state.last_record = Instant::now();
         // What the record holds while in flight: its raw bytes (kept for a dead letter), its
         // decoded form and its store request.
         let size = record.size() + decoded.as_ref().map_or(0, DispatchRecord::in_flight_bytes);
@@ -432,125 +411,27 @@ impl Engine {
             timestamp_ms: record.timestamp_ms,
         };
         let decoded = decoded.map(|d| d.at_position(partition, offset));
-        let Some(admission) = state.pipeline.admit(offset, record, size, meta, decoded) else {
-            return;
-        };
-        let generation = state.generation;
-        for at in admission.ready {
-            self.start(partition, generation, at, 0, Duration::ZERO);
-        }
-        if let Some(settled) = admission.settled {
+        let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
+        self.driver
+            .admit(partition, offset, record, size, meta, decoded, &mut policy);
+        self.send_letters(policy.letters);
+    }
+
+    /// Sends the dead letters of records settled with a refusal.
+    fn send_letters(&mut self, settled: Vec<(i32, Settled)>) {
+        for (partition, settled) in settled {
             self.on_settled(partition, settled);
         }
-    }
-
-    fn start(
-        &mut self,
-        partition: i32,
-        generation: u64,
-        at: DeliveryRef,
-        attempt: u32,
-        delay: Duration,
-    ) {
-        let Some(state) = self.partitions.get_mut(&partition) else {
-            return;
-        };
-        if state.revoking {
-            return;
-        }
-        let Some(delivery) = state.pipeline.delivery(at).cloned() else {
-            return;
-        };
-        state.store_calls += 1;
-        self.runner.start(
-            Key {
-                partition,
-                generation,
-                at,
-            },
-            self.store.clone(),
-            delivery,
-            attempt,
-            delay,
-            state.cancel.clone(),
-        );
-    }
-
-    fn on_attempt(&mut self, attempt: Attempt<Key>) {
-        let Attempt {
-            key,
-            delivery,
-            attempt,
-            result,
-            elapsed,
-            calls,
-        } = attempt;
-        self.telemetry.store_calls(&calls);
-        let Some(state) = self
-            .partitions
-            .get_mut(&key.partition)
-            .filter(|s| s.generation == key.generation)
-        else {
-            return;
-        };
-        state.store_calls = state.store_calls.saturating_sub(1);
-        let Some(result) = result else { return };
-        self.telemetry.store_call(elapsed.as_secs_f64());
-        let user = &delivery.mailbox().user_id;
-        let disposition = Disposition::of(&result);
-        if disposition.is_final() {
-            if state.blocked.remove(user).is_some() {
-                self.telemetry
-                    .unblocked(key.partition, user, state.blocked.len());
-            }
-            let (word, error) = match &result {
-                Ok(outcome) => (outcome.as_str(), None),
-                Err(e) => (e.outcome(), Some(e)),
-            };
-            self.telemetry
-                .delivery_final(key.partition, key.at.offset, key.at.index, word, error);
-            let (next, settled) = state.pipeline.complete(key.at, result);
-            if let Some(next) = next {
-                self.start(key.partition, key.generation, next, 0, Duration::ZERO);
-            }
-            if let Some(settled) = settled {
-                self.on_settled(key.partition, settled);
-            }
-            return;
-        }
-        let Err(error) = &result else { return };
-        self.telemetry.attempt_failed(
-            key.partition,
-            key.at.offset,
-            user,
-            error,
-            disposition,
-            attempt,
-        );
-        if matches!(disposition, Disposition::Block | Disposition::AbortRepair)
-            && !state.blocked.contains_key(user)
-        {
-            state.blocked.insert(user.clone(), error.to_string());
-            self.telemetry.blocked(
-                key.partition,
-                key.at.offset,
-                user,
-                error,
-                state.blocked.len(),
-            );
-        }
-        let delay = self.settings.backoff.delay(attempt);
-        retry(self, key, delivery, attempt + 1, delay);
     }
 
     fn on_settled(&mut self, partition: i32, settled: Settled) {
         let Some(dead_letter) = settled.dead_letter else {
             return;
         };
-        let Some(state) = self.partitions.get(&partition) else {
+        let Some(window) = self.driver.window(&partition) else {
             return;
         };
-        let Some(raw) = state.pipeline.raw(settled.offset) else {
+        let Some(raw) = window.pipeline.raw(settled.offset) else {
             return;
         };
         let letter = dead_letter::build(
@@ -566,7 +447,7 @@ impl Engine {
             self.settings.dlq_max_message_bytes,
             false,
         );
-        let generation = state.generation;
+        let generation = window.generation();
         self.send_letter(
             partition,
             generation,
@@ -582,13 +463,13 @@ impl Engine {
     /// stores the new watermarks, and resumes partitions with room again.
     fn advance(&mut self) {
         let mut store = TopicPartitionList::new();
-        for (partition, state) in self.partitions.iter_mut() {
-            let finals = state.pipeline.pop_final();
+        for (partition, window) in self.driver.windows_mut() {
+            let finals = window.pipeline.pop_final();
             self.telemetry
                 .records_final(*partition, &finals, |r| r.meta.timestamp_ms);
-            if let Some(watermark) = state.pipeline.watermark() {
-                if state.stored != Some(watermark) {
-                    state.stored = Some(watermark);
+            if let Some(watermark) = window.pipeline.watermark() {
+                if window.state.stored != Some(watermark) {
+                    window.state.stored = Some(watermark);
                     if self.settings.commit_offsets {
                         let _ = store.add_partition_offset(
                             &self.settings.topic,
@@ -613,17 +494,18 @@ impl Engine {
     /// assigned partitions, so a mailbox blocked in one partition can fill that partition's share
     /// but never pause the others.
     fn apply_backpressure(&mut self) {
-        let share = self.settings.max_bytes / self.partitions.len().max(1);
+        let share = self.settings.max_bytes / self.driver.windows().count().max(1);
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
         let mut total = 0;
-        for (partition, state) in self.partitions.iter_mut() {
-            let bytes = state.pipeline.bytes();
+        for (partition, window) in self.driver.windows_mut() {
+            let bytes = window.pipeline.bytes();
             total += bytes;
-            if !state.paused && (state.pipeline.is_full() || bytes >= share) {
+            let state = &mut window.state;
+            if !state.paused && (window.pipeline.is_full() || bytes >= share) {
                 state.paused = true;
                 pause.add_partition(&self.settings.topic, *partition);
-            } else if state.paused && state.pipeline.has_room() && bytes <= share / 2 {
+            } else if state.paused && window.pipeline.has_room() && bytes <= share / 2 {
                 state.paused = false;
                 resume.add_partition(&self.settings.topic, *partition);
             }
@@ -645,22 +527,88 @@ impl Engine {
     }
 }
 
-/// Starts the next attempt of a delivery that is not final.
-fn retry(engine: &mut Engine, key: Key, delivery: Arc<Delivery>, attempt: u32, delay: Duration) {
-    let Some(state) = engine
-        .partitions
-        .get_mut(&key.partition)
-        .filter(|s| !s.revoking)
-    else {
-        return;
-    };
-    state.store_calls += 1;
-    engine.runner.start(
-        key,
-        engine.store.clone(),
-        delivery,
-        attempt,
-        delay,
-        state.cancel.clone(),
-    );
+/// The daemon's answers to results the table does not make final: it waits for all of them. A
+/// corrupt mailbox (and a repair's lost fence, which only a repair's own write can meet) blocks
+/// its user and is retried with backoff until a repair heals it; an unreachable store and a
+/// user under repair are retried with backoff. Nothing stops the run, and a refused record
+/// goes to the dead-letter topic.
+struct DaemonPolicy<'a> {
+    telemetry: &'a Telemetry,
+    backoff: Backoff,
+    /// Records settled with a refusal, for [`Engine::send_letters`].
+    letters: Vec<(i32, Settled)>,
+}
+
+impl<'a> DaemonPolicy<'a> {
+    fn new(telemetry: &'a Telemetry, backoff: Backoff) -> Self {
+        Self {
+            telemetry,
+            backoff,
+            letters: Vec::new(),
+        }
+    }
+}
+
+impl Policy<i32, PartitionState> for DaemonPolicy<'_> {
+    type Stop = std::convert::Infallible;
+
+    fn not_final(
+        &mut self,
+        step: Step<'_, i32>,
+        state: &mut PartitionState,
+        result: &Result<DeliveryOutcome, StoreError>,
+        disposition: Disposition,
+    ) -> Verdict<Self::Stop> {
+        let partition = *step.source;
+        let user = &step.delivery.mailbox().user_id;
+        if let Err(error) = result {
+            self.telemetry.attempt_failed(
+                partition,
+                step.at.offset,
+                user,
+                error,
+                disposition,
+                step.attempt,
+            );
+            if matches!(disposition, Disposition::Block | Disposition::AbortRepair)
+                && !state.blocked.contains_key(user)
+            {
+                state.blocked.insert(user.clone(), error.to_string());
+                self.telemetry
+                    .blocked(partition, step.at.offset, user, error, state.blocked.len());
+            }
+        }
+        Verdict::Retry(self.backoff.delay(step.attempt))
+    }
+
+    fn delivery_final(
+        &mut self,
+        step: Step<'_, i32>,
+        state: &mut PartitionState,
+        result: &Result<DeliveryOutcome, StoreError>,
+    ) {
+        let user = &step.delivery.mailbox().user_id;
+        if state.blocked.remove(user).is_some() {
+            self.telemetry
+                .unblocked(*step.source, user, state.blocked.len());
+        }
+        let (word, error) = match result {
+            Ok(outcome) => (outcome.as_str(), None),
+            Err(e) => (e.outcome(), Some(e)),
+        };
+        self.telemetry
+            .delivery_final(*step.source, step.at.offset, step.at.index, word, error);
+    }
+
+    fn dead_letter(&mut self, source: &i32, settled: Settled) -> bool {
+        self.letters.push((*source, settled));
+        false
+    }
+
+    fn answered(&mut self, calls: &[StoreCall], elapsed: Option<Duration>) {
+        self.telemetry.store_calls(calls);
+        if let Some(elapsed) = elapsed {
+            self.telemetry.store_call(elapsed.as_secs_f64());
+        }
+    }
 }

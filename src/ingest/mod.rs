@@ -7,13 +7,17 @@
 //! - [`pipeline`]: the ordering core — a bounded window per source, a lane per user, the
 //!   watermark — and each record's lifecycle from admitted to committable.
 //! - [`runner`]: the store calls in flight, one attempt each.
+//! - [`drive`]: the drive loop over both — admit, start, read each answer through
+//!   [`crate::disposition`], retry or complete, dead-letter, final — with each front end's
+//!   [`drive::Policy`] deciding only what the table leaves to it (wait, report, give up).
 //!
-//! The daemon, `materializer apply`, `materializer replay` and the demo all decode, order and run
-//! their records through [`decode`], [`pipeline`] and [`runner`], with [`crate::disposition`]
-//! deciding what each result means, so a record has one meaning whichever door it comes through.
+//! The daemon, `materializer apply` and `materializer replay` decode their records through
+//! [`decode`] and run them through [`drive`], so a record has one meaning whichever door it
+//! comes through.
 
 pub mod apply;
 pub mod decode;
+pub mod drive;
 pub mod pipeline;
 pub mod runner;
 

@@ -49,16 +49,13 @@ impl Engine {
     /// Step 1: nothing new starts for the revoked partitions.
     pub(super) fn begin_handover(&mut self, handover: Handover) {
         for partition in &handover.partitions {
-            if let Some(state) = self.partitions.get_mut(partition) {
-                state.cancel.cancel();
-                state.revoking = true;
-            }
+            self.driver.begin_close(partition);
         }
         let in_flight: usize = handover
             .partitions
             .iter()
-            .filter_map(|p| self.partitions.get(p))
-            .map(|s| s.store_calls + s.letters)
+            .filter_map(|p| self.driver.window(p))
+            .map(|w| w.calls() + w.state.letters)
             .sum();
         tracing::info!(partitions = ?handover.partitions, in_flight, "revoke: handing over once the calls already sent finish");
         let deadline = if handover.lost {
@@ -81,9 +78,9 @@ impl Engine {
             .partition(|pending| {
                 now >= pending.deadline
                     || pending.handover.partitions.iter().all(|p| {
-                        self.partitions
-                            .get(p)
-                            .is_none_or(|s| s.store_calls == 0 && s.letters == 0)
+                        self.driver
+                            .window(p)
+                            .is_none_or(|w| w.calls() == 0 && w.state.letters == 0)
                     })
             });
         self.handovers = waiting;
@@ -91,18 +88,19 @@ impl Engine {
             let Pending { handover, deadline } = pending;
             let mut watermarks = Vec::new();
             for partition in &handover.partitions {
-                let Some(state) = self.partitions.get(partition) else {
+                let Some(window) = self.driver.window(partition) else {
                     continue;
                 };
                 if self.settings.commit_offsets && !handover.lost {
-                    if let Some(watermark) = state.pipeline.watermark() {
+                    if let Some(watermark) = window.pipeline.watermark() {
                         watermarks.push((*partition, watermark));
                     }
                 }
-                if now >= deadline && !handover.lost && state.store_calls + state.letters > 0 {
+                let in_flight = window.calls() + window.state.letters;
+                if now >= deadline && !handover.lost && in_flight > 0 {
                     tracing::warn!(
                         partition,
-                        in_flight = state.store_calls + state.letters,
+                        in_flight,
                         "revoke: hand-over deadline passed with calls in flight; their records are left to the next owner"
                     );
                 }

@@ -9,7 +9,7 @@ impl Engine {
     pub(super) fn housekeeping(&mut self) {
         // Expired days the store compacted inside appends (and any other promote) since the
         // last tick.
-        let promoted = self.store.promoted_buckets_total();
+        let promoted = self.driver.store().promoted_buckets_total();
         if promoted > self.promoted_reported {
             metrics::promote_expired_buckets(
                 u32::try_from(promoted - self.promoted_reported).unwrap_or(u32::MAX),
@@ -20,10 +20,11 @@ impl Engine {
         let starts = lock(&self.consumer.context().start_offsets).clone();
         let committed = lock(&self.consumer.context().committed).clone();
         let mut any_stalled = false;
-        for (partition, state) in self.partitions.iter_mut() {
-            let position = state
-                .pipeline
-                .watermark()
+        for (partition, window) in self.driver.windows_mut() {
+            let idle = window.pipeline.is_empty() && !window.state.paused;
+            let position = window.pipeline.watermark();
+            let state = &mut window.state;
+            let position = position
                 .or(state.start)
                 .or_else(|| starts.get(partition).copied());
             state.start = state.start.or_else(|| starts.get(partition).copied());
@@ -48,7 +49,7 @@ impl Engine {
                     .as_ref()
                     .map(|(at, _)| at.elapsed()),
                 lag,
-                idle: state.pipeline.is_empty() && !state.paused,
+                idle,
                 since_last_record: state.last_record.elapsed(),
                 threshold: self.settings.stalled_after,
             });

@@ -27,8 +27,8 @@ impl Engine {
         attempt: u32,
         delay: Duration,
     ) {
-        if let Some(state) = self.partitions.get_mut(&partition) {
-            state.letters += 1;
+        if let Some(window) = self.driver.window_mut(&partition) {
+            window.state.letters += 1;
         }
         let producer = self.producer.clone();
         let topic = self.settings.dlq_topic.clone();
@@ -50,18 +50,18 @@ impl Engine {
     }
 
     pub(super) fn on_letter(&mut self, done: LetterDone) {
-        let Some(state) = self
-            .partitions
-            .get_mut(&done.partition)
-            .filter(|s| s.generation == done.generation)
+        let Some(window) = self
+            .driver
+            .window_mut(&done.partition)
+            .filter(|w| w.generation() == done.generation)
         else {
             return;
         };
-        state.letters = state.letters.saturating_sub(1);
+        window.state.letters = window.state.letters.saturating_sub(1);
         match done.result {
             Ok(()) => {
                 self.telemetry.health().set_dead_letters(true);
-                state.pipeline.dead_lettered(done.offset);
+                window.pipeline.dead_lettered(done.offset);
                 self.telemetry.dead_lettered(
                     done.partition,
                     done.offset,
@@ -95,7 +95,7 @@ impl Engine {
                     ));
                 }
                 let delay = self.settings.backoff.delay(done.attempt);
-                let generation = state.generation;
+                let generation = window.generation();
                 self.send_letter(
                     done.partition,
                     generation,

@@ -34,8 +34,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::disposition::Disposition;
-use crate::ingest::pipeline::PartitionPipeline;
-use crate::ingest::runner::{Cancel, Runner};
+use crate::ingest::drive::Driver;
 use crate::model::UserId;
 use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
@@ -338,11 +337,12 @@ pub async fn replay(
     let mut run = Rebuild {
         config,
         request,
-        store: store.clone(),
         targets,
-        pipeline: PartitionPipeline::new(WINDOW),
-        runner: Runner::default(),
-        cancel: Cancel::default(),
+        driver: {
+            let mut driver = Driver::new(store.clone());
+            driver.open((), WINDOW, ());
+            driver
+        },
         summary: &mut summary,
         corrupt_users: BTreeSet::new(),
         seen_users: BTreeSet::new(),
@@ -354,7 +354,7 @@ pub async fn replay(
     let read = run
         .read(&clients.reader, &range, &mut interrupt, renewal.as_mut())
         .await;
-    run.cancel.cancel();
+    run.driver.cancel_all();
     let corrupt_users = std::mem::take(&mut run.corrupt_users);
     let seen_users = std::mem::take(&mut run.seen_users);
     run.progress.finish();

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::FutureExt;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -17,9 +17,9 @@ use super::{pause_point, ReplayRequest, ReplaySummary, MAX_TRANSIENT_ATTEMPTS, S
 use crate::config::Config;
 use crate::daemon::metrics;
 use crate::disposition::Disposition;
-use crate::ingest::pipeline::{DeliveryRef, FinalRecord, PartitionPipeline};
-use crate::ingest::runner::{Attempt, Cancel, Runner, MAX_BATCH};
-use crate::ingest::{decode, DeliveryOutcome};
+use crate::ingest::drive::{Driver, Policy, Step, Verdict};
+use crate::ingest::pipeline::FinalRecord;
+use crate::ingest::{decode, Delivery, DeliveryOutcome};
 use crate::model::{StoreError, UserId};
 use crate::store::repair::Renewal;
 use crate::store::MailboxStore;
@@ -28,12 +28,10 @@ use crate::store::MailboxStore;
 pub(super) struct Rebuild<'a> {
     pub(super) config: &'a Config,
     pub(super) request: &'a ReplayRequest,
-    pub(super) store: Arc<dyn MailboxStore>,
     /// Staging views of the fenced users; other deliveries go to the live store.
     pub(super) targets: HashMap<UserId, Arc<dyn MailboxStore>>,
-    pub(super) pipeline: PartitionPipeline<(), ()>,
-    pub(super) runner: Runner<DeliveryRef>,
-    pub(super) cancel: Cancel,
+    /// One window: the partition's range.
+    pub(super) driver: Driver<(), (), (), ()>,
     pub(super) summary: &'a mut ReplaySummary,
     pub(super) corrupt_users: BTreeSet<UserId>,
     pub(super) seen_users: BTreeSet<UserId>,
@@ -65,10 +63,10 @@ impl Rebuild<'_> {
         let mut source_done = false;
         let mut give_up = Instant::now() + STALL;
         loop {
-            if source_done && self.pipeline.is_empty() {
+            if source_done && self.driver.is_empty() {
                 return Ok(());
             }
-            let can_read = !source_done && !self.pipeline.is_full();
+            let can_read = !source_done && self.driver.room_for_more(&(), 0);
             if !can_read {
                 // Waiting for the store is not waiting for the broker.
                 give_up = Instant::now() + STALL;
@@ -81,8 +79,9 @@ impl Rebuild<'_> {
                 reason = async { match renewal.as_mut() { Some(r) => r.lost().await, None => std::future::pending().await } } => {
                     return Err((format!("repair fence lost: {reason}"), false));
                 }
-                attempt = self.runner.next() => {
-                    self.on_attempt(attempt)?;
+                attempt = self.driver.next() => {
+                    let (driver, mut policy) = self.split();
+                    driver.handle(attempt, &mut policy)?;
                     if std::mem::take(&mut self.pause_rebuilding) {
                         pause_point("replay.rebuilding").await;
                     }
@@ -98,10 +97,9 @@ impl Rebuild<'_> {
                             }
                             // Take what else is already fetched, so the deliveries of many
                             // records go to the store as one batch.
-                            for _ in 0..MAX_BATCH {
-                                if next_offset >= range.end || self.pipeline.is_full() {
-                                    break;
-                                }
+                            let mut taken = 1;
+                            while next_offset < range.end && self.driver.room_for_more(&(), taken) {
+                                taken += 1;
                                 let message = match reader.recv().now_or_never() {
                                     Some(Ok(message)) => message,
                                     Some(Err(e)) if position_lost(&e) => {
@@ -167,110 +165,33 @@ impl Rebuild<'_> {
             }
             return;
         }
-        let Some(admission) = self.pipeline.admit(offset, (), 0, (), decoded) else {
-            return;
-        };
-        for at in admission.ready {
-            self.start(at, 0, Duration::ZERO);
-        }
-        if admission.settled.is_some() {
-            // Counted, not dead-lettered again.
-            self.pipeline.dead_lettered(offset);
-        }
+        let (driver, mut policy) = self.split();
+        driver.admit((), offset, (), 0, (), decoded, &mut policy);
     }
 
-    fn start(&mut self, at: DeliveryRef, attempt: u32, delay: Duration) {
-        let Some(delivery) = self.pipeline.delivery(at).cloned() else {
-            return;
-        };
-        let user = &delivery.mailbox().user_id;
-        self.seen_users.insert(user.clone());
-        let target = self.targets.get(user).unwrap_or(&self.store).clone();
-        self.runner
-            .start(at, target, delivery, attempt, delay, self.cancel.clone());
-    }
-
-    fn on_attempt(&mut self, attempt: Attempt<DeliveryRef>) -> Result<(), (String, bool)> {
-        let Some(result) = attempt.result else {
-            return Ok(());
-        };
-        let at = attempt.key;
-        let disposition = Disposition::of(&result);
-        let user = attempt.delivery.mailbox().user_id.clone();
-        let result = match disposition {
-            Disposition::Advance | Disposition::DeadLetter => result,
-            Disposition::AbortRepair => {
-                let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
-                return Err((format!("repair fence lost: {reason}"), false));
-            }
-            Disposition::Block if self.targets.contains_key(&user) => {
-                // A staging copy is built from nothing: a corrupt verdict there means the rebuild
-                // cannot be trusted, and it must never be swapped in.
-                let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
-                return Err((
-                    format!(
-                        "the rebuild of {} failed closed ({reason}); nothing was swapped",
-                        user.as_str()
-                    ),
-                    false,
-                ));
-            }
-            Disposition::Block => {
-                // A replay does not wait for a repair: it reports the mailbox and moves on.
-                if self.corrupt_users.insert(user.clone()) {
-                    if let Err(e) = &result {
-                        tracing::error!(offset = at.offset, user = %user.as_str(), error = %e, "still corrupt");
-                    }
-                }
-                result
-            }
-            Disposition::Retry { .. } => {
-                if attempt.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS {
-                    let reason = result.err().map(|e| e.to_string()).unwrap_or_default();
-                    return Err((
-                        format!("gave up after {MAX_TRANSIENT_ATTEMPTS} attempts at offset {}: {reason}", at.offset),
-                        true,
-                    ));
-                }
-                if let Err(e) = &result {
-                    tracing::warn!(offset = at.offset, error = %e, attempt = attempt.attempt, "transient store error; retrying");
-                }
-                let delay = self.config.kafka.backoff().delay(attempt.attempt);
-                self.runner.start(
-                    at,
-                    self.targets.get(&user).unwrap_or(&self.store).clone(),
-                    attempt.delivery,
-                    attempt.attempt + 1,
-                    delay,
-                    self.cancel.clone(),
-                );
-                return Ok(());
-            }
-        };
-        let word = match &result {
-            Ok(outcome) => outcome.as_str(),
-            Err(e) => e.outcome(),
-        };
-        *self.summary.groups.entry(word).or_default() += 1;
-        if !self.staged_any && self.targets.contains_key(&user) {
-            self.staged_any = true;
-            self.pause_rebuilding = true;
-        }
-        let (next, settled) = self.pipeline.complete(at, result);
-        if let Some(next) = next {
-            self.start(next, 0, Duration::ZERO);
-        }
-        if let Some(settled) = settled {
-            if settled.dead_letter.is_some() {
-                self.pipeline.dead_lettered(settled.offset);
-            }
-        }
-        Ok(())
+    /// The driver, and the policy over the rest of the run's state.
+    fn split(&mut self) -> (&mut Driver<(), (), (), ()>, ReplayPolicy<'_>) {
+        (
+            &mut self.driver,
+            ReplayPolicy {
+                config: self.config,
+                targets: &self.targets,
+                summary: self.summary,
+                corrupt_users: &mut self.corrupt_users,
+                seen_users: &mut self.seen_users,
+                staged_any: &mut self.staged_any,
+                pause_rebuilding: &mut self.pause_rebuilding,
+            },
+        )
     }
 
     /// Counts the records that left the window.
     fn settle(&mut self) {
-        for record in self.pipeline.pop_final() {
+        let finals = match self.driver.window_mut(&()) {
+            Some(window) => window.pipeline.pop_final(),
+            None => Vec::new(),
+        };
+        for record in finals {
             let word = replay_word(&record);
             self.count(word);
         }
@@ -279,6 +200,93 @@ impl Rebuild<'_> {
     fn count(&mut self, word: &'static str) {
         *self.summary.outcomes.entry(word).or_default() += 1;
         metrics::replay_record(word);
+    }
+}
+
+/// A replay's answers to results the table does not make final: a corrupt live mailbox is
+/// reported and the replay goes on; a corrupt staging copy, a lost fence, or a store still
+/// unreachable after a few attempts stops the replay before the swap.
+struct ReplayPolicy<'a> {
+    config: &'a Config,
+    targets: &'a HashMap<UserId, Arc<dyn MailboxStore>>,
+    summary: &'a mut ReplaySummary,
+    corrupt_users: &'a mut BTreeSet<UserId>,
+    seen_users: &'a mut BTreeSet<UserId>,
+    staged_any: &'a mut bool,
+    pause_rebuilding: &'a mut bool,
+}
+
+impl Policy<(), ()> for ReplayPolicy<'_> {
+    /// The reason, and whether a rerun may succeed.
+    type Stop = (String, bool);
+
+    fn target(&mut self, delivery: &Delivery) -> Option<Arc<dyn MailboxStore>> {
+        let user = &delivery.mailbox().user_id;
+        self.seen_users.insert(user.clone());
+        self.targets.get(user).cloned()
+    }
+
+    fn not_final(
+        &mut self,
+        step: Step<'_, ()>,
+        _state: &mut (),
+        result: &Result<DeliveryOutcome, StoreError>,
+        disposition: Disposition,
+    ) -> Verdict<(String, bool)> {
+        let user = &step.delivery.mailbox().user_id;
+        let offset = step.at.offset;
+        let reason = result
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        match disposition {
+            Disposition::Advance | Disposition::DeadLetter => Verdict::Final,
+            Disposition::AbortRepair => Verdict::Stop((format!("repair fence lost: {reason}"), false)),
+            // A staging copy is built from nothing: a corrupt verdict there means the rebuild
+            // cannot be trusted, and it must never be swapped in.
+            Disposition::Block if self.targets.contains_key(user) => Verdict::Stop((
+                format!(
+                    "the rebuild of {} failed closed ({reason}); nothing was swapped",
+                    user.as_str()
+                ),
+                false,
+            )),
+            Disposition::Block => {
+                // A replay does not wait for a repair: it reports the mailbox and moves on.
+                if self.corrupt_users.insert(user.clone()) {
+                    tracing::error!(offset, user = %user.as_str(), error = %reason, "still corrupt");
+                }
+                Verdict::Final
+            }
+            Disposition::Retry { .. } if step.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS => {
+                Verdict::Stop((
+                    format!("gave up after {MAX_TRANSIENT_ATTEMPTS} attempts at offset {offset}: {reason}"),
+                    true,
+                ))
+            }
+            Disposition::Retry { .. } => {
+                tracing::warn!(offset, error = %reason, attempt = step.attempt, "transient store error; retrying");
+                Verdict::Retry(self.config.kafka.backoff().delay(step.attempt))
+            }
+        }
+    }
+
+    fn delivery_final(
+        &mut self,
+        step: Step<'_, ()>,
+        _state: &mut (),
+        result: &Result<DeliveryOutcome, StoreError>,
+    ) {
+        let word = match result {
+            Ok(outcome) => outcome.as_str(),
+            Err(e) => e.outcome(),
+        };
+        *self.summary.groups.entry(word).or_default() += 1;
+        if !*self.staged_any && self.targets.contains_key(&step.delivery.mailbox().user_id) {
+            *self.staged_any = true;
+            *self.pause_rebuilding = true;
+        }
     }
 }
 

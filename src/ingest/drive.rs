@@ -1,0 +1,413 @@
+//! The drive loop: what happens to a record between its source and its final result, written
+//! once for every front end.
+//!
+//! A record's path, whichever door it came through (the daemon, `replay`, `apply`):
+//!
+//! 1. [`Driver::admit`] puts it in its source's window ([`PartitionPipeline`]) and starts the
+//!    deliveries whose lane was free on the [`Runner`] (against [`Policy::target`], the live store
+//!    unless a repair stages the user elsewhere).
+//! 2. [`Driver::next`] waits for a finished store call; [`Driver::handle`] reads its result
+//!    through [`Disposition`]:
+//!    - final by the table (advance, dead letter): the delivery completes, its lane's next
+//!      delivery starts, and a settled record with a refusal goes to [`Policy::dead_letter`];
+//!    - not final (block, retry, abort): the front end's [`Policy::not_final`] answers with a
+//!      [`Verdict`]: retry after a delay (the daemon, always), take it as final (`apply` and
+//!      `replay` report a corrupt mailbox and go on) or stop the run (`apply` and `replay` after
+//!      a few attempts, a lost repair fence).
+//! 3. The front end takes final records out of the window in source order
+//!    ([`PartitionPipeline::pop_final`]) and reports or commits them.
+//!
+//! What differs between front ends is only their [`Policy`] and where their records come from,
+//! so "what happens to a record whose store call times out, in the daemon, in replay, in
+//! apply?" is answered by this file and each policy's `not_final`.
+//!
+//! Bounds: each window holds at most its `max_records` records; the runner holds at most one
+//! delivery per lane, so at most the records in the windows (and its own batch bounds).
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::pipeline::{DeliveryRef, PartitionPipeline, Settled};
+use super::runner::{Attempt, Cancel, Runner, StoreCall, MAX_BATCH};
+use super::{DecodeError, Delivery, DeliveryOutcome, DispatchRecord};
+use crate::disposition::Disposition;
+use crate::model::StoreError;
+use crate::store::MailboxStore;
+
+/// A delivery's key in the runner: answers for a closed (or closed and reopened) source are
+/// recognised by `generation` and ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key<S> {
+    pub source: S,
+    pub at: DeliveryRef,
+    generation: u64,
+}
+
+/// One source's window and the front end's own state of it.
+pub struct Window<R, M, X> {
+    pub pipeline: PartitionPipeline<R, M>,
+    /// What the front end keeps per source (the daemon: pause, blocked users, offsets).
+    pub state: X,
+    generation: u64,
+    cancel: Cancel,
+    closing: bool,
+    /// Attempts started and not handed back yet.
+    calls: usize,
+}
+
+impl<R, M, X> Window<R, M, X> {
+    /// Store calls started for this source and not answered yet (a hand-over waits for them).
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Closing (see [`Driver::begin_close`]): nothing new starts.
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Told apart from an earlier window of the same source.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// One finished attempt, as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a, S> {
+    pub source: &'a S,
+    pub at: DeliveryRef,
+    /// 0 for the first attempt.
+    pub attempt: u32,
+    pub delivery: &'a Delivery,
+}
+
+/// What a front end makes of a result the table does not make final.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict<E> {
+    /// Try the delivery again after this delay; it stays at its lane's head meanwhile.
+    Retry(Duration),
+    /// Take the result as final here (reported, not waited for).
+    Final,
+    /// Stop the run.
+    Stop(E),
+}
+
+/// A front end's decisions: everything the drive loop does not decide by itself.
+pub trait Policy<S, X> {
+    /// Why a run stops ([`Verdict::Stop`]).
+    type Stop;
+
+    /// The store the delivery goes to; `None` is the driver's store. Called once per attempt.
+    fn target(&mut self, _delivery: &Delivery) -> Option<Arc<dyn MailboxStore>> {
+        None
+    }
+
+    /// A result whose [`Disposition`] is `Block`, `Retry` or `AbortRepair`.
+    fn not_final(
+        &mut self,
+        step: Step<'_, S>,
+        state: &mut X,
+        result: &Result<DeliveryOutcome, StoreError>,
+        disposition: Disposition,
+    ) -> Verdict<Self::Stop>;
+
+    /// A delivery's final result, just before its lane moves on.
+    fn delivery_final(
+        &mut self,
+        _step: Step<'_, S>,
+        _state: &mut X,
+        _result: &Result<DeliveryOutcome, StoreError>,
+    ) {
+    }
+
+    /// A record settled with a refusal (or malformed). `true`: it is done with now (reported);
+    /// `false`: the front end sends a dead letter and calls [`Driver::dead_lettered`] once it is
+    /// acknowledged.
+    fn dead_letter(&mut self, _source: &S, _settled: Settled) -> bool {
+        true
+    }
+
+    /// Every answer of the runner, also for a closed source: its store calls (each once) and,
+    /// when it reached the store for a live source, the attempt's time.
+    fn answered(&mut self, _calls: &[StoreCall], _elapsed: Option<Duration>) {}
+}
+
+/// The windows of a front end's sources and the store calls in flight for them.
+pub struct Driver<S, R, M, X> {
+    store: Arc<dyn MailboxStore>,
+    windows: HashMap<S, Window<R, M, X>>,
+    runner: Runner<Key<S>>,
+    generations: u64,
+}
+
+impl<S, R, M, X> Driver<S, R, M, X>
+where
+    S: Copy + Eq + Hash + Send + Sync + 'static,
+{
+    pub fn new(store: Arc<dyn MailboxStore>) -> Self {
+        Self {
+            store,
+            windows: HashMap::new(),
+            runner: Runner::default(),
+            generations: 0,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn MailboxStore> {
+        &self.store
+    }
+
+    /// Opens a window of at most `max_records` records for `source`; `false` (and nothing
+    /// changes) when it is open already.
+    pub fn open(&mut self, source: S, max_records: usize, state: X) -> bool {
+        if self.windows.contains_key(&source) {
+            return false;
+        }
+        self.generations += 1;
+        self.windows.insert(
+            source,
+            Window {
+                pipeline: PartitionPipeline::new(max_records),
+                state,
+                generation: self.generations,
+                cancel: Cancel::default(),
+                closing: false,
+                calls: 0,
+            },
+        );
+        true
+    }
+
+    /// Cancels `source`'s attempts not yet sent and starts nothing new for it; the calls already
+    /// sent still come back and complete their records.
+    pub fn begin_close(&mut self, source: &S) {
+        if let Some(window) = self.windows.get_mut(source) {
+            window.cancel.cancel();
+            window.closing = true;
+        }
+    }
+
+    /// Removes `source`'s window, cancelling what it still has in flight (answers that arrive
+    /// later are ignored).
+    pub fn close(&mut self, source: &S) -> Option<Window<R, M, X>> {
+        let window = self.windows.remove(source)?;
+        window.cancel.cancel();
+        Some(window)
+    }
+
+    /// Cancels every source's attempts not yet sent (the run ends).
+    pub fn cancel_all(&self) {
+        for window in self.windows.values() {
+            window.cancel.cancel();
+        }
+    }
+
+    pub fn window(&self, source: &S) -> Option<&Window<R, M, X>> {
+        self.windows.get(source)
+    }
+
+    pub fn window_mut(&mut self, source: &S) -> Option<&mut Window<R, M, X>> {
+        self.windows.get_mut(source)
+    }
+
+    pub fn windows(&self) -> impl Iterator<Item = (&S, &Window<R, M, X>)> {
+        self.windows.iter()
+    }
+
+    pub fn windows_mut(&mut self) -> impl Iterator<Item = (&S, &mut Window<R, M, X>)> {
+        self.windows.iter_mut()
+    }
+
+    pub fn sources(&self) -> Vec<S> {
+        self.windows.keys().copied().collect()
+    }
+
+    /// No record in any window.
+    pub fn is_empty(&self) -> bool {
+        self.windows.values().all(|w| w.pipeline.is_empty())
+    }
+
+    /// Whether a front end that has taken `taken` records from its source in this pass may take
+    /// one more without waiting: at most [`MAX_BATCH`] per pass (their deliveries go to the store
+    /// together), and only while `source`'s window has room. Ask before taking the record: one
+    /// taken and then not admitted would be lost.
+    pub fn room_for_more(&self, source: &S, taken: usize) -> bool {
+        taken < MAX_BATCH
+            && self
+                .windows
+                .get(source)
+                .is_some_and(|w| !w.closing && !w.pipeline.is_full())
+    }
+
+    /// Admits the record at `offset` into `source`'s window and starts its runnable deliveries.
+    /// `false` when the source has no open window (closed, closing) or the offset was admitted
+    /// before (a redelivery).
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit<P: Policy<S, X>>(
+        &mut self,
+        source: S,
+        offset: i64,
+        raw: R,
+        size: usize,
+        meta: M,
+        decoded: Result<DispatchRecord, DecodeError>,
+        policy: &mut P,
+    ) -> bool {
+        let Some(window) = self.windows.get_mut(&source).filter(|w| !w.closing) else {
+            return false;
+        };
+        let Some(admission) = window.pipeline.admit(offset, raw, size, meta, decoded) else {
+            return false;
+        };
+        for at in admission.ready {
+            self.start(source, at, 0, Duration::ZERO, policy);
+        }
+        if let Some(settled) = admission.settled {
+            self.settle(source, settled, policy);
+        }
+        true
+    }
+
+    /// The next finished attempt; pending forever while nothing is in flight (so it can sit in a
+    /// `select!` next to the source).
+    pub async fn next(&mut self) -> Attempt<Key<S>> {
+        self.runner.next().await
+    }
+
+    /// Handles every attempt that has already finished, without waiting.
+    pub fn handle_ready<P: Policy<S, X>>(&mut self, policy: &mut P) -> Result<(), P::Stop> {
+        while let Some(attempt) = self.runner.try_next() {
+            self.handle(attempt, policy)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one finished attempt: see the module's step 2.
+    pub fn handle<P: Policy<S, X>>(
+        &mut self,
+        attempt: Attempt<Key<S>>,
+        policy: &mut P,
+    ) -> Result<(), P::Stop> {
+        let Attempt {
+            key,
+            delivery,
+            attempt,
+            result,
+            elapsed,
+            calls,
+        } = attempt;
+        let live = self
+            .windows
+            .get_mut(&key.source)
+            .filter(|w| w.generation == key.generation);
+        policy.answered(
+            &calls,
+            (live.is_some() && result.is_some()).then_some(elapsed),
+        );
+        let Some(window) = live else {
+            return Ok(());
+        };
+        window.calls = window.calls.saturating_sub(1);
+        // Cancelled before it reached the store: the record stays unfinished, uncommitted.
+        let Some(result) = result else {
+            return Ok(());
+        };
+        let step = Step {
+            source: &key.source,
+            at: key.at,
+            attempt,
+            delivery: &delivery,
+        };
+        let disposition = Disposition::of(&result);
+        if !disposition.is_final() {
+            match policy.not_final(step, &mut window.state, &result, disposition) {
+                Verdict::Retry(delay) => {
+                    self.restart(key, delivery, attempt + 1, delay, policy);
+                    return Ok(());
+                }
+                Verdict::Final => {}
+                Verdict::Stop(stop) => return Err(stop),
+            }
+        }
+        policy.delivery_final(step, &mut window.state, &result);
+        let (next, settled) = window.pipeline.complete(key.at, result);
+        if let Some(next) = next {
+            self.start(key.source, next, 0, Duration::ZERO, policy);
+        }
+        if let Some(settled) = settled {
+            self.settle(key.source, settled, policy);
+        }
+        Ok(())
+    }
+
+    /// The dead letter of the record at `offset` was acknowledged: it is final.
+    pub fn dead_lettered(&mut self, source: &S, offset: i64) {
+        if let Some(window) = self.windows.get_mut(source) {
+            window.pipeline.dead_lettered(offset);
+        }
+    }
+
+    fn settle<P: Policy<S, X>>(&mut self, source: S, settled: Settled, policy: &mut P) {
+        if settled.dead_letter.is_none() {
+            return;
+        }
+        let offset = settled.offset;
+        if policy.dead_letter(&source, settled) {
+            self.dead_lettered(&source, offset);
+        }
+    }
+
+    /// Starts the first attempt of the delivery at `at`.
+    fn start<P: Policy<S, X>>(
+        &mut self,
+        source: S,
+        at: DeliveryRef,
+        attempt: u32,
+        delay: Duration,
+        policy: &mut P,
+    ) {
+        let Some(window) = self.windows.get(&source) else {
+            return;
+        };
+        let Some(delivery) = window.pipeline.delivery(at).cloned() else {
+            return;
+        };
+        let key = Key {
+            source,
+            at,
+            generation: window.generation,
+        };
+        self.restart(key, delivery, attempt, delay, policy);
+    }
+
+    /// Starts an attempt of `delivery` unless its source is closing (or closed).
+    fn restart<P: Policy<S, X>>(
+        &mut self,
+        key: Key<S>,
+        delivery: Arc<Delivery>,
+        attempt: u32,
+        delay: Duration,
+        policy: &mut P,
+    ) {
+        let Some(window) = self
+            .windows
+            .get_mut(&key.source)
+            .filter(|w| !w.closing && w.generation == key.generation)
+        else {
+            return;
+        };
+        window.calls += 1;
+        let cancel = window.cancel.clone();
+        let target = policy
+            .target(&delivery)
+            .unwrap_or_else(|| self.store.clone());
+        self.runner
+            .start(key, target, delivery, attempt, delay, cancel);
+    }
+}
+
+#[cfg(test)]
+mod tests;

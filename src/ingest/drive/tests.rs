@@ -1,0 +1,323 @@
+//! The drive loop against the memory store: each verdict, each dead-letter answer, a closed
+//! source, and the read-ahead rule at its boundaries.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::ingest::decode::{decode_record, DEFAULT_MAX_RECORD_BYTES};
+use crate::model::{
+    AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, RetentionPolicy,
+    ScanPage, ScanRequest, TruncateOutcome,
+};
+use crate::store::memory::MemoryStore;
+use crate::store::SystemClock;
+
+/// The memory store answering `unavailable` to its first `failures` appends.
+struct Flaky {
+    inner: MemoryStore,
+    failures: AtomicU32,
+    appends: AtomicU32,
+}
+
+#[async_trait]
+impl MailboxStore for Flaky {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn promoted_buckets_total(&self) -> u64 {
+        self.inner.promoted_buckets_total()
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        self.appends.fetch_add(1, Ordering::SeqCst);
+        let failing = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(StoreError::Unavailable {
+                backend: "memory",
+                detail: "injected".to_owned(),
+            });
+        }
+        self.inner.append(group).await
+    }
+
+    async fn truncate_before(&self, m: &MailboxId, s: u64) -> Result<TruncateOutcome, StoreError> {
+        self.inner.truncate_before(m, s).await
+    }
+
+    async fn range_scan(&self, m: &MailboxId, r: ScanRequest) -> Result<ScanPage, StoreError> {
+        self.inner.range_scan(m, r).await
+    }
+
+    async fn promote(&self, m: &MailboxId) -> Result<PromoteOutcome, StoreError> {
+        self.inner.promote(m).await
+    }
+
+    async fn inspect(&self, m: &MailboxId) -> Result<MailboxInspection, StoreError> {
+        self.inner.inspect(m).await
+    }
+}
+
+fn flaky(failures: u32) -> Arc<Flaky> {
+    Arc::new(Flaky {
+        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
+        failures: AtomicU32::new(failures),
+        appends: AtomicU32::new(0),
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// A dispatch of one group to each of `users`, at `seq` in their mailboxes.
+fn record(users: &[&str], seq: u64) -> Result<DispatchRecord, DecodeError> {
+    let deliveries: Vec<String> = users
+        .iter()
+        .map(|u| {
+            format!(
+                r#"{{"user_id": "{u}", "epoch": 1, "mailbox_seq": {seq},
+                    "events": [{{"event_ordinal": 0, "payload": {{"seq": {seq}}}}}]}}"#
+            )
+        })
+        .collect();
+    let json = format!(
+        r#"{{"dispatch_id": "g/{seq}", "group_id": "g", "committed_at": {}, "deliveries": [{}]}}"#,
+        now_ms(),
+        deliveries.join(",")
+    );
+    decode_record(json.as_bytes(), DEFAULT_MAX_RECORD_BYTES)
+}
+
+/// A policy that answers every not-final result with `verdict`, counting what it is told.
+struct Fixed {
+    verdict: fn(u32) -> Verdict<String>,
+    not_final: Vec<(DeliveryRef, u32, Disposition)>,
+    finals: Vec<DeliveryRef>,
+    letters: Vec<i64>,
+    done_at_once: bool,
+}
+
+impl Fixed {
+    fn new(verdict: fn(u32) -> Verdict<String>) -> Self {
+        Self {
+            verdict,
+            not_final: Vec::new(),
+            finals: Vec::new(),
+            letters: Vec::new(),
+            done_at_once: true,
+        }
+    }
+}
+
+impl Policy<u8, ()> for Fixed {
+    type Stop = String;
+
+    fn not_final(
+        &mut self,
+        step: Step<'_, u8>,
+        _state: &mut (),
+        _result: &Result<DeliveryOutcome, StoreError>,
+        disposition: Disposition,
+    ) -> Verdict<String> {
+        self.not_final.push((step.at, step.attempt, disposition));
+        (self.verdict)(step.attempt)
+    }
+
+    fn delivery_final(
+        &mut self,
+        step: Step<'_, u8>,
+        _state: &mut (),
+        _result: &Result<DeliveryOutcome, StoreError>,
+    ) {
+        self.finals.push(step.at);
+    }
+
+    fn dead_letter(&mut self, _source: &u8, settled: Settled) -> bool {
+        self.letters.push(settled.offset);
+        self.done_at_once
+    }
+}
+
+type TestDriver = Driver<u8, (), (), ()>;
+
+fn driver(store: Arc<Flaky>) -> TestDriver {
+    let mut driver = Driver::new(store);
+    assert!(driver.open(0, 16, ()));
+    assert!(!driver.open(0, 16, ()), "a source opens once");
+    driver
+}
+
+/// Handles answers until every window is empty or the policy stops the run.
+async fn drain(driver: &mut TestDriver, policy: &mut Fixed) -> Result<Vec<i64>, String> {
+    let mut finals = Vec::new();
+    loop {
+        for (_, window) in driver.windows_mut() {
+            finals.extend(window.pipeline.pop_final().into_iter().map(|r| r.offset));
+        }
+        if driver.is_empty() {
+            return Ok(finals);
+        }
+        let attempt = driver.next().await;
+        driver.handle(attempt, policy)?;
+    }
+}
+
+#[tokio::test]
+async fn a_retry_verdict_tries_again_and_the_lane_waits_behind_it() {
+    let store = flaky(2);
+    let mut driver = driver(store.clone());
+    let mut policy = Fixed::new(|_| Verdict::Retry(Duration::from_millis(1)));
+    assert!(driver.admit(0, 10, (), 1, (), record(&["u-1"], 1), &mut policy));
+    assert!(driver.admit(0, 11, (), 1, (), record(&["u-1"], 2), &mut policy));
+    assert!(
+        !driver.admit(0, 11, (), 1, (), record(&["u-1"], 2), &mut policy),
+        "a redelivered offset is ignored"
+    );
+    let finals = drain(&mut driver, &mut policy).await.expect("no stop");
+    assert_eq!(finals, vec![10, 11], "final in source order");
+    let first = DeliveryRef {
+        offset: 10,
+        index: 0,
+    };
+    assert_eq!(
+        policy.not_final,
+        vec![
+            (
+                first,
+                0,
+                Disposition::Retry {
+                    under_repair: false
+                }
+            ),
+            (
+                first,
+                1,
+                Disposition::Retry {
+                    under_repair: false
+                }
+            ),
+        ],
+        "the two failures were the head's; the second record never started before it was final"
+    );
+    assert_eq!(store.appends.load(Ordering::SeqCst), 4);
+    assert_eq!(driver.window(&0).map(|w| w.calls()), Some(0));
+}
+
+#[tokio::test]
+async fn a_final_verdict_reports_the_result_and_the_lane_moves_on() {
+    let store = flaky(1);
+    let mut driver = driver(store.clone());
+    let mut policy = Fixed::new(|_| Verdict::Final);
+    assert!(driver.admit(0, 1, (), 1, (), record(&["u-1"], 1), &mut policy));
+    assert!(driver.admit(0, 2, (), 1, (), record(&["u-1"], 2), &mut policy));
+    let mut window = Vec::new();
+    while window.len() < 2 {
+        let attempt = driver.next().await;
+        driver.handle(attempt, &mut policy).expect("no stop");
+        window.extend(driver.window_mut(&0).expect("open").pipeline.pop_final());
+    }
+    assert!(matches!(
+        window[0].deliveries[0].1,
+        Err(StoreError::Unavailable { .. })
+    ));
+    assert!(window[1].deliveries[0].1.is_ok());
+    assert_eq!(policy.finals.len(), 2);
+    assert_eq!(store.appends.load(Ordering::SeqCst), 2, "no retry");
+}
+
+#[tokio::test]
+async fn a_stop_verdict_ends_the_run_with_the_policys_reason() {
+    let mut driver = driver(flaky(5));
+    let mut policy = Fixed::new(|attempt| {
+        if attempt + 1 >= 3 {
+            Verdict::Stop(format!("gave up after {} attempts", attempt + 1))
+        } else {
+            Verdict::Retry(Duration::from_millis(1))
+        }
+    });
+    assert!(driver.admit(0, 1, (), 1, (), record(&["u-1"], 1), &mut policy));
+    let stop = drain(&mut driver, &mut policy).await;
+    assert_eq!(stop, Err("gave up after 3 attempts".to_owned()));
+    assert!(policy.finals.is_empty());
+}
+
+#[tokio::test]
+async fn a_refused_record_is_final_only_once_its_dead_letter_is_done() {
+    let mut driver = driver(flaky(0));
+    let mut policy = Fixed::new(|_| Verdict::Retry(Duration::ZERO));
+    policy.done_at_once = false;
+    let malformed = decode_record(b"{\"not\": \"a record\"}", DEFAULT_MAX_RECORD_BYTES);
+    assert!(malformed.is_err());
+    assert!(driver.admit(0, 7, (), 1, (), malformed, &mut policy));
+    assert_eq!(policy.letters, vec![7]);
+    let pipeline = &mut driver.window_mut(&0).expect("open").pipeline;
+    assert!(pipeline.pop_final().is_empty(), "waits for its letter");
+    driver.dead_lettered(&0, 7);
+    let pipeline = &mut driver.window_mut(&0).expect("open").pipeline;
+    assert_eq!(pipeline.pop_final().len(), 1);
+    assert!(driver.is_empty());
+
+    // A policy that reports refusals itself: final at once.
+    policy.done_at_once = true;
+    let malformed = decode_record(b"[]", DEFAULT_MAX_RECORD_BYTES);
+    assert!(driver.admit(0, 8, (), 1, (), malformed, &mut policy));
+    let pipeline = &mut driver.window_mut(&0).expect("open").pipeline;
+    assert_eq!(pipeline.pop_final().len(), 1);
+}
+
+#[tokio::test]
+async fn a_closed_source_starts_nothing_and_its_late_answers_are_ignored() {
+    let store = flaky(1);
+    let mut driver = driver(store.clone());
+    let mut policy = Fixed::new(|_| Verdict::Retry(Duration::from_millis(1)));
+    assert!(driver.admit(0, 1, (), 1, (), record(&["u-1"], 1), &mut policy));
+    driver.begin_close(&0);
+    assert!(
+        !driver.admit(0, 2, (), 1, (), record(&["u-2"], 1), &mut policy),
+        "a closing source admits nothing"
+    );
+    assert!(!driver.room_for_more(&0, 0));
+    // The call already started comes back (cancelled or answered) and is not retried.
+    let attempt = driver.next().await;
+    driver.handle(attempt, &mut policy).expect("no stop");
+    assert_eq!(driver.window(&0).map(|w| w.calls()), Some(0));
+    let closed = driver.close(&0).expect("was open");
+    assert!(closed.is_closing());
+    assert!(store.appends.load(Ordering::SeqCst) <= 1, "never retried");
+
+    // Reopened: a new generation, and answers of the old one would be ignored.
+    assert!(driver.open(0, 16, ()));
+    assert_ne!(
+        driver.window(&0).map(|w| w.generation()),
+        Some(closed.generation())
+    );
+}
+
+#[tokio::test]
+async fn the_read_ahead_stops_at_a_batch_and_at_a_full_window() {
+    let mut driver: TestDriver = Driver::new(flaky(0));
+    let mut policy = Fixed::new(|_| Verdict::Final);
+    assert!(!driver.room_for_more(&0, 0), "no window, no reading");
+    driver.open(0, 3, ());
+    assert!(driver.room_for_more(&0, MAX_BATCH - 1));
+    assert!(!driver.room_for_more(&0, MAX_BATCH));
+    for offset in 0..3 {
+        assert!(
+            driver.room_for_more(&0, 0),
+            "{offset} records in a window of 3"
+        );
+        let user = format!("u-{offset}");
+        assert!(driver.admit(0, offset, (), 1, (), record(&[&user], 1), &mut policy));
+    }
+    assert!(!driver.room_for_more(&0, 0), "full");
+}
