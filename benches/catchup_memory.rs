@@ -20,6 +20,9 @@
 //! `[kafka]` section), `BENCH_DAEMON` (the command that runs the daemon instead of this build's
 //! binary, e.g. `heaptrack -o target/heap target/profiling/materializer`). Prints a Markdown table.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 #[path = "support/proc.rs"]
 mod proc;
 #[path = "../tests/support/redis_server.rs"]

@@ -18,6 +18,9 @@
 //! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
 //! record count; set `SCYLLA_NODES` to add the Scylla rows). Prints a Markdown report.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 #[path = "support/proc.rs"]
 mod proc;
 #[path = "../tests/support/redis_server.rs"]

@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench --bench memory_store`.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 

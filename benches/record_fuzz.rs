@@ -15,6 +15,9 @@
 //! Run: `cargo bench --bench record_fuzz` (`FUZZ_RECORDS`, `FUZZ_SEED` override the defaults;
 //! `FUZZ_SHOW=1` prints every failing case with the state before and after).
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

@@ -17,6 +17,9 @@
 //! Run: `cargo bench --bench redis_store` (needs redis-server, redis-benchmark, libfaketime, gcc:
 //! `scripts/install-services`). Prints a Markdown report.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 #[path = "support/proc.rs"]
 mod proc;
 #[path = "../tests/support/redis_server.rs"]

@@ -14,6 +14,9 @@
 //! bench --bench repair_cost` (without `SCYLLA_NODES` only the Redis rows; `BENCH_GROUPS`
 //! overrides the 10,000). Prints a Markdown report.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 #[path = "support/proc.rs"]
 mod proc;
 #[path = "../tests/support/mod.rs"]

@@ -20,6 +20,9 @@
 //! Run: `SCYLLA_NODES=127.0.0.1:19042 cargo bench --bench scylla_store` (`BENCH_ROUNDS`, default
 //! 2, rounds of every phase; `BENCH_BREAKDOWN=0` skips the breakdown). Prints a Markdown report.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 #[path = "support/proc.rs"]
 mod proc;
 #[path = "support/workers.rs"]

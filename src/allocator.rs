@@ -20,6 +20,7 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10;
 /// Returns freed memory within `PURGE_DELAY_MS` and keeps the process off transparent huge
 /// pages. Called first thing in `main`; harmless (and without effect on the heap) when another
 /// allocator is global.
+#[allow(unsafe_code)] // each unsafe block below says why it is sound
 pub fn return_memory_promptly() {
     // An operator's `MIMALLOC_PURGE_DELAY` (read by mimalloc at start) wins.
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
@@ -47,6 +48,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(unsafe_code)] // each unsafe block below says why it is sound
     fn the_purge_delay_option_is_the_one_the_vendored_mimalloc_defaults_to_a_second() {
         // A different position would set some other option: fail here, not in production.
         // SAFETY: reads mimalloc's option table.

@@ -31,7 +31,7 @@ use crate::model::StoreError;
 
 /// What a front end does with one delivery's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
+pub(crate) enum Disposition {
     /// Final and written (or a no-op): count it; the delivery is done.
     Advance,
     /// Final and refused: the record goes to the dead-letter topic (the daemon) or is reported as
@@ -49,7 +49,7 @@ pub enum Disposition {
 
 /// The table: every outcome word (SPEC 8.1, and the error words of `StoreError::outcome`) with
 /// what it means. [`Disposition::of`] reads it; nothing else decides.
-pub const TABLE: &[(&str, Disposition)] = &[
+pub(crate) const TABLE: &[(&str, Disposition)] = &[
     ("inserted", Disposition::Advance),
     ("unchanged", Disposition::Advance),
     ("replaced", Disposition::Advance),
@@ -74,7 +74,7 @@ pub const TABLE: &[(&str, Disposition)] = &[
 
 impl Disposition {
     /// The disposition of one delivery's result.
-    pub fn of(result: &Result<DeliveryOutcome, StoreError>) -> Self {
+    pub(crate) fn of(result: &Result<DeliveryOutcome, StoreError>) -> Self {
         match result {
             Ok(outcome) => Self::of_word(outcome.as_str()),
             Err(error) => Self::of_error(error),
@@ -82,13 +82,13 @@ impl Disposition {
     }
 
     /// The disposition of a store error.
-    pub fn of_error(error: &StoreError) -> Self {
+    pub(crate) fn of_error(error: &StoreError) -> Self {
         Self::of_word(error.outcome())
     }
 
     /// The disposition of an outcome word. A word missing from the table (none is) would be held
     /// and retried: never advanced past, never dropped.
-    pub fn of_word(word: &str) -> Self {
+    pub(crate) fn of_word(word: &str) -> Self {
         TABLE.iter().find(|(w, _)| *w == word).map_or(
             Self::Retry {
                 under_repair: false,
@@ -97,16 +97,13 @@ impl Disposition {
         )
     }
 
-    /// A malformed record is dead-lettered without any store call.
-    pub const MALFORMED: Self = Self::DeadLetter;
-
     /// Whether the delivery has reached its final outcome.
-    pub fn is_final(self) -> bool {
+    pub(crate) fn is_final(self) -> bool {
         matches!(self, Self::Advance | Self::DeadLetter)
     }
 
     /// What the daemon does, in words (the demo's table, the docs).
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Self::Advance => "final; the offset advances",
             Self::DeadLetter => "dead-letter topic; the offset advances once it is acknowledged",

@@ -34,7 +34,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod demo;
-pub mod disposition;
+pub(crate) mod disposition;
 pub mod ingest;
 pub mod model;
 pub mod retry;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// Capped exponential backoff with jitter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// The first delay (before jitter).
     pub initial: Duration,
     /// No delay exceeds this.
@@ -18,20 +18,20 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    pub const fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) const fn new(initial: Duration, max: Duration) -> Self {
         Self { initial, max }
     }
 
     /// The capped exponential delay of `attempt` (0-based) before jitter: `initial * 2^attempt`,
     /// at most `max`.
-    pub fn ceiling(&self, attempt: u32) -> Duration {
+    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
         let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
         self.initial.saturating_mul(factor).min(self.max)
     }
 
     /// The delay before retry `attempt`: uniformly random in `[ceiling / 2, ceiling]` ("equal
     /// jitter": never shorter than half the exponential step, so a retry storm still backs off).
-    pub fn delay(&self, attempt: u32) -> Duration {
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
         let ceiling = self.ceiling(attempt);
         let half = ceiling / 2;
         let spread = ceiling.saturating_sub(half).as_nanos() as u64;

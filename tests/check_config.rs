@@ -2,6 +2,9 @@
 //! shared Kafka broker and the CQL server at `SCYLLA_NODES`. One line per check, exit 1 when any
 //! fails, and each failure says what is wrong.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::path::PathBuf;

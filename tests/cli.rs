@@ -2,6 +2,9 @@
 //! exit statuses. The memory store is shared between invocations through a snapshot file and
 //! pinned to a fixed clock so the days are reproducible.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,8 @@
 //! The store commands of SPEC 8.1 against a real CQL server (`--store scylla`, `SCYLLA_NODES`).
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod conformance;
 mod support;
 

@@ -2,6 +2,9 @@
 //! group is written twice, nothing extra is dead-lettered. The broker is this test's own (its own
 //! ports and data), so it is the only test of this binary: it points the helpers at that broker.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::path::PathBuf;

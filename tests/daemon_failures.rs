@@ -1,6 +1,9 @@
 //! The daemon's failure paths on real servers (a Kafka broker, redis-server): inputs and events
 //! that must never hold a partition forever, or commit what was not final.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::time::Duration;
@@ -186,6 +189,7 @@ async fn a_paused_partition_fetches_again_after_a_rebalance() {
 /// partition pinned and readiness true: readiness turns false, it drains and the run ends in an
 /// error (the process exits non-zero and the orchestrator restarts it).
 #[tokio::test(flavor = "multi_thread")]
+#[allow(unsafe_code)] // the unsafe block below says why it is sound
 async fn a_fatal_dead_letter_producer_error_ends_the_run() {
     use mailbox_materializer::daemon::http::Health;
     use mailbox_materializer::daemon::{DaemonError, ProducerHook};

@@ -14,6 +14,9 @@
 //!   revokes of partitions that came straight back to the same replica (pauses of partitions the
 //!   rebalance did not move).
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::collections::BTreeMap;

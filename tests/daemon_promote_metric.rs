@@ -2,6 +2,9 @@
 //! not only explicit promotes: a daemon on a memory store whose clock moves past a day's expiry
 //! between two records of one user reports that day.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::sync::Arc;

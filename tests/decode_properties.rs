@@ -2,6 +2,9 @@
 //! that names the problem; it never panics, and a valid record mutated anywhere is either still
 //! valid or refused with a field path.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 use mailbox_materializer::ingest::decode::{decode_record, DEFAULT_MAX_RECORD_BYTES};
 use mailbox_materializer::ingest::{DispatchRecord, MalformedKind};
 use proptest::prelude::*;

@@ -2,6 +2,9 @@
 //! container runtime, systemd, `> daemon.log`) writes plain text that log shippers and `grep` can
 //! read. The pseudo-terminal case (`script`) shows the check can see colour at all.
 
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
 mod support;
 
 use std::net::TcpListener;

@@ -36,7 +36,11 @@ struct Line {
     bytes: Vec<u8>,
 }
 
-pub async fn run(store: Arc<dyn MailboxStore>, args: &ApplyArgs, config: &Config) -> ExitCode {
+pub(super) async fn run(
+    store: Arc<dyn MailboxStore>,
+    args: &ApplyArgs,
+    config: &Config,
+) -> ExitCode {
     let options = DecodeOptions {
         max_record_bytes: args.max_record_bytes,
         strict_fields: config.ingest.strict_fields,

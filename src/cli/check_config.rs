@@ -46,7 +46,7 @@ pub struct CheckConfigArgs {
 
 /// One check's verdict: what was checked and what was found (or what to do).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
+pub(crate) struct Check {
     pub name: String,
     pub result: Result<String, String>,
 }
@@ -60,7 +60,7 @@ impl Check {
     }
 }
 
-pub async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
+pub(super) async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
     if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
         eprintln!("error: invalid configuration: {e}");
         return ExitCode::FAILURE;
@@ -113,7 +113,7 @@ pub async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
 
 /// Whether a catch-up's peak memory (README "Memory") fits this process's cgroup limit, read
 /// where `check-config` runs: in the pod (an init container) it is the pod's.
-pub fn check_memory(config: &Config, limit: Option<u64>) -> Check {
+pub(crate) fn check_memory(config: &Config, limit: Option<u64>) -> Check {
     use crate::daemon::memory_limit;
     let result = match limit {
         None => Ok(format!(

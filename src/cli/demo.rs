@@ -52,6 +52,7 @@ fn route(outcome: &str) -> &'static str {
 
 /// Starts the mock cluster with the two topics; returns the producer owning it and its
 /// bootstrap servers.
+#[allow(unsafe_code)] // each unsafe block below says why it is sound
 fn start_mock_cluster(config: &Config) -> Result<(FutureProducer, String), String> {
     let producer: FutureProducer = ClientConfig::new()
         .set("test.mock.num.brokers", "1")
@@ -82,7 +83,7 @@ fn start_mock_cluster(config: &Config) -> Result<(FutureProducer, String), Strin
     Ok((producer, brokers))
 }
 
-pub async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
+pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     // Quiet by default: the table is the output. librdkafka's own logs are off because the mock
     // cluster's shutdown order makes it report a lost connection at exit.
     crate::daemon::logging::init(&crate::config::LogConfig {

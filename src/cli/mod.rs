@@ -22,14 +22,14 @@ use crate::store::{MailboxStore, OpenedStore};
 use output::{ErrorEnvelope, TruncateLine};
 
 /// Exit status: the store could not be reached (or the command line is wrong).
-pub const EXIT_UNAVAILABLE: u8 = 2;
+pub(crate) const EXIT_UNAVAILABLE: u8 = 2;
 /// Exit status of `apply`: a delivery hit a corrupt mailbox.
-pub const EXIT_CORRUPT: u8 = 3;
+pub(crate) const EXIT_CORRUPT: u8 = 3;
 
 /// Materializes a dispatch log into per-user mailboxes.
 #[derive(Debug, Parser)]
 #[command(name = "materializer", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
     #[command(subcommand)]
@@ -38,7 +38,7 @@ pub struct Cli {
 
 /// Options every command takes.
 #[derive(Debug, Args)]
-pub struct GlobalArgs {
+pub(crate) struct GlobalArgs {
     /// TOML configuration file (see config/materializer.example.toml). Without it the defaults
     /// apply, with the memory store.
     #[arg(long, global = true, value_name = "FILE", env = "MATERIALIZER_CONFIG")]
@@ -66,7 +66,7 @@ pub struct GlobalArgs {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum BackendArg {
+pub(crate) enum BackendArg {
     Memory,
     Redis,
     Scylla,
@@ -239,7 +239,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
 
 /// Builds the configured backend ([`crate::store::open`]), naming it in `build_info` first so a
 /// daemon waiting for its store already says what it runs (a no-op without the metrics recorder).
-pub async fn open_store(config: &Config) -> Result<OpenedStore, String> {
+pub(crate) async fn open_store(config: &Config) -> Result<OpenedStore, String> {
     crate::daemon::metrics::backend(config.store.backend.as_str());
     crate::store::open(config).await
 }

@@ -9,7 +9,7 @@ use crate::model::{CursorExpired, StoreError};
 
 /// One line of `materializer apply`.
 #[derive(Debug, Serialize)]
-pub struct ApplyLine<'a> {
+pub(crate) struct ApplyLine<'a> {
     pub line: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_id: Option<&'a str>,
@@ -26,7 +26,7 @@ pub struct ApplyLine<'a> {
 
 /// The `error` object of an apply line.
 #[derive(Debug, Serialize)]
-pub struct LineError {
+pub(crate) struct LineError {
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
@@ -34,7 +34,7 @@ pub struct LineError {
 }
 
 impl<'a> ApplyLine<'a> {
-    pub fn delivery(line: u64, delivery: &'a DeliveryResult) -> Self {
+    pub(super) fn delivery(line: u64, delivery: &'a DeliveryResult) -> Self {
         let (outcome, user_trim_seq, error) = match &delivery.result {
             Ok(outcome) => {
                 let trim = match outcome {
@@ -66,7 +66,7 @@ impl<'a> ApplyLine<'a> {
         }
     }
 
-    pub fn malformed(line: u64, error: &DecodeError) -> Self {
+    pub(super) fn malformed(line: u64, error: &DecodeError) -> Self {
         Self {
             line,
             user_id: None,
@@ -85,12 +85,12 @@ impl<'a> ApplyLine<'a> {
 
 /// `{"error": {...}}` of scan, inspect and truncate.
 #[derive(Debug, Serialize)]
-pub struct ErrorEnvelope {
+pub(crate) struct ErrorEnvelope {
     pub error: CommandError,
 }
 
 #[derive(Debug, Serialize)]
-pub struct CommandError {
+pub(crate) struct CommandError {
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
@@ -139,6 +139,6 @@ impl From<&StoreError> for ErrorEnvelope {
 
 /// `{"user_trim_seq": S}` of truncate.
 #[derive(Debug, Serialize)]
-pub struct TruncateLine {
+pub(crate) struct TruncateLine {
     pub user_trim_seq: u64,
 }

@@ -54,7 +54,7 @@ pub struct ReplayArgs {
     pub allow_empty: bool,
     /// Lease of the repair fences, in seconds: if this process dies mid-repair, the daemon's
     /// writes to the named users wait at most this long. Renewed every third of it.
-    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    #[arg(long, value_name = "SECS", default_value_t = crate::store::repair::REPAIR_LEASE.as_secs(), value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub fence_lease_secs: u64,
     /// Take over the fence this holder (`repair-<host>-<pid>-...`, as a refusal names it)
     /// holds, when its process is provably gone: it ran on this host and no process of its pid
@@ -124,7 +124,7 @@ async fn connect_store(config: &Config) -> Option<OpenedStore> {
     }
 }
 
-pub async fn daemon(config: &Config) -> ExitCode {
+pub(super) async fn daemon(config: &Config) -> ExitCode {
     logging::init(&config.log);
     if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
         tracing::error!(error = %e, "invalid configuration");
@@ -181,7 +181,7 @@ pub async fn daemon(config: &Config) -> ExitCode {
     }
 }
 
-pub async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
+pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
     logging::init(&crate::config::LogConfig {
         format: config.log.format.clone(),
         filter: "warn".to_owned(),

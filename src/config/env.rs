@@ -114,7 +114,10 @@ pub const KAFKA_PROPERTY_ENV_PREFIX: &str = "MATERIALIZER_KAFKA_PROPERTY_";
 
 impl Config {
     /// Applies the variables of [`ENV`] that `get` knows, in its order.
-    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    pub(crate) fn apply_env(
+        &mut self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
         for (name, set) in ENV {
             if let Some(value) = get(name) {
                 set(self, value)?;
@@ -125,7 +128,10 @@ impl Config {
 
     /// Applies `MATERIALIZER_KAFKA_PROPERTY_<NAME>` variables to `[kafka.properties]`, so TLS
     /// and SASL secrets never need to be in a file.
-    pub fn apply_env_properties(&mut self, vars: impl IntoIterator<Item = (String, String)>) {
+    pub(crate) fn apply_env_properties(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) {
         for (name, value) in vars {
             if let Some(rest) = name.strip_prefix(KAFKA_PROPERTY_ENV_PREFIX) {
                 if !rest.is_empty() {
@@ -136,7 +142,7 @@ impl Config {
         }
     }
 
-    pub fn apply_overrides(&mut self, overrides: &Overrides) {
+    pub(crate) fn apply_overrides(&mut self, overrides: &Overrides) {
         if let Some(backend) = overrides.backend {
             self.store.backend = backend;
         }

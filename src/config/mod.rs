@@ -147,7 +147,7 @@ pub struct MemoryConfig {
 
 /// Most replicas `store.redis.wait_replicas` may ask for: far beyond any real deployment, low
 /// enough to catch a typo.
-pub const MAX_WAIT_REPLICAS: u32 = 64;
+pub(crate) const MAX_WAIT_REPLICAS: u32 = 64;
 
 /// `[store.redis]`.
 #[derive(Clone, Deserialize, Serialize)]
@@ -246,7 +246,7 @@ pub struct ScyllaConfig {
 
 /// Upper limit of `store.scylla.max_in_flight_appends`: the most deliveries the store calls
 /// in flight ever hold.
-pub const MAX_SCYLLA_APPENDS_IN_FLIGHT: usize =
+pub(crate) const MAX_SCYLLA_APPENDS_IN_FLIGHT: usize =
     crate::ingest::runner::MAX_BATCH * crate::ingest::runner::MAX_BATCHES_IN_FLIGHT;
 /// Default of `store.scylla.max_in_flight_appends`.
 pub const DEFAULT_SCYLLA_APPENDS_IN_FLIGHT: usize = 512;
@@ -321,13 +321,13 @@ impl fmt::Debug for ScyllaConfig {
 /// only once its write is durable (SPEC 7): at least a quorum of the local datacenter, which is
 /// also what the commit point's reads need to see every acknowledged commit. `EACH_QUORUM` is
 /// refused because CQL allows it for writes only, and this level serves reads too.
-pub const CONSISTENCY_NAMES: &[&str] = &["LOCAL_QUORUM", "QUORUM", "ALL"];
+pub(crate) const CONSISTENCY_NAMES: &[&str] = &["LOCAL_QUORUM", "QUORUM", "ALL"];
 
 /// Levels below a local quorum: a write acknowledged by them can be lost with one node.
 const WEAK_CONSISTENCY_NAMES: &[&str] = &["ANY", "ONE", "TWO", "THREE", "LOCAL_ONE"];
 
 /// The serial consistency levels of lightweight transactions (the commit point's conditions).
-pub const SERIAL_CONSISTENCY_NAMES: &[&str] = &["SERIAL", "LOCAL_SERIAL"];
+pub(crate) const SERIAL_CONSISTENCY_NAMES: &[&str] = &["SERIAL", "LOCAL_SERIAL"];
 
 /// `[retention]`.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
@@ -375,7 +375,7 @@ pub struct IngestConfig {
 impl Config {
     /// The decoder's options: `[ingest]` plus `kafka.max_record_bytes`. The daemon, `replay` and
     /// `apply` decode with these, so a record means the same whichever door it comes through.
-    pub fn decode_options(&self) -> crate::ingest::DecodeOptions {
+    pub(crate) fn decode_options(&self) -> crate::ingest::DecodeOptions {
         crate::ingest::DecodeOptions {
             max_record_bytes: self.kafka.max_record_bytes,
             strict_fields: self.ingest.strict_fields,
@@ -430,7 +430,7 @@ pub struct KafkaConfig {
 
 /// librdkafka properties the daemon sets itself: its offset and delivery guarantees depend on
 /// them, so a configuration may not override them.
-pub const OWNED_KAFKA_PROPERTIES: &[&str] = &[
+pub(crate) const OWNED_KAFKA_PROPERTIES: &[&str] = &[
     "bootstrap.servers",
     "group.id",
     "enable.auto.commit",
@@ -442,7 +442,7 @@ pub const OWNED_KAFKA_PROPERTIES: &[&str] = &[
 
 impl KafkaConfig {
     /// The backoff of every retry (store, dead letters, fences).
-    pub fn backoff(&self) -> crate::retry::Backoff {
+    pub(crate) fn backoff(&self) -> crate::retry::Backoff {
         crate::retry::Backoff::new(
             std::time::Duration::from_millis(self.retry_initial_ms),
             std::time::Duration::from_millis(self.retry_max_ms.max(self.retry_initial_ms)),
@@ -500,7 +500,7 @@ pub struct Overrides {
 
 impl Config {
     /// Reads a TOML file.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
@@ -515,7 +515,7 @@ impl Config {
     }
 
     /// Parses TOML text.
-    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+    pub(crate) fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: "<text>".to_owned(),
             message: e.to_string(),

@@ -4,7 +4,7 @@ use super::{Config, KafkaConfig};
 
 impl Config {
     /// The configuration as JSON with secrets masked, for `check-config`.
-    pub fn redacted(&self) -> serde_json::Value {
+    pub(crate) fn redacted(&self) -> serde_json::Value {
         let mut copy = self.clone();
         copy.store.redis.url = redact_url(&copy.store.redis.url);
         for node in copy.store.redis.cluster_nodes.iter_mut() {

@@ -26,20 +26,20 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::ingest::pipeline::DeadLetter;
 
 /// Most failures listed in `failed_deliveries`.
-pub const MAX_LISTED_FAILURES: usize = 100;
+pub(crate) const MAX_LISTED_FAILURES: usize = 100;
 /// Most bytes of the `failed_deliveries` header.
-pub const MAX_FAILURES_HEADER_BYTES: usize = 32 << 10;
+pub(crate) const MAX_FAILURES_HEADER_BYTES: usize = 32 << 10;
 /// Most bytes of `error_detail`.
-pub const MAX_DETAIL_BYTES: usize = 4 << 10;
+pub(crate) const MAX_DETAIL_BYTES: usize = 4 << 10;
 /// Bytes of the original value kept by a truncated dead letter.
-pub const EXCERPT_BYTES: usize = 64 << 10;
+pub(crate) const EXCERPT_BYTES: usize = 64 << 10;
 /// What librdkafka adds to a message beyond key, value and header bytes (record batch framing,
 /// per-header varints), with a wide margin.
 const FRAMING_BYTES: usize = 4 << 10;
 
 /// Where a dead letter's record came from.
 #[derive(Debug, Clone, Copy)]
-pub struct Source<'a> {
+pub(crate) struct Source<'a> {
     pub topic: &'a str,
     pub partition: i32,
     pub offset: i64,
@@ -48,7 +48,7 @@ pub struct Source<'a> {
 
 /// A dead letter ready to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Letter {
+pub(crate) struct Letter {
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
     pub headers: Vec<(&'static str, String)>,
@@ -57,7 +57,7 @@ pub struct Letter {
 
 impl Letter {
     /// Bytes the message takes, framing included (an upper estimate).
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.key.as_ref().map_or(0, Vec::len)
             + self.value.len()
             + self
@@ -82,7 +82,7 @@ fn cut(text: &str, max: usize) -> String {
 }
 
 /// The headers of a dead letter: what failed, why, and where the record came from.
-pub fn headers(source: Source<'_>, dead_letter: &DeadLetter) -> Vec<(&'static str, String)> {
+pub(crate) fn headers(source: Source<'_>, dead_letter: &DeadLetter) -> Vec<(&'static str, String)> {
     let mut headers = Vec::new();
     match dead_letter {
         DeadLetter::Malformed(error) => {
@@ -132,7 +132,7 @@ pub fn headers(source: Source<'_>, dead_letter: &DeadLetter) -> Vec<(&'static st
 
 /// Builds the dead letter of a record: the original key and value unless that would exceed
 /// `max_message_bytes` (or `force_truncate`), else a bounded excerpt marked `dlq_truncated`.
-pub fn build(
+pub(crate) fn build(
     source: Source<'_>,
     dead_letter: &DeadLetter,
     key: Option<&[u8]>,
@@ -155,7 +155,7 @@ pub fn build(
 
 /// The same dead letter with its value replaced by a bounded excerpt, marked `dlq_truncated`,
 /// cut further if even that exceeds `max_message_bytes` (the headers are bounded above).
-pub fn truncate(letter: Letter, max_message_bytes: usize) -> Letter {
+pub(crate) fn truncate(letter: Letter, max_message_bytes: usize) -> Letter {
     if letter.truncated {
         return letter;
     }
@@ -181,7 +181,7 @@ pub fn truncate(letter: Letter, max_message_bytes: usize) -> Letter {
 }
 
 /// Whether a send failed because the message is too large (retrying the same bytes never helps).
-pub fn is_too_large(error: &KafkaError) -> bool {
+pub(crate) fn is_too_large(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
@@ -189,7 +189,7 @@ pub fn is_too_large(error: &KafkaError) -> bool {
 }
 
 /// The reason, when `error` (or the producer's state) is fatal: the producer cannot send again.
-pub fn fatal(producer: &FutureProducer, error: &KafkaError) -> Option<String> {
+pub(crate) fn fatal(producer: &FutureProducer, error: &KafkaError) -> Option<String> {
     if let Some((code, reason)) = producer.client().fatal_error() {
         return Some(format!("{code:?}: {reason}"));
     }
@@ -197,7 +197,7 @@ pub fn fatal(producer: &FutureProducer, error: &KafkaError) -> Option<String> {
 }
 
 /// Sends one dead letter and waits for the broker's acknowledgement.
-pub async fn send(
+pub(crate) async fn send(
     producer: &FutureProducer,
     topic: &str,
     letter: &Letter,

@@ -79,7 +79,7 @@ struct PartitionState {
 
 /// Settings the engine takes from the configuration once.
 #[derive(Debug, Clone)]
-pub struct EngineSettings {
+pub(crate) struct EngineSettings {
     pub topic: Arc<str>,
     pub dlq_topic: Arc<str>,
     pub max_records: usize,
@@ -92,7 +92,7 @@ pub struct EngineSettings {
 }
 
 impl EngineSettings {
-    pub fn from_config(config: &Config, commit_offsets: bool) -> Self {
+    pub(crate) fn from_config(config: &Config, commit_offsets: bool) -> Self {
         let kafka = &config.kafka;
         Self {
             topic: Arc::from(kafka.topic.as_str()),
@@ -119,7 +119,7 @@ pub struct RunReport {
     pub abandoned_records: usize,
 }
 
-pub struct Engine {
+pub(crate) struct Engine {
     settings: EngineSettings,
     consumer: Arc<BaseConsumer<DaemonContext>>,
     /// Restarts librdkafka's fetcher after a resume (see `fetch_waker`).
@@ -144,7 +144,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(
+    pub(crate) fn new(
         settings: EngineSettings,
         consumer: Arc<BaseConsumer<DaemonContext>>,
         producer: FutureProducer,
@@ -170,7 +170,7 @@ impl Engine {
     }
 
     /// Runs until `shutdown` flips and the drain ends (or its deadline passes).
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         intake: mpsc::Receiver<IntakeEvent>,
         mut handovers: mpsc::UnboundedReceiver<Handover>,

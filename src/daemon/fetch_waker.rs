@@ -23,18 +23,18 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::kafka::DaemonContext;
 
 /// Partitions waiting for their wake-up request.
-pub const MAX_PENDING_WAKES: usize = 64;
+pub(crate) const MAX_PENDING_WAKES: usize = 64;
 /// How long one wake-up request may take; it only matters that it was sent.
 const WAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The handle the engine keeps; dropping it ends the thread.
-pub struct FetchWaker {
+pub(crate) struct FetchWaker {
     tx: Option<SyncSender<i32>>,
 }
 
 impl FetchWaker {
     /// Starts the thread; without one (the system refused it) resumes keep librdkafka's delay.
-    pub fn start(consumer: Arc<BaseConsumer<DaemonContext>>, topic: Arc<str>) -> Self {
+    pub(crate) fn start(consumer: Arc<BaseConsumer<DaemonContext>>, topic: Arc<str>) -> Self {
         let (tx, rx) = sync_channel::<i32>(MAX_PENDING_WAKES);
         // Weak: the daemon's shutdown closes the consumer when it drops its handle, not when
         // this thread lets go of it.
@@ -61,7 +61,7 @@ impl FetchWaker {
     }
 
     /// Wakes the broker thread that fetches `partition`, which was just resumed.
-    pub fn wake(&self, partition: i32) {
+    pub(crate) fn wake(&self, partition: i32) {
         if let Some(tx) = &self.tx {
             match tx.try_send(partition) {
                 Ok(()) | Err(TrySendError::Full(_)) => {}

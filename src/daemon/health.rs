@@ -15,7 +15,7 @@ use super::kafka::DaemonContext;
 use crate::store::MailboxStore;
 
 /// How often the probes run, and how long each may take.
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Runs the probes until aborted.
 pub fn spawn(

@@ -28,7 +28,7 @@ pub struct Health {
 }
 
 /// How long after a transient write failure the store counts as not ready.
-pub const WRITE_FAILURE_WINDOW_MS: u64 = 5_000;
+pub(crate) const WRITE_FAILURE_WINDOW_MS: u64 = 5_000;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -37,30 +37,30 @@ fn now_ms() -> u64 {
 }
 
 impl Health {
-    pub fn set_store(&self, ok: bool) {
+    pub(crate) fn set_store(&self, ok: bool) {
         self.store_ok.store(ok, Ordering::Relaxed);
         super::metrics::ready(self.ready());
     }
 
-    pub fn set_broker(&self, ok: bool) {
+    pub(crate) fn set_broker(&self, ok: bool) {
         self.broker_ok.store(ok, Ordering::Relaxed);
         super::metrics::ready(self.ready());
     }
 
     /// Whether every assigned partition can be read (see the engine's stall detection).
-    pub fn set_consumer(&self, ok: bool) {
+    pub(crate) fn set_consumer(&self, ok: bool) {
         self.consumer_stalled.store(!ok, Ordering::Relaxed);
         super::metrics::ready(self.ready());
     }
 
     /// Whether dead letters are being acknowledged.
-    pub fn set_dead_letters(&self, ok: bool) {
+    pub(crate) fn set_dead_letters(&self, ok: bool) {
         self.dead_letters_failing.store(!ok, Ordering::Relaxed);
         super::metrics::ready(self.ready());
     }
 
     /// A store write failed transiently just now.
-    pub fn write_failed(&self) {
+    pub(crate) fn write_failed(&self) {
         self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
         super::metrics::ready(false);
     }
@@ -70,16 +70,16 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
-    pub fn store_ok(&self) -> bool {
+    pub(crate) fn store_ok(&self) -> bool {
         self.store_ok.load(Ordering::Relaxed)
     }
 
-    pub fn broker_ok(&self) -> bool {
+    pub(crate) fn broker_ok(&self) -> bool {
         self.broker_ok.load(Ordering::Relaxed)
     }
 
     /// One line per readiness condition, for `/readyz`'s body.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let word = |ok: bool, bad: &'static str| if ok { "ok" } else { bad };
         let recent_write_failure = now_ms()
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))

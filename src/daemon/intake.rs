@@ -36,13 +36,13 @@ pub const MAX_BATCH_RECORDS: usize = 512;
 /// Most payload bytes in one batch (a batch always holds at least one record). Small enough that
 /// the batches in transit, decoded, stay about 3 MiB (they are the in-flight budget's overshoot);
 /// large enough that records of up to 512 bytes still travel [`MAX_BATCH_RECORDS`] at a time.
-pub const MAX_BATCH_BYTES: usize = 256 << 10;
+pub(crate) const MAX_BATCH_BYTES: usize = 256 << 10;
 /// Batches waiting between the poll thread and the engine: one to take while the next is built.
-pub const CHANNEL_BATCHES: usize = 2;
+pub(crate) const CHANNEL_BATCHES: usize = 2;
 
 /// One record copied out of librdkafka.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawRecord {
+pub(crate) struct RawRecord {
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
@@ -53,21 +53,21 @@ pub struct RawRecord {
 
 impl RawRecord {
     /// Bytes held for this record.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.payload.len() + self.key.as_ref().map_or(0, Vec::len)
     }
 }
 
 /// A record and what its bytes decode to.
 #[derive(Debug)]
-pub struct Polled {
+pub(crate) struct Polled {
     pub raw: RawRecord,
     pub decoded: Result<DispatchRecord, DecodeError>,
 }
 
 /// What the poll thread tells the engine, in the order it happened.
 #[derive(Debug)]
-pub enum IntakeEvent {
+pub(crate) enum IntakeEvent {
     Group(GroupEvent),
     Records(Vec<Polled>),
     /// A consumer error (a broker down, a record librdkafka cannot read).
@@ -75,14 +75,14 @@ pub enum IntakeEvent {
 }
 
 /// The running poll thread.
-pub struct Intake {
+pub(crate) struct Intake {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Intake {
     /// Starts polling `consumer`; events arrive on the returned receiver.
-    pub fn start(
+    pub(crate) fn start(
         consumer: Arc<BaseConsumer<DaemonContext>>,
         options: DecodeOptions,
     ) -> std::io::Result<(Self, mpsc::Receiver<IntakeEvent>)> {
@@ -105,16 +105,11 @@ impl Intake {
 
     /// Stops polling (records not yet handed over are dropped, uncommitted) and joins the thread.
     /// The receiver must be dropped or drained first, or a blocked hand-over waits for it.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-    }
-
-    /// Asks the thread to stop without waiting for it.
-    pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
     }
 }
 

@@ -28,7 +28,7 @@ use crate::config::KafkaConfig;
 /// (TLS, SASL, and the group's own), and each client is handed only those that apply to it, so
 /// librdkafka never warns (CONFWARN) about a property its client ignores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientRole {
+pub(crate) enum ClientRole {
     /// The daemon's group member: everything but producer-only properties.
     GroupConsumer,
     /// The dead-letter producer: everything but consumer-only properties.
@@ -111,7 +111,7 @@ const GROUP_MEMBERSHIP: &[&str] = &[
 ];
 
 /// Whether `key` of `[kafka.properties]` is handed to a client of `role`.
-pub fn applies_to(key: &str, role: ClientRole) -> bool {
+pub(crate) fn applies_to(key: &str, role: ClientRole) -> bool {
     match role {
         ClientRole::GroupConsumer => !PRODUCER_ONLY.contains(&key),
         ClientRole::Producer => !CONSUMER_ONLY.contains(&key) && !GROUP_MEMBERSHIP.contains(&key),
@@ -121,7 +121,7 @@ pub fn applies_to(key: &str, role: ClientRole) -> bool {
 
 /// The settings a client of `role` starts from: brokers, then the pass-through properties that
 /// apply to it (TLS, SASL, the group's settings).
-pub fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig {
+pub(crate) fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &kafka.brokers);
     for (key, value) in &kafka.properties {
@@ -197,7 +197,7 @@ const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
 const DEFAULT_FETCH_QUEUE_BACKOFF_MS: &str = "20";
 
 /// The group consumer. `commit_offsets` false (the memory store) turns committing off entirely.
-pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfig {
+pub(crate) fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::GroupConsumer);
     config
         .set("group.id", &kafka.group_id)
@@ -265,7 +265,7 @@ pub fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> ClientConfi
 /// The dead-letter producer: idempotent, acknowledged by every in-sync replica, so a dead letter
 /// is durable before the source offset is committed. Its message limit is explicit, and the dead
 /// letters are built to fit it (see `dead_letter`).
-pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+pub(crate) fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut config = base_config(kafka, ClientRole::Producer);
     config
         .set("enable.idempotence", "true")
@@ -279,7 +279,7 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 
 /// Checks that librdkafka knows every property and accepts its value, without connecting. The
 /// error never echoes a secret value (librdkafka's message quotes the value it refused).
-pub fn validate_properties(kafka: &KafkaConfig) -> Result<(), String> {
+pub(crate) fn validate_properties(kafka: &KafkaConfig) -> Result<(), String> {
     let redact = |e: KafkaError| crate::config::redact_secrets(&e.to_string(), kafka);
     consumer_config(kafka, true)
         .create_native_config()
@@ -343,12 +343,12 @@ impl DaemonContext {
     }
 
     /// Whether `partition` is assigned to this instance now.
-    pub fn is_assigned(&self, partition: i32) -> bool {
+    pub(crate) fn is_assigned(&self, partition: i32) -> bool {
         lock(&self.assigned).contains(&partition)
     }
 
     /// The group events queued since the last call.
-    pub fn take_group_events(&self) -> Vec<GroupEvent> {
+    pub(crate) fn take_group_events(&self) -> Vec<GroupEvent> {
         std::mem::take(&mut *lock(&self.group_events))
     }
 }

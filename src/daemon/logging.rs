@@ -14,12 +14,12 @@ use crate::config::LogConfig;
 
 /// Whether text logs get ANSI colour: only on a terminal, and never under `NO_COLOR`
 /// (<https://no-color.org>).
-pub fn colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
+pub(crate) fn colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
     stderr_is_terminal && no_color.is_none_or(str::is_empty)
 }
 
 /// Installs the global subscriber once; later calls are no-ops.
-pub fn init(config: &LogConfig) {
+pub(crate) fn init(config: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));

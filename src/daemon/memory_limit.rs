@@ -21,7 +21,7 @@ use crate::config::KafkaConfig;
 /// What the daemon holds besides its in-flight work: the binary, the runtimes' threads and
 /// stacks, the store and broker clients, the metrics registry (about 30 MiB measured idle; 64
 /// MiB stated, so a larger cluster's metadata still fits).
-pub const FIXED_OVERHEAD_BYTES: u64 = 64 << 20;
+pub(crate) const FIXED_OVERHEAD_BYTES: u64 = 64 << 20;
 
 /// A cgroup v1 "no limit" is a huge page-aligned number, not a word; anything above this is none.
 const V1_UNLIMITED_ABOVE: u64 = 1 << 60;
@@ -41,7 +41,7 @@ pub fn limit() -> Option<u64> {
 /// The memory limit of the cgroup `/proc/self/cgroup` names (`cgroups`), read under `root`: the
 /// smallest limit on the path from the cgroup up to the root (a parent's limit binds too). v2
 /// first (`0::/path`), then v1 (`N:...memory...:/path`).
-pub fn limit_from(root: &Path, cgroups: &str) -> Option<u64> {
+pub(crate) fn limit_from(root: &Path, cgroups: &str) -> Option<u64> {
     for line in cgroups.lines() {
         let mut fields = line.splitn(3, ':');
         let (Some(id), Some(controllers), Some(path)) =

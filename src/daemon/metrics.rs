@@ -28,8 +28,8 @@ pub const GROUPS_TOTAL: &str = "materializer_groups_total";
 pub const DLQ_TOTAL: &str = "materializer_dlq_total";
 pub const PARTITION_BLOCKED: &str = "materializer_partition_blocked";
 pub const CONSUMER_LAG: &str = "materializer_consumer_lag";
-pub const APPLY_DURATION: &str = "materializer_apply_duration_seconds";
-pub const STORE_CALL_DURATION: &str = "materializer_store_call_duration_seconds";
+pub(crate) const APPLY_DURATION: &str = "materializer_apply_duration_seconds";
+pub(crate) const STORE_CALL_DURATION: &str = "materializer_store_call_duration_seconds";
 pub const STORE_ERRORS_TOTAL: &str = "materializer_store_errors_total";
 pub const PROMOTE_EXPIRED_BUCKETS_TOTAL: &str = "materializer_promote_expired_buckets_total";
 pub const REPLAY_RECORDS_TOTAL: &str = "materializer_replay_records_total";
@@ -38,25 +38,26 @@ pub const READY: &str = "materializer_ready";
 pub const BUILD_INFO: &str = "materializer_build_info";
 pub const LAST_RECORD_TIMESTAMP: &str = "materializer_last_record_timestamp_seconds";
 pub const UNKNOWN_FIELDS_TOTAL: &str = "materializer_unknown_fields_total";
-pub const PARTITION_UNREADABLE: &str = "materializer_partition_unreadable";
-pub const CONSUMER_ERRORS_TOTAL: &str = "materializer_consumer_errors_total";
-pub const IN_FLIGHT_BYTES: &str = "materializer_in_flight_bytes";
-pub const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_bytes";
-pub const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
+pub(crate) const PARTITION_UNREADABLE: &str = "materializer_partition_unreadable";
+pub(crate) const CONSUMER_ERRORS_TOTAL: &str = "materializer_consumer_errors_total";
+pub(crate) const IN_FLIGHT_BYTES: &str = "materializer_in_flight_bytes";
+pub(crate) const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_bytes";
+pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
 /// (`dead_lettered`), or not decodable (`malformed`, also dead-lettered).
-pub const RECORD_APPLIED: &str = "applied";
-pub const RECORD_DEAD_LETTERED: &str = "dead_lettered";
-pub const RECORD_MALFORMED: &str = "malformed";
+pub(crate) const RECORD_APPLIED: &str = "applied";
+pub(crate) const RECORD_DEAD_LETTERED: &str = "dead_lettered";
+pub(crate) const RECORD_MALFORMED: &str = "malformed";
 
 /// `records_total{outcome}`, exported at 0 from the start.
-pub const RECORD_OUTCOMES: &[&str] = &[RECORD_APPLIED, RECORD_DEAD_LETTERED, RECORD_MALFORMED];
+pub(crate) const RECORD_OUTCOMES: &[&str] =
+    &[RECORD_APPLIED, RECORD_DEAD_LETTERED, RECORD_MALFORMED];
 
 /// `groups_total{outcome}`: the delivery outcome words of SPEC 8.1 (a record-level `malformed`
 /// has no delivery), exported at 0 from the start.
-pub const GROUP_OUTCOMES: &[&str] = &[
+pub(crate) const GROUP_OUTCOMES: &[&str] = &[
     "inserted",
     "unchanged",
     "replaced",
@@ -70,10 +71,10 @@ pub const GROUP_OUTCOMES: &[&str] = &[
 ];
 
 /// `dlq_total{reason}`: why a record went to the dead-letter topic.
-pub const DLQ_REASONS: &[&str] = &["malformed", "rejected", "conflict"];
+pub(crate) const DLQ_REASONS: &[&str] = &["malformed", "rejected", "conflict"];
 
 /// `store_errors_total{backend,kind}`: every `StoreError::kind()` word.
-pub const STORE_ERROR_KINDS: &[&str] = &[
+pub(crate) const STORE_ERROR_KINDS: &[&str] = &[
     "duplicate_ordinal",
     "cross_bucket_group",
     "future_created_at",
@@ -95,7 +96,7 @@ pub const STORE_ERROR_KINDS: &[&str] = &[
 ];
 
 /// `replay_records_total{outcome}`: what `replay` did with each record it read.
-pub const REPLAY_OUTCOMES: &[&str] = &[
+pub(crate) const REPLAY_OUTCOMES: &[&str] = &[
     "applied",
     "dead_lettered",
     "malformed",
@@ -107,15 +108,15 @@ pub const REPLAY_OUTCOMES: &[&str] = &[
 /// Most distinct `unknown_fields_total{field}` labels; further field paths count as
 /// [`OTHER_FIELD`]. An upstream producer controls field names, so they must not grow the series
 /// count without bound.
-pub const MAX_UNKNOWN_FIELD_LABELS: usize = 64;
+pub(crate) const MAX_UNKNOWN_FIELD_LABELS: usize = 64;
 /// Longest field path kept as a label, in bytes; a longer one counts as [`OTHER_FIELD`].
-pub const MAX_UNKNOWN_FIELD_BYTES: usize = 128;
+pub(crate) const MAX_UNKNOWN_FIELD_BYTES: usize = 128;
 /// The label of every unknown field beyond the bound (or with characters outside
 /// `[A-Za-z0-9_.:@$[]-]`).
-pub const OTHER_FIELD: &str = "other";
+pub(crate) const OTHER_FIELD: &str = "other";
 
 /// The version label of `build_info`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
 
@@ -261,12 +262,12 @@ fn zero_counters() {
 }
 
 /// The in-flight byte budget (`kafka.max_in_flight_bytes`), beside [`in_flight_bytes`].
-pub fn in_flight_budget(bytes: usize) {
+pub(crate) fn in_flight_budget(bytes: usize) {
     gauge!(IN_FLIGHT_BUDGET_BYTES).set(bytes as f64);
 }
 
 /// The bytes records in flight are charged (raw, decoded and store request), all partitions.
-pub fn in_flight_bytes(bytes: usize) {
+pub(crate) fn in_flight_bytes(bytes: usize) {
     gauge!(IN_FLIGHT_BYTES).set(bytes as f64);
 }
 
@@ -296,7 +297,7 @@ pub fn record(outcome: &'static str) {
 }
 
 /// [`record`] for `n` records of one outcome at once.
-pub fn record_n(outcome: &'static str, n: u64) {
+pub(crate) fn record_n(outcome: &'static str, n: u64) {
     counter!(RECORDS_TOTAL, "outcome" => outcome).increment(n);
 }
 
@@ -306,35 +307,35 @@ pub fn group(outcome: &'static str) {
 }
 
 /// Call once per record acknowledged by the dead-letter topic.
-pub fn dead_letter(reason: &'static str) {
+pub(crate) fn dead_letter(reason: &'static str) {
     counter!(DLQ_TOTAL, "reason" => reason).increment(1);
 }
 
 /// Call on every failed store operation, with `StoreError::kind()`.
-pub fn store_error(backend: &'static str, kind: &'static str) {
+pub(crate) fn store_error(backend: &'static str, kind: &'static str) {
     counter!(STORE_ERRORS_TOTAL, "backend" => backend, "kind" => kind).increment(1);
 }
 
-pub fn apply_duration(seconds: f64) {
+pub(crate) fn apply_duration(seconds: f64) {
     histogram!(APPLY_DURATION).record(seconds);
 }
 
 /// Call once per store call (a batch of appends is one call): `op` is `append` or
 /// `truncate_before`. Beside [`apply_duration`], which a batch feeds once per delivery, this
 /// answers "is the store slow?" per call and per backend.
-pub fn store_call_duration(backend: &'static str, op: &'static str, seconds: f64) {
+pub(crate) fn store_call_duration(backend: &'static str, op: &'static str, seconds: f64) {
     histogram!(STORE_CALL_DURATION, "backend" => backend, "op" => op).record(seconds);
 }
 
 /// Call with the number of expired days the store compacted into gap boundaries since the last
 /// call (its `promoted_buckets_total()` grew by that): the promote inside every append and
 /// truncate (SPEC 4.5), so the counter moves whatever write triggered the compaction.
-pub fn promote_expired_buckets(days: u32) {
+pub(crate) fn promote_expired_buckets(days: u32) {
     counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).increment(u64::from(days));
 }
 
 /// Call once per record `replay` read, with its outcome word ([`REPLAY_OUTCOMES`]).
-pub fn replay_record(outcome: &'static str) {
+pub(crate) fn replay_record(outcome: &'static str) {
     counter!(REPLAY_RECORDS_TOTAL, "outcome" => outcome).increment(1);
 }
 
@@ -344,7 +345,7 @@ pub fn ready(ready: bool) {
 
 /// Call when the consumer returns an error instead of a record, with the librdkafka error code's
 /// name (`NotImplemented`, `BadMessage`, ...: a closed set, so the label stays bounded).
-pub fn consumer_error(code: &str) {
+pub(crate) fn consumer_error(code: &str) {
     let code = if code.len() <= 64 && code.chars().all(|c| c.is_ascii_alphanumeric()) {
         code.to_owned()
     } else {
@@ -359,7 +360,7 @@ static UNKNOWN_FIELD_LABELS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new(
 /// The label an unknown field path is counted under: itself while fewer than
 /// [`MAX_UNKNOWN_FIELD_LABELS`] distinct paths have been seen (and it is short and plain),
 /// [`OTHER_FIELD`] after that.
-pub fn unknown_field_label(path: &str) -> String {
+pub(crate) fn unknown_field_label(path: &str) -> String {
     let plain = path.len() <= MAX_UNKNOWN_FIELD_BYTES
         && !path.is_empty()
         && path.chars().all(|c| {
@@ -384,7 +385,7 @@ pub fn unknown_field_label(path: &str) -> String {
 /// Counts the ignored unknown fields of one decoded record (`Decoded::unknown_fields`: each
 /// distinct path once per record). Call after every successful decode. Under
 /// `ingest.strict_fields` an unknown field is an error instead, counted as a malformed record.
-pub fn unknown_fields<S: AsRef<str>>(paths: &[S]) {
+pub(crate) fn unknown_fields<S: AsRef<str>>(paths: &[S]) {
     for path in paths {
         let label = unknown_field_label(path.as_ref());
         counter!(UNKNOWN_FIELDS_TOTAL, "field" => label).increment(1);
@@ -415,7 +416,7 @@ fn partitions() -> MutexGuard<'static, BTreeMap<i32, PartitionGauges>> {
 /// moment (high watermark minus committed offset, both known at assignment), so
 /// `consumer_lag` exists from the assignment rather than from the first statistics tick. Also
 /// exports `partition_blocked` and `partition_unreadable` at 0.
-pub fn partition_assigned(partition: i32, lag: i64) {
+pub(crate) fn partition_assigned(partition: i32, lag: i64) {
     let mut table = partitions();
     let entry = table.entry(partition).or_default();
     entry.lag = Some(lag.max(0) as f64);
@@ -423,7 +424,7 @@ pub fn partition_assigned(partition: i32, lag: i64) {
 
 /// Call when `partition` is revoked from this instance (or the consumer stops): every gauge of
 /// the partition disappears from this instance's scrape; its new owner exports them.
-pub fn partition_revoked(partition: i32) {
+pub(crate) fn partition_revoked(partition: i32) {
     partitions().remove(&partition);
 }
 
@@ -433,12 +434,12 @@ pub fn consumer_lag(partition: i32, lag: i64) {
 }
 
 /// Call whenever the number of mailboxes failing closed in `partition` changes.
-pub fn partition_blocked(partition: i32, blocked_mailboxes: usize) {
+pub(crate) fn partition_blocked(partition: i32, blocked_mailboxes: usize) {
     partitions().entry(partition).or_default().blocked = blocked_mailboxes as f64;
 }
 
 /// Call after each successful commit, for each committed partition.
-pub fn committed_offset(partition: i32, offset: i64) {
+pub(crate) fn committed_offset(partition: i32, offset: i64) {
     partitions().entry(partition).or_default().committed = Some(offset as f64);
 }
 
@@ -446,7 +447,7 @@ pub fn committed_offset(partition: i32, offset: i64) {
 /// in milliseconds; records without a timestamp are skipped by the caller. Records of a
 /// partition may become final out of offset order (mailboxes run concurrently), so the gauge
 /// keeps the largest timestamp seen: `time() - last_record_timestamp_seconds` is the lag in time.
-pub fn last_record_timestamp(partition: i32, timestamp_ms: i64) {
+pub(crate) fn last_record_timestamp(partition: i32, timestamp_ms: i64) {
     let seconds = timestamp_ms as f64 / 1000.0;
     let mut table = partitions();
     let entry = table.entry(partition).or_default();
@@ -458,7 +459,7 @@ pub fn last_record_timestamp(partition: i32, timestamp_ms: i64) {
 /// Call with `true` when the consumer cannot read `partition` (a fetch or decompression error
 /// that repeats at the same offset), `false` once a record of it is read again. While it is 1,
 /// the daemon should also report not ready after a threshold and log what to do.
-pub fn partition_unreadable(partition: i32, unreadable: bool) {
+pub(crate) fn partition_unreadable(partition: i32, unreadable: bool) {
     partitions().entry(partition).or_default().unreadable = if unreadable { 1.0 } else { 0.0 };
 }
 

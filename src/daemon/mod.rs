@@ -31,18 +31,18 @@
 //!   replay makes harmless for the next owner. A newly assigned partition always starts resumed.
 //! - **Shutdown.** SIGTERM/SIGINT: stop fetching, drain until the deadline, commit, leave.
 
-pub mod dead_letter;
+pub(crate) mod dead_letter;
 pub mod engine;
-pub mod fetch_waker;
+pub(crate) mod fetch_waker;
 pub mod health;
 pub mod http;
 pub mod intake;
 pub mod kafka;
-pub mod logging;
+pub(crate) mod logging;
 pub mod memory_limit;
 pub mod metrics;
 pub mod replay;
-pub mod telemetry;
+pub(crate) mod telemetry;
 
 use std::sync::Arc;
 

@@ -34,14 +34,14 @@ impl Progress {
 
 /// The daemon's reporter.
 #[derive(Clone)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     backend: &'static str,
     progress: Arc<Progress>,
     health: Arc<Health>,
 }
 
 impl Telemetry {
-    pub fn new(backend: &'static str, progress: Arc<Progress>, health: Arc<Health>) -> Self {
+    pub(crate) fn new(backend: &'static str, progress: Arc<Progress>, health: Arc<Health>) -> Self {
         Self {
             backend,
             progress,
@@ -49,12 +49,12 @@ impl Telemetry {
         }
     }
 
-    pub fn health(&self) -> &Health {
+    pub(crate) fn health(&self) -> &Health {
         &self.health
     }
 
     /// A delivery reached its final outcome (`word`); a refusal is logged with its reason.
-    pub fn delivery_final(
+    pub(crate) fn delivery_final(
         &self,
         partition: i32,
         offset: i64,
@@ -78,7 +78,7 @@ impl Telemetry {
     }
 
     /// A store call failed in a way that is not final (retry, fence, corrupt).
-    pub fn attempt_failed(
+    pub(crate) fn attempt_failed(
         &self,
         partition: i32,
         offset: i64,
@@ -109,7 +109,7 @@ impl Telemetry {
     }
 
     /// A user's mailbox started failing closed.
-    pub fn blocked(
+    pub(crate) fn blocked(
         &self,
         partition: i32,
         offset: i64,
@@ -128,14 +128,14 @@ impl Telemetry {
     }
 
     /// A blocked mailbox accepted its delivery again (it was repaired).
-    pub fn unblocked(&self, partition: i32, user: &UserId, now_blocked: usize) {
+    pub(crate) fn unblocked(&self, partition: i32, user: &UserId, now_blocked: usize) {
         tracing::info!(partition, user = %user.as_str(), "mailbox repaired: flowing again");
         metrics::partition_blocked(partition, now_blocked);
     }
 
     /// Records left a partition's window final, in source order (one call per batch: the
     /// counters move once per outcome, the timestamp gauge once, whatever the batch size).
-    pub fn records_final<M>(
+    pub(crate) fn records_final<M>(
         &self,
         partition: i32,
         records: &[FinalRecord<M>],
@@ -163,7 +163,7 @@ impl Telemetry {
     }
 
     /// A dead letter was acknowledged.
-    pub fn dead_lettered(
+    pub(crate) fn dead_lettered(
         &self,
         partition: i32,
         offset: i64,
@@ -177,7 +177,7 @@ impl Telemetry {
     }
 
     /// A dead letter was not acknowledged; it is retried.
-    pub fn dead_letter_failed(
+    pub(crate) fn dead_letter_failed(
         &self,
         partition: i32,
         offset: i64,
@@ -190,12 +190,12 @@ impl Telemetry {
     }
 
     /// One delivery's attempt took `seconds` in the store (its batch's call).
-    pub fn store_call(&self, seconds: f64) {
+    pub(crate) fn store_call(&self, seconds: f64) {
         metrics::apply_duration(seconds);
     }
 
     /// The store calls a batch made.
-    pub fn store_calls(&self, calls: &[crate::ingest::runner::StoreCall]) {
+    pub(crate) fn store_calls(&self, calls: &[crate::ingest::runner::StoreCall]) {
         for call in calls {
             metrics::store_call_duration(call.backend, call.op, call.elapsed.as_secs_f64());
         }

@@ -85,7 +85,7 @@ impl DispatchRecord {
 impl DispatchRecord {
     /// The record with only the deliveries of the users `keep` accepts; `None` when none is left
     /// (a `truncate_before` record is one delivery).
-    pub fn retain_users(self, keep: impl Fn(&crate::model::UserId) -> bool) -> Option<Self> {
+    pub(crate) fn retain_users(self, keep: impl Fn(&crate::model::UserId) -> bool) -> Option<Self> {
         match self {
             Self::GroupDispatch(mut dispatch) => {
                 dispatch.deliveries.retain(|g| keep(&g.mailbox.user_id));

@@ -28,7 +28,7 @@ use crate::model::{Event, EventGroup, MailboxId, Payload, UserId, MAX_MAILBOX_SE
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 1 << 20;
 
 /// Longest `dispatch_id` / `group_id`, in bytes.
-pub const MAX_ID_BYTES: usize = 1024;
+pub(crate) const MAX_ID_BYTES: usize = 1024;
 
 /// What kind of malformation a record has. The words are the `error.kind` of a `malformed` line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,7 +104,7 @@ pub enum DispatchRecord {
 impl DispatchRecord {
     /// Marks every group of the record with its place in the dispatch log (zombie fencing,
     /// [`crate::model::SourcePosition`]).
-    pub fn at_position(mut self, partition: i32, offset: i64) -> Self {
+    pub(crate) fn at_position(mut self, partition: i32, offset: i64) -> Self {
         if let Self::GroupDispatch(dispatch) = &mut self {
             let source = Some(crate::model::SourcePosition { partition, offset });
             for group in &mut dispatch.deliveries {
@@ -150,7 +150,7 @@ impl DispatchRecord {
     /// The daemon charges raw bytes + this against `kafka.max_in_flight_bytes`, so the budget
     /// bounds what records really hold, not only what they weighed on the wire (measured by
     /// `benches/catchup_memory.rs`, BENCHMARKS.md "Memory during a catch-up").
-    pub fn in_flight_bytes(&self) -> usize {
+    pub(crate) fn in_flight_bytes(&self) -> usize {
         match self {
             Self::GroupDispatch(g) => {
                 let events: usize = g
@@ -175,17 +175,17 @@ impl DispatchRecord {
 /// result, its share of a store call (script arguments, keys, reply) and of the allocator's
 /// slack. Measured: shrinking the window by 24,000 records of 100 bytes lowered the peak RSS by
 /// 78 MiB, about 3.3 KiB a record (BENCHMARKS.md "Memory during a catch-up").
-pub const RECORD_OVERHEAD_BYTES: usize = 3 * 1024;
+pub(crate) const RECORD_OVERHEAD_BYTES: usize = 3 * 1024;
 /// Memory an event holds besides its payload text (its struct, the shared text's header, the
 /// key the store request builds for it).
-pub const EVENT_OVERHEAD_BYTES: usize = 128;
+pub(crate) const EVENT_OVERHEAD_BYTES: usize = 128;
 
 /// Most distinct unknown field paths reported for one record; further ones are reported once
 /// as [`OTHER_UNKNOWN_FIELDS`]. Keeps the list (and the caller's counting) bounded whatever
 /// the record holds.
-pub const MAX_UNKNOWN_FIELDS_PER_RECORD: usize = 16;
+pub(crate) const MAX_UNKNOWN_FIELDS_PER_RECORD: usize = 16;
 /// The path reported for every unknown field beyond [`MAX_UNKNOWN_FIELDS_PER_RECORD`].
-pub const OTHER_UNKNOWN_FIELDS: &str = "other";
+pub(crate) const OTHER_UNKNOWN_FIELDS: &str = "other";
 
 /// How records are decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,7 +46,7 @@ pub struct Key<S> {
 }
 
 /// One source's window and the front end's own state of it.
-pub struct Window<R, M, X> {
+pub(crate) struct Window<R, M, X> {
     pub pipeline: PartitionPipeline<R, M>,
     /// What the front end keeps per source (the daemon: pause, blocked users, offsets).
     pub state: X,
@@ -59,17 +59,17 @@ pub struct Window<R, M, X> {
 
 impl<R, M, X> Window<R, M, X> {
     /// Store calls started for this source and not answered yet (a hand-over waits for them).
-    pub fn calls(&self) -> usize {
+    pub(crate) fn calls(&self) -> usize {
         self.calls
     }
 
     /// Closing (see [`Driver::begin_close`]): nothing new starts.
-    pub fn is_closing(&self) -> bool {
+    pub(crate) fn is_closing(&self) -> bool {
         self.closing
     }
 
     /// Told apart from an earlier window of the same source.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 }
@@ -86,7 +86,7 @@ pub struct Step<'a, S> {
 
 /// What a front end makes of a result the table does not make final.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict<E> {
+pub(crate) enum Verdict<E> {
     /// Try the delivery again after this delay; it stays at its lane's head meanwhile.
     Retry(Duration),
     /// Take the result as final here (reported, not waited for).
@@ -96,7 +96,7 @@ pub enum Verdict<E> {
 }
 
 /// A front end's decisions: everything the drive loop does not decide by itself.
-pub trait Policy<S, X> {
+pub(crate) trait Policy<S, X> {
     /// Why a run stops ([`Verdict::Stop`]).
     type Stop;
 
@@ -136,7 +136,7 @@ pub trait Policy<S, X> {
 }
 
 /// The windows of a front end's sources and the store calls in flight for them.
-pub struct Driver<S, R, M, X> {
+pub(crate) struct Driver<S, R, M, X> {
     store: Arc<dyn MailboxStore>,
     windows: HashMap<S, Window<R, M, X>>,
     runner: Runner<Key<S>>,
@@ -147,7 +147,7 @@ impl<S, R, M, X> Driver<S, R, M, X>
 where
     S: Copy + Eq + Hash + Send + Sync + 'static,
 {
-    pub fn new(store: Arc<dyn MailboxStore>) -> Self {
+    pub(crate) fn new(store: Arc<dyn MailboxStore>) -> Self {
         Self {
             store,
             windows: HashMap::new(),
@@ -156,13 +156,13 @@ where
         }
     }
 
-    pub fn store(&self) -> &Arc<dyn MailboxStore> {
+    pub(crate) fn store(&self) -> &Arc<dyn MailboxStore> {
         &self.store
     }
 
     /// Opens a window of at most `max_records` records for `source`; `false` (and nothing
     /// changes) when it is open already.
-    pub fn open(&mut self, source: S, max_records: usize, state: X) -> bool {
+    pub(crate) fn open(&mut self, source: S, max_records: usize, state: X) -> bool {
         if self.windows.contains_key(&source) {
             return false;
         }
@@ -183,7 +183,7 @@ where
 
     /// Cancels `source`'s attempts not yet sent and starts nothing new for it; the calls already
     /// sent still come back and complete their records.
-    pub fn begin_close(&mut self, source: &S) {
+    pub(crate) fn begin_close(&mut self, source: &S) {
         if let Some(window) = self.windows.get_mut(source) {
             window.cancel.cancel();
             window.closing = true;
@@ -192,41 +192,41 @@ where
 
     /// Removes `source`'s window, cancelling what it still has in flight (answers that arrive
     /// later are ignored).
-    pub fn close(&mut self, source: &S) -> Option<Window<R, M, X>> {
+    pub(crate) fn close(&mut self, source: &S) -> Option<Window<R, M, X>> {
         let window = self.windows.remove(source)?;
         window.cancel.cancel();
         Some(window)
     }
 
     /// Cancels every source's attempts not yet sent (the run ends).
-    pub fn cancel_all(&self) {
+    pub(crate) fn cancel_all(&self) {
         for window in self.windows.values() {
             window.cancel.cancel();
         }
     }
 
-    pub fn window(&self, source: &S) -> Option<&Window<R, M, X>> {
+    pub(crate) fn window(&self, source: &S) -> Option<&Window<R, M, X>> {
         self.windows.get(source)
     }
 
-    pub fn window_mut(&mut self, source: &S) -> Option<&mut Window<R, M, X>> {
+    pub(crate) fn window_mut(&mut self, source: &S) -> Option<&mut Window<R, M, X>> {
         self.windows.get_mut(source)
     }
 
-    pub fn windows(&self) -> impl Iterator<Item = (&S, &Window<R, M, X>)> {
+    pub(crate) fn windows(&self) -> impl Iterator<Item = (&S, &Window<R, M, X>)> {
         self.windows.iter()
     }
 
-    pub fn windows_mut(&mut self) -> impl Iterator<Item = (&S, &mut Window<R, M, X>)> {
+    pub(crate) fn windows_mut(&mut self) -> impl Iterator<Item = (&S, &mut Window<R, M, X>)> {
         self.windows.iter_mut()
     }
 
-    pub fn sources(&self) -> Vec<S> {
+    pub(crate) fn sources(&self) -> Vec<S> {
         self.windows.keys().copied().collect()
     }
 
     /// No record in any window.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.windows.values().all(|w| w.pipeline.is_empty())
     }
 
@@ -234,7 +234,7 @@ where
     /// one more without waiting: at most [`MAX_BATCH`] per pass (their deliveries go to the store
     /// together), and only while `source`'s window has room. Ask before taking the record: one
     /// taken and then not admitted would be lost.
-    pub fn room_for_more(&self, source: &S, taken: usize) -> bool {
+    pub(crate) fn room_for_more(&self, source: &S, taken: usize) -> bool {
         taken < MAX_BATCH
             && self
                 .windows
@@ -246,7 +246,7 @@ where
     /// `false` when the source has no open window (closed, closing) or the offset was admitted
     /// before (a redelivery).
     #[allow(clippy::too_many_arguments)]
-    pub fn admit<P: Policy<S, X>>(
+    pub(crate) fn admit<P: Policy<S, X>>(
         &mut self,
         source: S,
         offset: i64,
@@ -273,12 +273,12 @@ where
 
     /// The next finished attempt; pending forever while nothing is in flight (so it can sit in a
     /// `select!` next to the source).
-    pub async fn next(&mut self) -> Attempt<Key<S>> {
+    pub(crate) async fn next(&mut self) -> Attempt<Key<S>> {
         self.runner.next().await
     }
 
     /// Handles every attempt that has already finished, without waiting.
-    pub fn handle_ready<P: Policy<S, X>>(&mut self, policy: &mut P) -> Result<(), P::Stop> {
+    pub(crate) fn handle_ready<P: Policy<S, X>>(&mut self, policy: &mut P) -> Result<(), P::Stop> {
         while let Some(attempt) = self.runner.try_next() {
             self.handle(attempt, policy)?;
         }
@@ -286,7 +286,7 @@ where
     }
 
     /// Handles one finished attempt: see the module's step 2.
-    pub fn handle<P: Policy<S, X>>(
+    pub(crate) fn handle<P: Policy<S, X>>(
         &mut self,
         attempt: Attempt<Key<S>>,
         policy: &mut P,
@@ -344,7 +344,7 @@ where
     }
 
     /// The dead letter of the record at `offset` was acknowledged: it is final.
-    pub fn dead_lettered(&mut self, source: &S, offset: i64) {
+    pub(crate) fn dead_lettered(&mut self, source: &S, offset: i64) {
         if let Some(window) = self.windows.get_mut(source) {
             window.pipeline.dead_lettered(offset);
         }

@@ -18,7 +18,7 @@
 pub mod apply;
 pub mod decode;
 pub mod drive;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub mod runner;
 
 pub use apply::{apply_delivery, apply_record, Delivery, DeliveryOutcome, DeliveryResult};

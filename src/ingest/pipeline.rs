@@ -46,7 +46,7 @@ pub struct DeliveryRef {
 
 /// A delivery that ended refused: why its record is dead-lettered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeliveryFailure {
+pub(crate) struct DeliveryFailure {
     pub index: usize,
     pub delivery: Arc<Delivery>,
     pub error: StoreError,
@@ -54,14 +54,14 @@ pub struct DeliveryFailure {
 
 /// Why a settled record must go to the dead-letter topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeadLetter {
+pub(crate) enum DeadLetter {
     Malformed(DecodeError),
     Failed(Vec<DeliveryFailure>),
 }
 
 impl DeadLetter {
     /// The `dlq_total{reason}` word: `malformed`, or the first failure's outcome word.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Self::Malformed(_) => "malformed",
             Self::Failed(failures) => failures.first().map_or("rejected", |f| f.error.outcome()),
@@ -71,7 +71,7 @@ impl DeadLetter {
 
 /// A record whose deliveries are all final, handed back for dead-lettering.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settled {
+pub(crate) struct Settled {
     pub offset: i64,
     /// `None`: every delivery succeeded and the record is final now.
     pub dead_letter: Option<DeadLetter>,
@@ -80,7 +80,7 @@ pub struct Settled {
 
 /// What became of a whole record (`records_total{outcome}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RecordOutcome {
+pub(crate) enum RecordOutcome {
     /// Every delivery final and written, or a no-op.
     Applied = 0,
     /// Some delivery refused: the record went to the dead-letter topic.
@@ -90,9 +90,9 @@ pub enum RecordOutcome {
 }
 
 impl RecordOutcome {
-    pub const ALL: [RecordOutcome; 3] = [Self::Applied, Self::DeadLettered, Self::Malformed];
+    pub(crate) const ALL: [RecordOutcome; 3] = [Self::Applied, Self::DeadLettered, Self::Malformed];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Applied => "applied",
             Self::DeadLettered => "dead_lettered",
@@ -103,8 +103,7 @@ impl RecordOutcome {
 
 /// A final record leaving the front of the window, in source order.
 #[derive(Debug)]
-pub struct FinalRecord<M> {
-    pub offset: i64,
+pub(crate) struct FinalRecord<M> {
     pub outcome: RecordOutcome,
     /// The caller's metadata of the record (a Kafka timestamp, an input line number).
     pub meta: M,
@@ -182,7 +181,7 @@ impl<R, M> Slot<R, M> {
 
 /// What [`PartitionPipeline::admit`] decided.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// Deliveries that may start now (their lane was empty).
     pub ready: Vec<DeliveryRef>,
     /// Set when the record settled at once (malformed, or no delivery).
@@ -191,7 +190,7 @@ pub struct Admission {
 
 /// The window of one source.
 #[derive(Debug)]
-pub struct PartitionPipeline<R, M = ()> {
+pub(crate) struct PartitionPipeline<R, M = ()> {
     max_records: usize,
     slots: BTreeMap<i64, Slot<R, M>>,
     lanes: HashMap<UserId, VecDeque<DeliveryRef>>,
@@ -204,7 +203,7 @@ pub struct PartitionPipeline<R, M = ()> {
 
 impl<R, M> PartitionPipeline<R, M> {
     /// A window of at most `max_records` records (at least 1).
-    pub fn new(max_records: usize) -> Self {
+    pub(crate) fn new(max_records: usize) -> Self {
         Self {
             max_records: max_records.max(1),
             slots: BTreeMap::new(),
@@ -215,44 +214,39 @@ impl<R, M> PartitionPipeline<R, M> {
     }
 
     /// True when no more records may be admitted: the caller pauses its source.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.slots.len() >= self.max_records
     }
 
     /// True when the window has drained to half: a paused source may resume.
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         self.slots.len() <= self.max_records / 2
     }
 
     /// Records in the window, final or not.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.slots.len()
     }
 
     /// Bytes of the records in the window: a record counts from admission until it leaves the
     /// window (its raw bytes are released when it is final, its decoded deliveries only then).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
-    /// One past the highest offset admitted so far.
-    pub fn next_offset(&self) -> Option<i64> {
-        self.next_offset
-    }
-
     /// The offset to commit: the first record not yet final, or one past the last admitted.
-    pub fn watermark(&self) -> Option<i64> {
+    pub(crate) fn watermark(&self) -> Option<i64> {
         self.slots.keys().next().copied().or(self.next_offset)
     }
 
     /// Admits the record at `offset`, strictly after every admitted one (an older offset is a
     /// redelivery: ignored, `None`). `raw` (of `raw_bytes` bytes) is kept until the record is
     /// final, for a possible dead letter; `meta` travels with the record to [`Self::pop_final`].
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         offset: i64,
         raw: R,
@@ -308,25 +302,20 @@ impl<R, M> PartitionPipeline<R, M> {
     }
 
     /// The delivery at `at`, while its record is in the window.
-    pub fn delivery(&self, at: DeliveryRef) -> Option<&Arc<Delivery>> {
+    pub(crate) fn delivery(&self, at: DeliveryRef) -> Option<&Arc<Delivery>> {
         self.slots.get(&at.offset)?.deliveries.get(at.index)
     }
 
     /// The raw bytes of a record awaiting its dead letter.
-    pub fn raw(&self, offset: i64) -> Option<&R> {
+    pub(crate) fn raw(&self, offset: i64) -> Option<&R> {
         self.slots.get(&offset)?.raw.as_ref()
-    }
-
-    /// The caller's metadata of a record in the window.
-    pub fn meta(&self, offset: i64) -> Option<&M> {
-        self.slots.get(&offset).map(|s| &s.meta)
     }
 
     /// Records the **final** result of the delivery at `at` (a non-final one — retry, fence,
     /// corrupt — must not arrive here: the delivery stays at its lane's head). Returns the next
     /// delivery of the same lane, now runnable, and the record's settlement when this was its last
     /// delivery.
-    pub fn complete(
+    pub(crate) fn complete(
         &mut self,
         at: DeliveryRef,
         result: Result<DeliveryOutcome, StoreError>,
@@ -368,7 +357,7 @@ impl<R, M> PartitionPipeline<R, M> {
 
     /// Marks a record awaiting its dead letter final (the dead letter is acknowledged) and
     /// releases its raw bytes. Returns false when the record is not awaiting one.
-    pub fn dead_lettered(&mut self, offset: i64) -> bool {
+    pub(crate) fn dead_lettered(&mut self, offset: i64) -> bool {
         let Some(mut slot) = self.slots.remove(&offset) else {
             return false;
         };
@@ -383,13 +372,13 @@ impl<R, M> PartitionPipeline<R, M> {
 
     /// Takes every final record from the front of the window, in source order; the watermark
     /// moves past them.
-    pub fn pop_final(&mut self) -> Vec<FinalRecord<M>> {
+    pub(crate) fn pop_final(&mut self) -> Vec<FinalRecord<M>> {
         let mut out = Vec::new();
         while let Some(entry) = self.slots.first_entry() {
             if entry.get().stage != Stage::Final {
                 break;
             }
-            let (offset, slot) = entry.remove_entry();
+            let slot = entry.remove();
             self.bytes -= slot.raw_bytes;
             let outcome = slot.outcome();
             let deliveries = slot
@@ -399,7 +388,6 @@ impl<R, M> PartitionPipeline<R, M> {
                 .filter_map(|(d, r)| r.map(|r| (d, r)))
                 .collect();
             out.push(FinalRecord {
-                offset,
                 outcome,
                 meta: slot.meta,
                 deliveries,
@@ -441,10 +429,11 @@ mod tests {
         DeliveryRef { offset, index }
     }
 
-    type P = PartitionPipeline<Vec<u8>, ()>;
+    /// The meta of a record is its offset.
+    type P = PartitionPipeline<Vec<u8>, i64>;
 
     fn admit(p: &mut P, offset: i64, users: &[(&str, u64)]) -> Admission {
-        p.admit(offset, vec![0; 10], 10, (), Ok(record(users)))
+        p.admit(offset, vec![0; 10], 10, offset, Ok(record(users)))
             .expect("admitted")
     }
 
@@ -467,11 +456,11 @@ mod tests {
 
         let (next, _) = p.complete(at(0, 0), ok());
         assert_eq!(next, Some(at(1, 0)), "a's next delivery is runnable now");
-        let popped: Vec<i64> = p.pop_final().iter().map(|f| f.offset).collect();
+        let popped: Vec<i64> = p.pop_final().iter().map(|f| f.meta).collect();
         assert_eq!(popped, vec![0]);
         assert_eq!(p.watermark(), Some(1));
         p.complete(at(1, 0), ok());
-        let popped: Vec<i64> = p.pop_final().iter().map(|f| f.offset).collect();
+        let popped: Vec<i64> = p.pop_final().iter().map(|f| f.meta).collect();
         assert_eq!(popped, vec![1, 2], "final records leave in source order");
         assert_eq!(
             p.watermark(),
@@ -526,13 +515,13 @@ mod tests {
         let mut p = P::new(2);
         let bad = decode_record(b"{", 1 << 20);
         assert!(bad.is_err());
-        let admission = p.admit(0, b"{".to_vec(), 1, (), bad).expect("admitted");
+        let admission = p.admit(0, b"{".to_vec(), 1, 0, bad).expect("admitted");
         assert!(admission.ready.is_empty());
         assert!(matches!(
             admission.settled.and_then(|s| s.dead_letter),
             Some(DeadLetter::Malformed(_))
         ));
-        assert!(p.admit(0, vec![], 0, (), Ok(record(&[("a", 1)]))).is_none());
+        assert!(p.admit(0, vec![], 0, 0, Ok(record(&[("a", 1)]))).is_none());
         admit(&mut p, 1, &[("a", 1)]);
         assert!(p.is_full());
         p.dead_lettered(0);

@@ -39,11 +39,11 @@ pub const MAX_BATCH: usize = 256;
 /// cheap references, for a batch to come back. Eight kept a Redis server only 40% busy with
 /// 1 KB records; 32 matched the unbounded throughput (BENCHMARKS.md "Memory during a
 /// catch-up"). Retries waiting out their backoff are not counted.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 32;
+pub(crate) const MAX_BATCHES_IN_FLIGHT: usize = 32;
 
 /// A finished attempt.
 #[derive(Debug)]
-pub struct Attempt<K> {
+pub(crate) struct Attempt<K> {
     /// The caller's key of the delivery (its partition, generation and place in the window).
     pub key: K,
     pub delivery: Arc<Delivery>,
@@ -61,7 +61,7 @@ pub struct Attempt<K> {
 
 /// One call to the store, timed.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StoreCall {
+pub(crate) struct StoreCall {
     /// [`MailboxStore::backend`].
     pub backend: &'static str,
     /// `append` (one `append_many` of a batch) or `truncate_before`.
@@ -75,7 +75,7 @@ pub struct StoreCall {
 /// an attempt still waiting out its backoff never reaches the store once cancelled. A call
 /// already sent may still land; idempotent replay makes that harmless for the next owner.
 #[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<CancelState>);
+pub(crate) struct Cancel(Arc<CancelState>);
 
 #[derive(Debug, Default)]
 struct CancelState {
@@ -86,17 +86,17 @@ struct CancelState {
 }
 
 impl Cancel {
-    pub fn cancel(&self) {
+    pub(crate) fn cancel(&self) {
         self.0.cancelled.store(true, Ordering::Release);
         self.0.wake.notify_waiters();
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.cancelled.load(Ordering::Acquire)
     }
 
     /// Completes once [`cancel`](Self::cancel) was called.
-    pub async fn cancelled(&self) {
+    pub(crate) async fn cancelled(&self) {
         let woken = self.0.wake.notified();
         if self.is_cancelled() {
             return;
@@ -115,7 +115,7 @@ struct Queued<K> {
 }
 
 /// The store calls in flight.
-pub struct Runner<K> {
+pub(crate) struct Runner<K> {
     /// Deliveries started since the last flush, sent together at the next one.
     queued: Vec<Queued<K>>,
     /// Each future answers whether it was a counted batch, and its attempts.
@@ -126,8 +126,6 @@ pub struct Runner<K> {
     sent: usize,
     /// Attempts of finished batches not handed out yet.
     done: VecDeque<Attempt<K>>,
-    /// Deliveries queued or in flight (a batch counts all of its deliveries).
-    pending: usize,
 }
 
 impl<K> Default for Runner<K> {
@@ -138,7 +136,6 @@ impl<K> Default for Runner<K> {
             batches: 0,
             sent: 0,
             done: VecDeque::new(),
-            pending: 0,
         }
     }
 }
@@ -146,7 +143,7 @@ impl<K> Default for Runner<K> {
 impl<K: Send + Sync + 'static> Runner<K> {
     /// Starts one attempt of `delivery` against `target` after `delay`. An attempt without delay
     /// joins the next batch to `target`; a delayed one (a retry) goes on its own.
-    pub fn start(
+    pub(crate) fn start(
         &mut self,
         key: K,
         target: Arc<dyn MailboxStore>,
@@ -155,7 +152,6 @@ impl<K: Send + Sync + 'static> Runner<K> {
         delay: Duration,
         cancel: Cancel,
     ) {
-        self.pending += 1;
         let queued = Queued {
             key,
             target,
@@ -209,14 +205,12 @@ impl<K: Send + Sync + 'static> Runner<K> {
     }
 
     fn hand_out(&mut self) -> Option<Attempt<K>> {
-        let attempt = self.done.pop_front()?;
-        self.pending -= 1;
-        Some(attempt)
+        self.done.pop_front()
     }
 
     /// The next finished attempt; pending forever while nothing is in flight (so it can sit in
     /// a `select!` next to the source).
-    pub async fn next(&mut self) -> Attempt<K> {
+    pub(crate) async fn next(&mut self) -> Attempt<K> {
         self.flush();
         loop {
             if let Some(attempt) = self.hand_out() {
@@ -233,7 +227,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
     }
 
     /// A finished attempt if one is ready now, without waiting.
-    pub fn try_next(&mut self) -> Option<Attempt<K>> {
+    pub(crate) fn try_next(&mut self) -> Option<Attempt<K>> {
         use futures::FutureExt;
         self.flush();
         if let Some(attempt) = self.hand_out() {
@@ -251,15 +245,6 @@ impl<K: Send + Sync + 'static> Runner<K> {
             self.sent -= attempts.len();
         }
         self.done.extend(attempts);
-    }
-
-    /// Deliveries started and not handed back yet.
-    pub fn len(&self) -> usize {
-        self.pending
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pending == 0
     }
 }
 

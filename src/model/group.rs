@@ -29,7 +29,7 @@ impl Payload {
     ///
     /// Backends use this for payloads they stored themselves; the text is re-checked for being
     /// JSON so a corrupt stored value cannot be served as if it were valid.
-    pub fn from_canonical(text: &str) -> Result<Self, serde_json::Error> {
+    pub(crate) fn from_canonical(text: &str) -> Result<Self, serde_json::Error> {
         let value: serde_json::Value = serde_json::from_str(text)?;
         Ok(Self::from_value(&value))
     }
@@ -109,7 +109,7 @@ pub struct SourcePosition {
 
 impl SourcePosition {
     /// `partition:offset`, as the Redis meta and the Scylla meta row keep it.
-    pub fn encode(self) -> String {
+    pub(crate) fn encode(self) -> String {
         format!("{}:{}", self.partition, self.offset)
     }
 
@@ -124,7 +124,7 @@ impl SourcePosition {
 
     /// The position a mailbox keeps after a write from `incoming` when it held `held`: the
     /// later of the two within one partition, the incoming one otherwise.
-    pub fn after_write(held: Option<Self>, incoming: Option<Self>) -> Option<Self> {
+    pub(crate) fn after_write(held: Option<Self>, incoming: Option<Self>) -> Option<Self> {
         match (held, incoming) {
             (Some(h), Some(i)) if h.partition == i.partition => {
                 Some(if i.offset > h.offset { i } else { h })
@@ -139,12 +139,5 @@ impl EventGroup {
     /// The retention day of the group.
     pub fn day(&self) -> u64 {
         day_of_ms(self.created_at)
-    }
-
-    /// True when both groups carry the same `created_at` and the same events in the same order.
-    ///
-    /// This is the "identical content" test of a same-day replay (SPEC 4.2.8).
-    pub fn same_content(&self, created_at: u64, events: &[Event]) -> bool {
-        self.created_at == created_at && self.events == events
     }
 }

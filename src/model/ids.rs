@@ -8,7 +8,7 @@ use std::sync::Arc;
 pub const MAX_MAILBOX_SEQ: u64 = 9_999_999_999_999_999;
 
 /// Longest valid `user_id`, in bytes.
-pub const MAX_USER_ID_LEN: usize = 128;
+pub(crate) const MAX_USER_ID_LEN: usize = 128;
 
 /// Why a string is not a valid `user_id`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -30,7 +30,8 @@ pub enum AppendOutcome {
 }
 
 impl AppendOutcome {
-    pub const ALL: [AppendOutcome; 6] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [AppendOutcome; 6] = [
         Self::Inserted,
         Self::Unchanged,
         Self::Replaced,
@@ -81,7 +82,7 @@ pub struct ScanRequest {
 }
 
 /// Ceiling on `limit_groups`: bounds the memory of one page.
-pub const MAX_SCAN_LIMIT: u32 = 10_000;
+pub(crate) const MAX_SCAN_LIMIT: u32 = 10_000;
 
 /// One group as a reader sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

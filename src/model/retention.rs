@@ -12,12 +12,12 @@ pub const DAY_SECS: u64 = 86_400;
 ///
 /// Proofs in the meta are bounded by `max_active_span_days + 1` (SPEC 4.6 names 31 for the
 /// defaults); this ceiling keeps a misconfiguration from making per-mailbox metadata unbounded.
-pub const MAX_POLICY_DAYS: u32 = 3_650;
+pub(crate) const MAX_POLICY_DAYS: u32 = 3_650;
 
 /// Longest time to live a backend can hold, in seconds: Cassandra and ScyllaDB refuse `USING TTL`
 /// above 20 years. Redis has no such limit, but the same input must get the same outcome on every
 /// backend, so a policy whose rows could need more is refused for all of them.
-pub const MAX_TTL_SECS: u64 = 630_720_000;
+pub(crate) const MAX_TTL_SECS: u64 = 630_720_000;
 
 /// Why a retention policy is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,7 +85,7 @@ impl RetentionPolicy {
     /// The longest time to live any row may need: a group dated on the last day the future window
     /// admits, written at the first second of today, lives until that day's expiry,
     /// `(future_window_days + 1 + retention_days)` days later.
-    pub fn longest_ttl_secs(&self) -> u64 {
+    pub(crate) fn longest_ttl_secs(&self) -> u64 {
         (u64::from(self.future_window_days) + 1 + u64::from(self.retention_days)) * DAY_SECS
     }
 
@@ -95,17 +95,12 @@ impl RetentionPolicy {
     }
 
     /// The day whose expiry is `expires_at` (the inverse of [`expires_at`](Self::expires_at)).
-    pub fn day_of_expiry(&self, expires_at: u64) -> u64 {
+    pub(crate) fn day_of_expiry(&self, expires_at: u64) -> u64 {
         (expires_at / DAY_SECS).saturating_sub(1 + u64::from(self.retention_days))
     }
 
-    /// A day is expired once `expires_at(day) <= now`.
-    pub fn is_expired(&self, day: u64, now_secs: u64) -> bool {
-        self.expires_at(day) <= now_secs
-    }
-
     /// `day > today + future_window_days`.
-    pub fn is_beyond_future_window(&self, day: u64, now_secs: u64) -> bool {
+    pub(crate) fn is_beyond_future_window(&self, day: u64, now_secs: u64) -> bool {
         day > today(now_secs) + u64::from(self.future_window_days)
     }
 
@@ -116,7 +111,7 @@ impl RetentionPolicy {
 }
 
 /// The Unix day of a millisecond timestamp.
-pub fn day_of_ms(created_at_ms: u64) -> u64 {
+pub(crate) fn day_of_ms(created_at_ms: u64) -> u64 {
     created_at_ms / DAY_MS
 }
 
@@ -136,8 +131,6 @@ mod tests {
         let day = day_of_ms(1_764_633_600_123);
         assert_eq!(day, 20_424);
         assert_eq!(p.expires_at(day), (20_424 + 31) * 86_400);
-        assert!(!p.is_expired(day, p.expires_at(day) - 1));
-        assert!(p.is_expired(day, p.expires_at(day)));
     }
 
     #[test]

@@ -11,19 +11,19 @@ use super::group::SourcePosition;
 use super::retention::{today, RetentionPolicy};
 
 /// The retention format every backend reads and writes.
-pub const FORMAT_VERSION: u32 = 4;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 
 /// One day's proof in the meta (`bucket_max_seq:<day>`, `bucket_expires_at:<day>`); either field
 /// may be missing in a damaged meta.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Proof {
+pub(crate) struct Proof {
     pub max_seq: Option<u64>,
     pub expires_at: Option<u64>,
 }
 
 /// SPEC 4.2.4: a meta of another format (`found`, as stored) is never read or written.
 #[inline]
-pub fn check_format(found: Option<i64>) -> Result<(), StoreError> {
+pub(crate) fn check_format(found: Option<i64>) -> Result<(), StoreError> {
     match found {
         Some(version) if version != i64::from(FORMAT_VERSION) => {
             Err(StoreError::corrupt(CorruptKind::UnsupportedFormat {
@@ -37,7 +37,11 @@ pub fn check_format(found: Option<i64>) -> Result<(), StoreError> {
 /// SPEC 4.2 step 2: a `created_at` day beyond `today + future_window_days` is rejected before
 /// anything is touched.
 #[inline]
-pub fn check_future_window(policy: &RetentionPolicy, day: u64, now: u64) -> Result<(), StoreError> {
+pub(crate) fn check_future_window(
+    policy: &RetentionPolicy,
+    day: u64,
+    now: u64,
+) -> Result<(), StoreError> {
     if !policy.is_beyond_future_window(day, now) {
         return Ok(());
     }
@@ -59,7 +63,7 @@ pub fn future_created_at(policy: &RetentionPolicy, day: u64, now: u64) -> StoreE
 
 /// The refusal of SPEC 4.2 step 8 when adding `day` would make the active days span
 /// `low..=high`, as every backend words it.
-pub fn span_exceeded(policy: &RetentionPolicy, day: u64, low: u64, high: u64) -> StoreError {
+pub(crate) fn span_exceeded(policy: &RetentionPolicy, day: u64, low: u64, high: u64) -> StoreError {
     StoreError::rejected(
         RejectKind::SpanExceeded,
         format!(
@@ -72,7 +76,7 @@ pub fn span_exceeded(policy: &RetentionPolicy, day: u64, low: u64, high: u64) ->
 /// What SPEC 4.2 step 3 does with an append of `incoming` for a user whose current epoch is
 /// `current`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EpochStep {
+pub(crate) enum EpochStep {
     /// Older than the current epoch: `StaleEpoch`, nothing written.
     Stale,
     /// The current epoch.
@@ -83,7 +87,7 @@ pub enum EpochStep {
 }
 
 #[inline]
-pub fn epoch_step(current: Option<u64>, incoming: u64) -> EpochStep {
+pub(crate) fn epoch_step(current: Option<u64>, incoming: u64) -> EpochStep {
     match current {
         Some(c) if incoming < c => EpochStep::Stale,
         Some(c) if incoming == c => EpochStep::Current,
@@ -94,7 +98,7 @@ pub fn epoch_step(current: Option<u64>, incoming: u64) -> EpochStep {
 /// SPEC 4.3 and 4.4 step 1: an operation on the mailbox of `requested` when the user's epoch is
 /// `current`. `Ok(false)`: a user never written.
 #[inline]
-pub fn check_epoch(current: Option<u64>, requested: u64) -> Result<bool, StoreError> {
+pub(crate) fn check_epoch(current: Option<u64>, requested: u64) -> Result<bool, StoreError> {
     match current {
         None => Ok(false),
         Some(c) if c == requested => Ok(true),
@@ -106,7 +110,7 @@ pub fn check_epoch(current: Option<u64>, requested: u64) -> Result<bool, StoreEr
 
 /// Promote phase 1's result: what phase 2 applies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PromotePlan {
+pub(crate) struct PromotePlan {
     /// Days whose expiry has passed, in ascending order: their proofs and day-set members go.
     pub expired_days: Vec<u64>,
     /// The gap boundary after merging them.
@@ -118,7 +122,7 @@ pub struct PromotePlan {
 /// nothing of the promote may be applied.
 ///
 /// A day wholly below the trim proves no gap: its seqs were removed explicitly.
-pub fn plan_promote(
+pub(crate) fn plan_promote(
     day_set: impl IntoIterator<Item = (u64, u64)>,
     proof_of: impl Fn(u64) -> Proof,
     boundary: u64,
@@ -161,7 +165,11 @@ pub fn plan_promote(
 /// True when a proof that has not expired covers a seq at or above the trim: the meta proves that
 /// live groups exist (SPEC 4.2.6).
 #[inline]
-pub fn proves_live_groups(proofs: impl IntoIterator<Item = Proof>, trim: u64, now: u64) -> bool {
+pub(crate) fn proves_live_groups(
+    proofs: impl IntoIterator<Item = Proof>,
+    trim: u64,
+    now: u64,
+) -> bool {
     proofs
         .into_iter()
         .any(|p| p.expires_at.is_some_and(|e| e > now) && p.max_seq.is_some_and(|m| m >= trim))
@@ -170,7 +178,7 @@ pub fn proves_live_groups(proofs: impl IntoIterator<Item = Proof>, trim: u64, no
 /// SPEC 4.2.6: a meta proving live groups with the identity index wholly missing is
 /// `Corrupt(IndexLost)`; an identity index without meta is `Corrupt(MetaLost)`.
 #[inline]
-pub fn check_integrity(
+pub(crate) fn check_integrity(
     meta_exists: bool,
     proves_live_groups: bool,
     index_present: bool,
@@ -184,7 +192,7 @@ pub fn check_integrity(
 
 /// SPEC 4.4 steps 4 and 5.
 #[inline]
-pub fn check_cursor(after_seq: u64, trim: u64, boundary: u64) -> Result<(), StoreError> {
+pub(crate) fn check_cursor(after_seq: u64, trim: u64, boundary: u64) -> Result<(), StoreError> {
     if after_seq.saturating_add(1) < trim {
         return Err(StoreError::CursorExpired {
             cursor: CursorExpired::Trimmed {
@@ -202,7 +210,7 @@ pub fn check_cursor(after_seq: u64, trim: u64, boundary: u64) -> Result<(), Stor
 
 /// The facts SPEC 4.2 steps 7 and 8 decide on, read from the mailbox after its promote.
 #[derive(Debug, Clone, Copy)]
-pub struct AppendFacts {
+pub(crate) struct AppendFacts {
     pub seq: u64,
     pub day: u64,
     /// `user_trim_seq`.
@@ -217,7 +225,7 @@ pub struct AppendFacts {
 
 /// What an append does (SPEC 4.2 steps 7 and 8), when it is not refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppendStep {
+pub(crate) enum AppendStep {
     /// `seq < user_trim_seq`: `Trimmed`, nothing written but promote's changes.
     Trimmed,
     /// A live identity with the same expiry: `Unchanged` if the stored group is identical,
@@ -234,7 +242,7 @@ pub enum AppendStep {
 /// `seqbucket_max_seq` without identity, `Rejected(SpanExceeded)` when the day would stretch the
 /// active days beyond `max_active_span_days`.
 #[inline]
-pub fn append_step(
+pub(crate) fn append_step(
     policy: &RetentionPolicy,
     facts: &AppendFacts,
 ) -> Result<AppendStep, StoreError> {
@@ -287,7 +295,7 @@ pub fn append_step(
 /// it. It changes nothing and answers `Unchanged`. Writes without a position (`apply`), or from
 /// another partition, are never superseded.
 #[inline]
-pub fn superseded(held: Option<SourcePosition>, incoming: Option<SourcePosition>) -> bool {
+pub(crate) fn superseded(held: Option<SourcePosition>, incoming: Option<SourcePosition>) -> bool {
     matches!((held, incoming), (Some(h), Some(i)) if h.partition == i.partition && i.offset < h.offset)
 }
 
@@ -295,7 +303,7 @@ pub fn superseded(held: Option<SourcePosition>, incoming: Option<SourcePosition>
 /// otherwise everything up to `until_seq` (or up to `seqbucket_max_seq`, beyond which nothing was
 /// ever accepted) is covered.
 #[inline]
-pub fn page_up_to(
+pub(crate) fn page_up_to(
     after_seq: u64,
     until_seq: Option<u64>,
     seqbucket_max_seq: u64,
@@ -310,7 +318,7 @@ pub fn page_up_to(
 }
 
 /// SPEC 4.4 step 7 on a mailbox whose meta was there before the read and is gone after it.
-pub fn meta_vanished_during_scan() -> StoreError {
+pub(crate) fn meta_vanished_during_scan() -> StoreError {
     StoreError::corrupt(CorruptKind::BadProof {
         detail: "meta disappeared between the scan's read and its check".to_owned(),
     })

@@ -13,19 +13,19 @@ use super::outcome::{ScanRequest, MAX_SCAN_LIMIT};
 
 /// Largest canonical payload of one event, in bytes. Matches the default record size limit, so
 /// a payload that fits a record always fits here.
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// Most events in one group: bounds the work of one append and one replacement.
 pub const MAX_EVENTS_PER_GROUP: usize = 10_000;
 
 /// Largest `created_at` accepted (year 9999): keeps day and expiry arithmetic far from overflow.
-pub const MAX_CREATED_AT_MS: u64 = 253_402_300_799_999;
+pub(crate) const MAX_CREATED_AT_MS: u64 = 253_402_300_799_999;
 
 /// Checks a group against SPEC 4.1: field ranges, non-empty, unique ordinals.
 ///
 /// "All events in one day" holds by construction: an [`EventGroup`] carries one `created_at`
 /// (the dispatch's `committed_at`), so `CrossBucketGroup` cannot arise from a decoded record.
-pub fn validate_group(group: &EventGroup) -> Result<(), StoreError> {
+pub(crate) fn validate_group(group: &EventGroup) -> Result<(), StoreError> {
     let invalid = |detail: String| StoreError::rejected(RejectKind::InvalidField, detail);
     if group.mailbox_seq == 0 || group.mailbox_seq > MAX_MAILBOX_SEQ {
         return Err(invalid(format!(
@@ -84,7 +84,7 @@ fn first_duplicate_ordinal(group: &EventGroup) -> Option<usize> {
 }
 
 /// `before_seq` of a truncate: a valid mailbox seq.
-pub fn validate_before_seq(before_seq: u64) -> Result<(), StoreError> {
+pub(crate) fn validate_before_seq(before_seq: u64) -> Result<(), StoreError> {
     if before_seq == 0 || before_seq > MAX_MAILBOX_SEQ {
         return Err(StoreError::rejected(
             RejectKind::InvalidField,
@@ -95,7 +95,7 @@ pub fn validate_before_seq(before_seq: u64) -> Result<(), StoreError> {
 }
 
 /// `limit_groups` of a scan: `1..=MAX_SCAN_LIMIT`.
-pub fn validate_scan(request: &ScanRequest) -> Result<(), StoreError> {
+pub(crate) fn validate_scan(request: &ScanRequest) -> Result<(), StoreError> {
     if request.limit_groups == 0 || request.limit_groups > MAX_SCAN_LIMIT {
         return Err(StoreError::rejected(
             RejectKind::InvalidField,

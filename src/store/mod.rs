@@ -29,17 +29,17 @@ pub use open::{open, OpenedStore};
 /// [`MailboxStore::promoted_buckets_total`]; the daemon reports its increase as
 /// `promote_expired_buckets_total`, whatever write triggered the compaction.
 #[derive(Debug, Default)]
-pub struct PromotedBuckets(std::sync::atomic::AtomicU64);
+pub(crate) struct PromotedBuckets(std::sync::atomic::AtomicU64);
 
 impl PromotedBuckets {
     /// Counts `days` compacted by a promote that was applied.
-    pub fn add(&self, days: u64) {
+    pub(crate) fn add(&self, days: u64) {
         if days > 0 {
             self.0.fetch_add(days, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

@@ -28,7 +28,7 @@ impl OpenedStore {
     }
 
     /// Saves a memory store to its snapshot file, if one is configured.
-    pub fn persist(&self) -> Result<(), String> {
+    pub(crate) fn persist(&self) -> Result<(), String> {
         match &self.memory_snapshot {
             Some((store, path)) => store.save_snapshot(path).map_err(|e| e.to_string()),
             None => Ok(()),

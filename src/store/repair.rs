@@ -25,16 +25,14 @@ use crate::model::{
     StoreError, TruncateOutcome, UserId,
 };
 
-/// Lease of a repair fence. The repair renews it every [`REPAIR_RENEW_EVERY`] from a task of its
-/// own, so a rebuild that is busy (or a store call that is slow) never lets it lapse unnoticed;
-/// a process that dies stops renewing and the fence lapses by itself after at most this long.
+/// Default lease of a repair fence (`replay --fence-lease-secs`). The repair renews it every
+/// third of the lease from a task of its own (so two renewals may fail before it lapses), and a
+/// rebuild that is busy (or a store call that is slow) never lets it lapse unnoticed; a process
+/// that dies stops renewing and the fence lapses by itself after at most the lease.
 pub const REPAIR_LEASE: Duration = Duration::from_secs(60);
 
-/// How often the fence is renewed: a third of the lease, so two renewals may fail before it lapses.
-pub const REPAIR_RENEW_EVERY: Duration = Duration::from_secs(20);
-
 /// This machine's host name (as `hostname` prints it), `unknown` when it cannot be read.
-pub fn this_host() -> String {
+pub(crate) fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -72,7 +70,7 @@ impl RepairToken {
     }
 
     /// The host and pid a holder id names (`None` for an id of another form).
-    pub fn holder_process(holder: &str) -> Option<(&str, u32)> {
+    pub(crate) fn holder_process(holder: &str) -> Option<(&str, u32)> {
         let rest = holder.strip_prefix("repair-")?;
         let mut back = rest.rsplitn(3, '-');
         let (_counter, _nanos, host_pid) = (back.next()?, back.next()?, back.next()?);
@@ -82,7 +80,11 @@ impl RepairToken {
 
     /// A repair writes only its own user: a staging copy is per user, and a write for another
     /// would land outside the fence that guards it.
-    pub fn check_user(&self, user: &UserId, backend: &'static str) -> Result<(), StoreError> {
+    pub(crate) fn check_user(
+        &self,
+        user: &UserId,
+        backend: &'static str,
+    ) -> Result<(), StoreError> {
         if *user == self.user {
             Ok(())
         } else {
@@ -186,7 +188,7 @@ impl MailboxStore for StagingView {
 /// a store call that is slow, never delays them. [`Renewal::lost`] resolves when a fence is lost
 /// (`FenceLost`, or renewals failing until the lease must have lapsed): the repair must then
 /// abort without swapping.
-pub struct Renewal {
+pub(crate) struct Renewal {
     task: tokio::task::JoinHandle<()>,
     lost: tokio::sync::watch::Receiver<Option<String>>,
     /// The tokens still renewed; a swapped one leaves the set.
@@ -194,14 +196,9 @@ pub struct Renewal {
 }
 
 impl Renewal {
-    /// Renews every token every [`REPAIR_RENEW_EVERY`] for [`REPAIR_LEASE`]; a transient failure
-    /// is retried every second while the lease may still hold.
-    pub fn start(store: Arc<dyn MailboxStore>, tokens: Vec<RepairToken>) -> Self {
-        Self::start_with(store, tokens, REPAIR_LEASE, REPAIR_RENEW_EVERY)
-    }
-
-    /// [`Renewal::start`] with a chosen lease and period.
-    pub fn start_with(
+    /// Renews every token every `period` for `lease`; a transient failure is retried every
+    /// second while the lease may still hold.
+    pub(crate) fn start(
         store: Arc<dyn MailboxStore>,
         tokens: Vec<RepairToken>,
         lease: Duration,
@@ -259,7 +256,7 @@ impl Renewal {
     }
 
     /// Stops renewing `token` (its swap lifted the fence).
-    pub fn release(&self, token: &RepairToken) {
+    pub(crate) fn release(&self, token: &RepairToken) {
         self.tokens
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -267,7 +264,7 @@ impl Renewal {
     }
 
     /// Resolves with the reason once a fence is lost; pending forever otherwise.
-    pub async fn lost(&mut self) -> String {
+    pub(crate) async fn lost(&mut self) -> String {
         loop {
             if let Some(reason) = self.lost.borrow().clone() {
                 return reason;
@@ -280,12 +277,12 @@ impl Renewal {
     }
 
     /// The reason, if a fence is already lost.
-    pub fn is_lost(&self) -> Option<String> {
+    pub(crate) fn is_lost(&self) -> Option<String> {
         self.lost.borrow().clone()
     }
 
     /// Stops renewing.
-    pub fn stop(self) {
+    pub(crate) fn stop(self) {
         self.task.abort();
     }
 }

@@ -296,7 +296,7 @@ pub async fn replay(
         }
         // Renewed from now on: the Kafka calls below may take several timeouts, and a short
         // lease must not lapse before its first renewal.
-        renewal = Some(Renewal::start_with(
+        renewal = Some(Renewal::start(
             store.clone(),
             tokens.clone(),
             request.lease,

@@ -15,7 +15,7 @@ pub enum ProgressMode {
 
 impl ProgressMode {
     /// A bar on a terminal, lines otherwise.
-    pub fn for_stderr() -> Self {
+    pub(crate) fn for_stderr() -> Self {
         if std::io::stderr().is_terminal() {
             Self::Bar
         } else {

@@ -148,7 +148,8 @@ impl Policy<u8, ()> for Fixed {
     }
 }
 
-type TestDriver = Driver<u8, (), (), ()>;
+/// The window's meta is the record's offset.
+type TestDriver = Driver<u8, (), i64, ()>;
 
 fn driver(store: Arc<Flaky>) -> TestDriver {
     let mut driver = Driver::new(store);
@@ -162,7 +163,7 @@ async fn drain(driver: &mut TestDriver, policy: &mut Fixed) -> Result<Vec<i64>, 
     let mut finals = Vec::new();
     loop {
         for (_, window) in driver.windows_mut() {
-            finals.extend(window.pipeline.pop_final().into_iter().map(|r| r.offset));
+            finals.extend(window.pipeline.pop_final().into_iter().map(|r| r.meta));
         }
         if driver.is_empty() {
             return Ok(finals);
@@ -177,10 +178,10 @@ async fn a_retry_verdict_tries_again_and_the_lane_waits_behind_it() {
     let store = flaky(2);
     let mut driver = driver(store.clone());
     let mut policy = Fixed::new(|_| Verdict::Retry(Duration::from_millis(1)));
-    assert!(driver.admit(0, 10, (), 1, (), record(&["u-1"], 1), &mut policy));
-    assert!(driver.admit(0, 11, (), 1, (), record(&["u-1"], 2), &mut policy));
+    assert!(driver.admit(0, 10, (), 1, 10, record(&["u-1"], 1), &mut policy));
+    assert!(driver.admit(0, 11, (), 1, 11, record(&["u-1"], 2), &mut policy));
     assert!(
-        !driver.admit(0, 11, (), 1, (), record(&["u-1"], 2), &mut policy),
+        !driver.admit(0, 11, (), 1, 11, record(&["u-1"], 2), &mut policy),
         "a redelivered offset is ignored"
     );
     let finals = drain(&mut driver, &mut policy).await.expect("no stop");
@@ -218,8 +219,8 @@ async fn a_final_verdict_reports_the_result_and_the_lane_moves_on() {
     let store = flaky(1);
     let mut driver = driver(store.clone());
     let mut policy = Fixed::new(|_| Verdict::Final);
-    assert!(driver.admit(0, 1, (), 1, (), record(&["u-1"], 1), &mut policy));
-    assert!(driver.admit(0, 2, (), 1, (), record(&["u-1"], 2), &mut policy));
+    assert!(driver.admit(0, 1, (), 1, 1, record(&["u-1"], 1), &mut policy));
+    assert!(driver.admit(0, 2, (), 1, 2, record(&["u-1"], 2), &mut policy));
     let mut window = Vec::new();
     while window.len() < 2 {
         let attempt = driver.next().await;
@@ -245,7 +246,7 @@ async fn a_stop_verdict_ends_the_run_with_the_policys_reason() {
             Verdict::Retry(Duration::from_millis(1))
         }
     });
-    assert!(driver.admit(0, 1, (), 1, (), record(&["u-1"], 1), &mut policy));
+    assert!(driver.admit(0, 1, (), 1, 1, record(&["u-1"], 1), &mut policy));
     let stop = drain(&mut driver, &mut policy).await;
     assert_eq!(stop, Err("gave up after 3 attempts".to_owned()));
     assert!(policy.finals.is_empty());
@@ -258,7 +259,7 @@ async fn a_refused_record_is_final_only_once_its_dead_letter_is_done() {
     policy.done_at_once = false;
     let malformed = decode_record(b"{\"not\": \"a record\"}", DEFAULT_MAX_RECORD_BYTES);
     assert!(malformed.is_err());
-    assert!(driver.admit(0, 7, (), 1, (), malformed, &mut policy));
+    assert!(driver.admit(0, 7, (), 1, 7, malformed, &mut policy));
     assert_eq!(policy.letters, vec![7]);
     let pipeline = &mut driver.window_mut(&0).expect("open").pipeline;
     assert!(pipeline.pop_final().is_empty(), "waits for its letter");
@@ -270,7 +271,7 @@ async fn a_refused_record_is_final_only_once_its_dead_letter_is_done() {
     // A policy that reports refusals itself: final at once.
     policy.done_at_once = true;
     let malformed = decode_record(b"[]", DEFAULT_MAX_RECORD_BYTES);
-    assert!(driver.admit(0, 8, (), 1, (), malformed, &mut policy));
+    assert!(driver.admit(0, 8, (), 1, 8, malformed, &mut policy));
     let pipeline = &mut driver.window_mut(&0).expect("open").pipeline;
     assert_eq!(pipeline.pop_final().len(), 1);
 }
@@ -280,10 +281,10 @@ async fn a_closed_source_starts_nothing_and_its_late_answers_are_ignored() {
     let store = flaky(1);
     let mut driver = driver(store.clone());
     let mut policy = Fixed::new(|_| Verdict::Retry(Duration::from_millis(1)));
-    assert!(driver.admit(0, 1, (), 1, (), record(&["u-1"], 1), &mut policy));
+    assert!(driver.admit(0, 1, (), 1, 1, record(&["u-1"], 1), &mut policy));
     driver.begin_close(&0);
     assert!(
-        !driver.admit(0, 2, (), 1, (), record(&["u-2"], 1), &mut policy),
+        !driver.admit(0, 2, (), 1, 2, record(&["u-2"], 1), &mut policy),
         "a closing source admits nothing"
     );
     assert!(!driver.room_for_more(&0, 0));
@@ -317,7 +318,7 @@ async fn the_read_ahead_stops_at_a_batch_and_at_a_full_window() {
             "{offset} records in a window of 3"
         );
         let user = format!("u-{offset}");
-        assert!(driver.admit(0, offset, (), 1, (), record(&[&user], 1), &mut policy));
+        assert!(driver.admit(0, offset, (), 1, offset, record(&[&user], 1), &mut policy));
     }
     assert!(!driver.room_for_more(&0, 0), "full");
 }

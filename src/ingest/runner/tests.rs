@@ -107,7 +107,7 @@ async fn run(limit: Option<usize>, count: usize) -> usize {
     }
     let mut keys = Vec::new();
     let mut calls = Vec::new();
-    while !runner.is_empty() {
+    for _ in 0..count {
         let mut attempt = runner.next().await;
         calls.append(&mut attempt.calls);
         assert_eq!(

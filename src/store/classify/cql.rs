@@ -42,7 +42,7 @@ pub trait CqlFailure: std::fmt::Display {
 /// request that names a table or keyspace the server does not have ("unconfigured table",
 /// "Keyspace ... does not exist") is about the server's schema, not the record (SPEC 7, error
 /// classes): transient, so the records wait with readiness false until the schema is back.
-pub fn db_error_class(error: &DbError, message: &str) -> Class {
+pub(crate) fn db_error_class(error: &DbError, message: &str) -> Class {
     if matches!(error, DbError::Invalid) && is_missing_schema(message) {
         tracing::error!(error = %message, "the CQL server lacks the table or keyspace: records wait until the schema exists (check-config --connect creates it)");
         return Class::Transient;

@@ -128,7 +128,7 @@ fn is_script_error(text: &str) -> bool {
 
 /// A script reply whose shape or code this build does not know. The scripts ship inside the
 /// binary, so the same input gets the same reply again: deterministic, never retried forever.
-pub fn unexpected_reply(detail: String) -> StoreError {
+pub(crate) fn unexpected_reply(detail: String) -> StoreError {
     tracing::error!(detail = %detail, "unexpected Redis script reply");
     refused(BACKEND, format!("unexpected script reply: {detail}"))
 }
@@ -136,7 +136,7 @@ pub fn unexpected_reply(detail: String) -> StoreError {
 /// A write that fewer replicas acknowledged (`WAIT`) than `store.redis.wait_replicas` asks for:
 /// transient. The write may or may not survive a failover, so it never counts as final; the
 /// retry is an idempotent replay.
-pub fn too_few_replicas(acks: i64, wanted: u32, timeout_ms: u64) -> StoreError {
+pub(crate) fn too_few_replicas(acks: i64, wanted: u32, timeout_ms: u64) -> StoreError {
     transient(
         BACKEND,
         format!(

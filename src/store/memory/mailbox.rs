@@ -19,7 +19,7 @@ use crate::store::fault::Corruption;
 ///
 /// Older epochs are deleted when the user moves on, so only one mailbox is ever held.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub struct UserState {
+pub(crate) struct UserState {
     /// `P:epoch:T`: the largest epoch ever appended; `None` for a user never written.
     epoch: Option<u32>,
     mailbox: Mailbox,
@@ -177,12 +177,12 @@ fn canonical_events(events: &[Event]) -> Arc<[Event]> {
 
 impl UserState {
     /// Whether any key of this user exists.
-    pub fn exists(&self) -> bool {
+    pub(super) fn exists(&self) -> bool {
         self.epoch.is_some()
     }
 
     /// SPEC 4.2, steps 3 to 8 (validation and the future window ran before the lock was taken).
-    pub fn append(
+    pub(super) fn append(
         &mut self,
         policy: &RetentionPolicy,
         now: u64,
@@ -283,7 +283,7 @@ impl UserState {
     }
 
     /// SPEC 4.3.
-    pub fn truncate_before(
+    pub(super) fn truncate_before(
         &mut self,
         now: u64,
         epoch: u32,
@@ -318,7 +318,7 @@ impl UserState {
     }
 
     /// SPEC 4.4 steps 1 to 6. `Ok(None)` means nothing was read (reverse range, empty mailbox).
-    pub fn scan_read(
+    pub(crate) fn scan_read(
         &mut self,
         now: u64,
         epoch: u32,
@@ -346,7 +346,7 @@ impl UserState {
 
     /// SPEC 4.4 step 7: promote again after the read and refuse a page whose coverage expiry
     /// crossed meanwhile.
-    pub fn scan_verify(
+    pub(crate) fn scan_verify(
         &mut self,
         now: u64,
         epoch: u32,
@@ -368,12 +368,12 @@ impl UserState {
 
     /// Days compacted by this user's promotes since the last call (the store adds them to its
     /// count after every operation).
-    pub fn take_promoted(&mut self) -> u64 {
+    pub(crate) fn take_promoted(&mut self) -> u64 {
         std::mem::take(&mut self.mailbox.promoted)
     }
 
     /// SPEC 4.5 for the mailbox of `epoch`, if it is the current one.
-    pub fn promote(&mut self, now: u64, epoch: u32) -> Result<PromoteOutcome, StoreError> {
+    pub(super) fn promote(&mut self, now: u64, epoch: u32) -> Result<PromoteOutcome, StoreError> {
         if self.epoch != Some(epoch) {
             return Ok(PromoteOutcome::default());
         }
@@ -392,7 +392,7 @@ impl UserState {
         })
     }
 
-    pub fn inspect(&mut self, now: u64, epoch: u32) -> MailboxInspection {
+    pub(super) fn inspect(&mut self, now: u64, epoch: u32) -> MailboxInspection {
         let mailbox_present = self.epoch == Some(epoch);
         let mailbox = &mut self.mailbox;
         mailbox.expire_physically(now);
@@ -429,18 +429,18 @@ impl UserState {
     }
 
     /// Groups readable in the current epoch's mailbox after physical expiry (a repair's report).
-    pub fn group_count(&mut self, now: u64) -> u64 {
+    pub(crate) fn group_count(&mut self, now: u64) -> u64 {
         self.mailbox.expire_physically(now);
         self.mailbox.groups.len() as u64
     }
 
     /// The whole state, after physical expiry, as text.
-    pub fn dump(&mut self, now: u64) -> String {
+    pub(super) fn dump(&mut self, now: u64) -> String {
         self.mailbox.expire_physically(now);
         format!("{self:?}")
     }
 
-    pub fn inject(&mut self, epoch: u32, corruption: &Corruption, now: u64) -> bool {
+    pub(super) fn inject(&mut self, epoch: u32, corruption: &Corruption, now: u64) -> bool {
         if self.epoch != Some(epoch) {
             return false;
         }
@@ -479,6 +479,7 @@ impl UserState {
 
 /// Hints the CPU to load the cache lines of an `Arc`'s header and first bytes of data.
 #[inline]
+#[allow(unsafe_code)] // each unsafe block below says why it is sound
 fn prefetch<T: ?Sized>(shared: &Arc<T>) {
     #[cfg(target_arch = "x86_64")]
     {

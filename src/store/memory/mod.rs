@@ -35,7 +35,7 @@ use mailbox::UserState;
 
 /// Number of lock shards. A power of two well above the core count keeps contention between
 /// unrelated mailboxes negligible.
-pub const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 64;
 
 /// The memory backend. Cheap to share behind an `Arc`.
 pub struct MemoryStore {

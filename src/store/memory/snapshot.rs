@@ -72,7 +72,7 @@ impl MemoryStore {
 
     /// Writes the whole store to `path` (through a temporary file and a rename, so a crash never
     /// leaves a half-written snapshot).
-    pub fn save_snapshot(&self, path: &Path) -> Result<(), SnapshotError> {
+    pub(crate) fn save_snapshot(&self, path: &Path) -> Result<(), SnapshotError> {
         let io = |source| SnapshotError::Io {
             path: path.to_owned(),
             source,

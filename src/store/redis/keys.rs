@@ -119,7 +119,7 @@ impl MailboxKeys {
 /// The keys of a user that do not depend on an epoch: the live and staging epoch keys and the
 /// fence. Everything else of the user is named from the epochs they hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserKeys {
+pub(crate) struct UserKeys {
     pub live_stem: String,
     pub staging_stem: String,
     /// `P:epoch:{user}`
@@ -131,7 +131,7 @@ pub struct UserKeys {
 }
 
 impl UserKeys {
-    pub fn new(prefix: &str, user: &UserId) -> Self {
+    pub(crate) fn new(prefix: &str, user: &UserId) -> Self {
         let tag = tag(user);
         let live_stem = KeySet::Live.stem(prefix);
         let staging_stem = KeySet::Staging.stem(prefix);
@@ -146,24 +146,24 @@ impl UserKeys {
 }
 
 /// `P:repair:{user}`: the repair fence of a user.
-pub fn repair_key(prefix: &str, user: &UserId) -> String {
+pub(crate) fn repair_key(prefix: &str, user: &UserId) -> String {
     format!("{prefix}:repair:{}", tag(user))
 }
 
 /// The pattern matching every live meta key of prefix `P` (for the patrol's SCAN), and no key
 /// of a deployment whose prefix merely starts with `P:mbmeta`.
-pub fn meta_pattern(prefix: &str) -> String {
+pub(crate) fn meta_pattern(prefix: &str) -> String {
     format!("{prefix}:mbmeta:\\{{*")
 }
 
 /// The pattern matching every staging epoch key of prefix `P`: one per user with a staging copy
 /// (for the garbage collection of crashed repairs).
-pub fn staging_epoch_pattern(prefix: &str) -> String {
+pub(crate) fn staging_epoch_pattern(prefix: &str) -> String {
     format!("{}epoch:\\{{*", KeySet::Staging.stem(prefix))
 }
 
 /// Parses `P:mbmeta:{user}:<epoch>` back into its mailbox.
-pub fn parse_meta_key(prefix: &str, key: &str) -> Option<MailboxId> {
+pub(crate) fn parse_meta_key(prefix: &str, key: &str) -> Option<MailboxId> {
     let rest = key.strip_prefix(prefix)?.strip_prefix(":mbmeta:{")?;
     let (user, epoch) = rest.rsplit_once("}:")?;
     Some(MailboxId::new(
@@ -173,7 +173,7 @@ pub fn parse_meta_key(prefix: &str, key: &str) -> Option<MailboxId> {
 }
 
 /// Parses `P:stgepoch:{user}` back into its user.
-pub fn parse_staging_epoch_key(prefix: &str, key: &str) -> Option<UserId> {
+pub(crate) fn parse_staging_epoch_key(prefix: &str, key: &str) -> Option<UserId> {
     let user = key
         .strip_prefix(&KeySet::Staging.stem(prefix))?
         .strip_prefix("epoch:{")?
@@ -191,7 +191,7 @@ pub fn event_member(seq: u64, ordinal: u32, created_at: u64, payload: &str) -> S
 }
 
 /// The parts of a day bucket member.
-pub fn parse_event_member(member: &str) -> Option<(u64, u32, u64, &str)> {
+pub(crate) fn parse_event_member(member: &str) -> Option<(u64, u32, u64, &str)> {
     let mut parts = member.splitn(4, '|');
     let seq = parts.next()?.parse().ok()?;
     let ordinal = parts.next()?.parse().ok()?;

@@ -71,7 +71,7 @@ impl Default for Scripts {
 
 /// The negative reply codes of the scripts (`lua/includes/common.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScriptCode {
+pub(crate) enum ScriptCode {
     FutureCreatedAt,
     SpanExceeded,
     CrossDay,
@@ -88,7 +88,7 @@ pub enum ScriptCode {
 }
 
 impl ScriptCode {
-    pub fn from_code(code: i64) -> Option<Self> {
+    pub(crate) fn from_code(code: i64) -> Option<Self> {
         Some(match code {
             -1 => Self::FutureCreatedAt,
             -2 => Self::SpanExceeded,

@@ -31,12 +31,12 @@ pub(super) struct Commit<'s> {
 
 impl<'s> Commit<'s> {
     /// The meta this commit writes compacted `days` expired days.
-    pub fn count_promoted(&mut self, days: usize) {
+    pub(crate) fn count_promoted(&mut self, days: usize) {
         self.promoted_days = days as u64;
     }
 
     /// A commit that applies only if the partition's version is still `expected`.
-    pub fn new(statements: &'s Statements, user: &str, expected: Option<i64>) -> Self {
+    pub(super) fn new(statements: &'s Statements, user: &str, expected: Option<i64>) -> Self {
         let next = expected.unwrap_or(0) + 1;
         let mut commit = Self {
             statements,
@@ -57,7 +57,7 @@ impl<'s> Commit<'s> {
     }
 
     /// The slot's meta row: generation, epoch and every V4 field, written whole.
-    pub fn write_meta(&mut self, slot: i32, generation: i64, epoch: i64, meta: &Meta) {
+    pub(crate) fn write_meta(&mut self, slot: i32, generation: i64, epoch: i64, meta: &Meta) {
         let map = |m: &BTreeMap<u64, u64>| -> BTreeMap<i64, i64> {
             m.iter().map(|(&k, &v)| (stored(k), stored(v))).collect()
         };
@@ -78,20 +78,27 @@ impl<'s> Commit<'s> {
         self.push(&self.statements.write_meta, Box::new(values));
     }
 
-    pub fn put_identity(&mut self, slot: i32, seq: i64, expires_at: i64, digest: i64, ttl: i32) {
+    pub(crate) fn put_identity(
+        &mut self,
+        slot: i32,
+        seq: i64,
+        expires_at: i64,
+        digest: i64,
+        ttl: i32,
+    ) {
         let values = (self.user.clone(), slot, seq, expires_at, digest, ttl);
         self.push(&self.statements.put_identity, Box::new(values));
     }
 
     /// Deletes the identity rows of `slot` with `lo < seq < hi`.
-    pub fn delete_identities(&mut self, slot: i32, lo: i64, hi: i64) {
+    pub(crate) fn delete_identities(&mut self, slot: i32, lo: i64, hi: i64) {
         let values = (self.user.clone(), slot, lo, hi);
         self.push(&self.statements.delete_identities, Box::new(values));
     }
 
     /// Deletes every identity row of `slot` except `keep` (a range tombstone covering a row
     /// written in the same batch would shadow it: both carry the batch's timestamp).
-    pub fn delete_identities_except(&mut self, slot: i32, keep: Option<i64>) {
+    pub(crate) fn delete_identities_except(&mut self, slot: i32, keep: Option<i64>) {
         match keep {
             Some(seq) => {
                 self.delete_identities(slot, 0, seq);
@@ -103,22 +110,22 @@ impl<'s> Commit<'s> {
 
     /// Deletes a whole slot (meta row and identities). Nothing else may write to the slot in the
     /// same batch, for the reason above.
-    pub fn delete_slot(&mut self, slot: i32) {
+    pub(crate) fn delete_slot(&mut self, slot: i32) {
         let values = (self.user.clone(), slot);
         self.push(&self.statements.delete_slot, Box::new(values));
     }
 
-    pub fn set_fence(&mut self, holder: &str, until: u64, ttl: i32) {
+    pub(crate) fn set_fence(&mut self, holder: &str, until: u64, ttl: i32) {
         let values = (ttl, holder.to_owned(), stored(until), self.user.clone());
         self.push(&self.statements.set_fence, Box::new(values));
     }
 
-    pub fn clear_fence(&mut self) {
+    pub(crate) fn clear_fence(&mut self) {
         let values = (self.user.clone(),);
         self.push(&self.statements.clear_fence, Box::new(values));
     }
 
-    pub fn set_live_slot(&mut self, slot: i32) {
+    pub(crate) fn set_live_slot(&mut self, slot: i32) {
         let values = (slot, self.user.clone());
         self.push(&self.statements.set_live_slot, Box::new(values));
     }

@@ -38,7 +38,7 @@ mod armed {
 
     impl Failpoints {
         /// Counts one write; fails the operation there when it was the armed one.
-        pub fn after_write(&self) -> Result<(), StoreError> {
+        pub(crate) fn after_write(&self) -> Result<(), StoreError> {
             if self.left.load(Ordering::SeqCst) < 0 {
                 return Ok(());
             }
@@ -52,7 +52,7 @@ mod armed {
             Ok(())
         }
 
-        pub async fn before_commit(&self) {
+        pub(crate) async fn before_commit(&self) {
             let hook = lock(&self.before_commit).clone();
             if let Some(hook) = hook {
                 hook().await;
@@ -60,7 +60,7 @@ mod armed {
         }
 
         /// Runs (and removes) the hook between a scan's identity and event reads.
-        pub async fn between_scan_reads(&self) {
+        pub(crate) async fn between_scan_reads(&self) {
             let hook = lock(&self.between_scan_reads).take();
             if let Some(hook) = hook {
                 hook().await;
@@ -102,13 +102,13 @@ pub(super) struct Failpoints {
 #[cfg(not(feature = "failpoints"))]
 impl Failpoints {
     #[inline(always)]
-    pub fn after_write(&self) -> Result<(), crate::model::StoreError> {
+    pub(crate) fn after_write(&self) -> Result<(), crate::model::StoreError> {
         Ok(())
     }
 
     #[inline(always)]
-    pub async fn before_commit(&self) {}
+    pub(crate) async fn before_commit(&self) {}
 
     #[inline(always)]
-    pub async fn between_scan_reads(&self) {}
+    pub(crate) async fn between_scan_reads(&self) {}
 }

@@ -33,7 +33,7 @@
 /// partition holds at most a week of one mailbox's events. Expiry stays exact per day: every row
 /// carries its own TTL, and a scan's seq range never reaches the rows of days that expired (their
 /// seqs are at or below the gap boundary, which a cursor never precedes).
-pub const DAYS_PER_EVENT_PARTITION: i64 = 7;
+pub(crate) const DAYS_PER_EVENT_PARTITION: i64 = 7;
 
 /// The `mailbox_events` partition bucket of `day`.
 pub fn event_bucket(day: i64) -> i64 {
@@ -41,15 +41,15 @@ pub fn event_bucket(day: i64) -> i64 {
 }
 
 /// The kind of a column in `system_schema.columns`.
-pub const PARTITION_KEY: &str = "partition_key";
-pub const CLUSTERING: &str = "clustering";
-pub const REGULAR: &str = "regular";
+pub(crate) const PARTITION_KEY: &str = "partition_key";
+pub(crate) const CLUSTERING: &str = "clustering";
+pub(crate) const REGULAR: &str = "regular";
 
 /// One expected column: name, CQL type (`system_schema.columns.type`) and kind.
-pub type Column = (&'static str, &'static str, &'static str);
+pub(crate) type Column = (&'static str, &'static str, &'static str);
 
 /// Columns every table must have.
-pub const EXPECTED: &[(&str, &[Column])] = &[
+pub(crate) const EXPECTED: &[(&str, &[Column])] = &[
     (
         "user_mailbox",
         &[
@@ -101,10 +101,11 @@ pub const EXPECTED: &[(&str, &[Column])] = &[
 /// created before them (`ALTER TABLE ... ADD`, an error for a column already there is ignored).
 /// `user_mailbox.source_position`: the log position of the last write that changed the slot's
 /// mailbox, on its meta row (zombie fencing, `model::rules::superseded`).
-pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("user_mailbox", "source_position", "text")];
+pub(crate) const ADDED_COLUMNS: &[(&str, &str, &str)] =
+    &[("user_mailbox", "source_position", "text")];
 
 /// The statements that create the schema (idempotent).
-pub fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
+pub(crate) fn create_statements(keyspace: &str, replication: &str) -> Vec<String> {
     vec![
         format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"),
         format!(

@@ -32,11 +32,11 @@ pub(super) struct Meta {
 }
 
 impl Meta {
-    pub fn exists(&self) -> bool {
+    pub(super) fn exists(&self) -> bool {
         self.format_version.is_some()
     }
 
-    pub fn check_format(&self) -> Result<(), StoreError> {
+    pub(crate) fn check_format(&self) -> Result<(), StoreError> {
         rules::check_format(self.format_version.map(i64::from))
     }
 
@@ -49,7 +49,7 @@ impl Meta {
 
     /// Promote phase 1 and 2 on this in-memory copy (SPEC 4.5): validates every expired day,
     /// then merges them. Returns the days compacted; on a bad proof nothing is changed.
-    pub fn promote(&mut self, now: u64) -> Result<Vec<u64>, StoreError> {
+    pub(super) fn promote(&mut self, now: u64) -> Result<Vec<u64>, StoreError> {
         let plan = rules::plan_promote(
             self.days.iter().map(|(&day, &score)| (day, score)),
             |day| self.proof(day),
@@ -66,12 +66,12 @@ impl Meta {
         Ok(plan.expired_days)
     }
 
-    pub fn check_cursor(&self, after: u64) -> Result<(), StoreError> {
+    pub(crate) fn check_cursor(&self, after: u64) -> Result<(), StoreError> {
         rules::check_cursor(after, self.user_trim_seq, self.expired_gap_boundary)
     }
 
     /// SPEC 4.2.6.
-    pub fn proves_live_groups(&self, now: u64) -> bool {
+    pub(crate) fn proves_live_groups(&self, now: u64) -> bool {
         let days: BTreeSet<u64> = self
             .proof_max_seq
             .keys()
@@ -86,7 +86,7 @@ impl Meta {
     }
 
     /// The first and last day of the day set.
-    pub fn active_days(&self) -> Option<(u64, u64)> {
+    pub(super) fn active_days(&self) -> Option<(u64, u64)> {
         self.days
             .first_key_value()
             .zip(self.days.last_key_value())
@@ -95,7 +95,7 @@ impl Meta {
 
     /// The event partitions (buckets) of every day this meta knows of: where a generation's
     /// live rows are.
-    pub fn known_buckets(&self) -> BTreeSet<i64> {
+    pub(crate) fn known_buckets(&self) -> BTreeSet<i64> {
         self.days
             .keys()
             .chain(self.proof_max_seq.keys())
@@ -132,7 +132,7 @@ pub(super) struct Fence {
 }
 
 impl Fence {
-    pub fn live(&self, now: u64) -> bool {
+    pub(super) fn live(&self, now: u64) -> bool {
         now < self.until
     }
 }
@@ -160,17 +160,17 @@ pub(super) struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn staging_slot(&self) -> i32 {
+    pub(crate) fn staging_slot(&self) -> i32 {
         1 - self.live_slot
     }
 
-    pub fn slot(&self, slot: i32) -> &Slot {
+    pub(super) fn slot(&self, slot: i32) -> &Slot {
         &self.slots[slot_index(slot)]
     }
 
     /// The identity of `seq` in `slot` (its expiry and digest), if its row was read and has not
     /// expired.
-    pub fn live_identity(&self, slot: i32, seq: i64, now: u64) -> Option<(u64, i64)> {
+    pub(crate) fn live_identity(&self, slot: i32, seq: i64, now: u64) -> Option<(u64, i64)> {
         self.identities
             .get(&(slot, seq))
             .map(|&(expires_at, digest)| (unsigned(expires_at), digest))
@@ -178,7 +178,7 @@ impl Snapshot {
     }
 
     /// Decides which slot a writer may change, or why it may not (SPEC 7.1).
-    pub fn admit(&self, writer: Writer<'_>, now: u64) -> Result<Admission, StoreError> {
+    pub(crate) fn admit(&self, writer: Writer<'_>, now: u64) -> Result<Admission, StoreError> {
         match writer {
             Writer::Live => match &self.fence {
                 Some(fence) if fence.live(now) => Err(StoreError::UnderRepair {
@@ -264,7 +264,7 @@ pub(super) struct PartitionRow {
 }
 
 impl Snapshot {
-    pub fn from_rows(rows: impl IntoIterator<Item = PartitionRow>) -> Self {
+    pub(crate) fn from_rows(rows: impl IntoIterator<Item = PartitionRow>) -> Self {
         let mut snapshot = Snapshot::default();
         for row in rows {
             match (row.slot, row.seq) {
