@@ -197,25 +197,25 @@ fn read_lines(
 }
 
 /// Why a run stops: the line (0: none), the message and the exit status.
-type Failure = (u64, String, ExitCode);
+pub(super) type Failure = (u64, String, ExitCode);
 
-/// `apply`'s answers to results the table does not make final: it reports a corrupt mailbox
-/// (exit 3 at the end) instead of waiting for its repair, stops at a repair's fence, and
-/// retries an unreachable store a few times before it gives up.
-struct ApplyPolicy;
+/// `apply`'s answers (and `dlq redrive`'s) to results the table does not make final: it reports
+/// a corrupt mailbox (exit 3 at the end) instead of waiting for its repair, stops at a repair's
+/// fence, and retries an unreachable store a few times before it gives up. The [`Failure`]
+/// names the window's offset (`apply`: the line).
+pub(super) struct ApplyPolicy;
 
-impl Policy<(), ()> for ApplyPolicy {
+impl<S> Policy<S, ()> for ApplyPolicy {
     type Stop = Failure;
 
     fn not_final(
         &mut self,
-        step: Step<'_, ()>,
+        step: Step<'_, S>,
         _state: &mut (),
         result: &Result<DeliveryOutcome, StoreError>,
         disposition: Disposition,
     ) -> Verdict<Failure> {
-        // The window's offsets are the line numbers.
-        let line = step.at.offset as u64;
+        let line = u64::try_from(step.at.offset).unwrap_or(0);
         let error = result.as_ref().err();
         let detail = match error {
             Some(StoreError::Unavailable { detail, .. }) => detail.clone(),
@@ -249,11 +249,19 @@ impl Policy<(), ()> for ApplyPolicy {
     }
 }
 
+/// Whether one of a final record's deliveries met a corrupt mailbox.
+pub(super) fn is_corrupt(record: &FinalRecord<impl Sized>) -> bool {
+    record
+        .deliveries
+        .iter()
+        .any(|(_, r)| matches!(r, Err(StoreError::Corrupt { .. })))
+}
+
 /// Prints a final record's lines; true when one of its deliveries met a corrupt mailbox.
 fn print_record(out: &mut impl Write, record: &FinalRecord<u64>) -> bool {
     let line = record.meta;
     if let Some(error) = &record.malformed {
-        print_line(out, &ApplyLine::malformed(line, error));
+        print_line(out, &ApplyLine::malformed(Some(line), error));
         return false;
     }
     let mut corrupt = false;
@@ -264,7 +272,7 @@ fn print_record(out: &mut impl Write, record: &FinalRecord<u64>) -> bool {
             mailbox_seq: delivery.mailbox_seq(),
             result: result.clone(),
         };
-        print_line(out, &ApplyLine::delivery(line, &result));
+        print_line(out, &ApplyLine::delivery(Some(line), &result));
     }
     corrupt
 }

@@ -7,6 +7,7 @@
 mod apply;
 mod check_config;
 mod demo;
+mod dlq;
 mod output;
 mod run;
 
@@ -111,6 +112,9 @@ pub enum Command {
     /// Re-read one partition from an offset or a time with its own assignment (no group commits)
     /// and apply it again; prints a JSON summary. Exit 3 if a mailbox stays corrupt.
     Replay(run::ReplayArgs),
+    /// The dead-letter topic: list and show its letters, and re-drive their records once the
+    /// cause is fixed.
+    Dlq(dlq::DlqArgs),
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +204,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Demo(args) => return demo::run(&config, args).await,
         Command::Run => return run::daemon(&config).await,
         Command::Replay(args) => return run::replay(&config, args).await,
+        Command::Dlq(args) => return dlq::run(&config, args).await,
         _ => {}
     }
     let opened = match open_store(&config).await {
@@ -218,7 +223,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Demo(_)
         | Command::Patrol(_)
         | Command::Run
-        | Command::Replay(_) => ExitCode::SUCCESS,
+        | Command::Replay(_)
+        | Command::Dlq(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,

@@ -10,7 +10,9 @@ use crate::model::{CursorExpired, StoreError};
 /// One line of `materializer apply`.
 #[derive(Debug, Serialize)]
 pub(crate) struct ApplyLine<'a> {
-    pub line: u64,
+    /// The input line (`apply`); none in `dlq redrive`, whose record line names its letter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -34,7 +36,7 @@ pub(crate) struct LineError {
 }
 
 impl<'a> ApplyLine<'a> {
-    pub(super) fn delivery(line: u64, delivery: &'a DeliveryResult) -> Self {
+    pub(super) fn delivery(line: Option<u64>, delivery: &'a DeliveryResult) -> Self {
         let (outcome, user_trim_seq, error) = match &delivery.result {
             Ok(outcome) => {
                 let trim = match outcome {
@@ -66,7 +68,7 @@ impl<'a> ApplyLine<'a> {
         }
     }
 
-    pub(super) fn malformed(line: u64, error: &DecodeError) -> Self {
+    pub(super) fn malformed(line: Option<u64>, error: &DecodeError) -> Self {
         Self {
             line,
             user_id: None,

@@ -32,6 +32,7 @@
 //! - **Shutdown.** SIGTERM/SIGINT: stop fetching, drain until the deadline, commit, leave.
 
 pub(crate) mod dead_letter;
+pub(crate) mod dlq_reader;
 pub mod engine;
 pub(crate) mod fetch_waker;
 pub mod health;

@@ -1,0 +1,183 @@
+//! `materializer dlq` end to end on a real broker and redis-server: a store whose clock is 40
+//! days behind (beyond the 30-day future window) dead-letters every record as `future_created_at`; `list` and `show` read the
+//! letters back, a re-drive before the fix is refused again and commits nothing, the clock is
+//! fixed, the re-drive lands every record (the mailboxes equal the memory reference), a second
+//! re-drive finds nothing new, and one from the beginning answers `unchanged` throughout.
+
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::cli::{json_lines, numbered_dispatches, run_materializer};
+use support::kafka::{create_topic, produce, read_all, unique, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+use support::reference::{assert_same_state, now_ms, redis_store, reference, scan_seqs};
+
+const RECORDS: usize = 40;
+
+fn now_secs() -> u64 {
+    now_ms() / 1000
+}
+
+fn dlq(config: &Path, args: &[&str]) -> (Output, Vec<Value>) {
+    let config = config.to_str().expect("utf-8 path");
+    let mut all = vec!["--config", config, "dlq"];
+    all.extend_from_slice(args);
+    let out = run_materializer(&all, None);
+    let lines = json_lines(&out);
+    (out, lines)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
+    let redis = RedisServer::start(Clock::Fake(now_secs() - 40 * 86_400), Listen::Unix, &[]);
+    let setup = DaemonSetup::new("dlqredrive", Some(redis.url()));
+    create_topic(&setup.topic, 2).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let tag = unique("dlq");
+    // Line n goes to user n % 37: each user stays on one partition (its source order).
+    let mut records: Vec<(i32, Vec<u8>)> = numbered_dispatches(&tag, RECORDS, now_ms())
+        .lines()
+        .enumerate()
+        .map(|(i, line)| (((i + 1) % 37 % 2) as i32, line.as_bytes().to_vec()))
+        .collect();
+    records.push((1, b"{not json".to_vec()));
+    let offsets = produce(&setup.topic, &records).await;
+
+    // The daemon dead-letters every record: the store's clock says they are from the future.
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "every record dead-lettered",
+        Duration::from_secs(60),
+        || read_all(&setup.dlq_topic).len() > RECORDS,
+        || daemon.log(),
+    );
+    daemon.terminate(Duration::from_secs(20));
+    let config = setup.config_file(free_port());
+
+    // list: one line per letter, filtered by kind or outcome.
+    let (out, letters) = dlq(&config, &["list", "--kind", "future_created_at"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(letters.len(), RECORDS);
+    let mut sources: Vec<(i64, i64)> = letters
+        .iter()
+        .map(|l| {
+            assert_eq!(l["kind"], "future_created_at");
+            assert_eq!(l["outcome"], "rejected");
+            assert_eq!(l["source_topic"], setup.topic.as_str());
+            assert_eq!(l["truncated"], false);
+            (
+                l["source_partition"].as_i64().expect("partition"),
+                l["source_offset"].as_i64().expect("offset"),
+            )
+        })
+        .collect();
+    sources.sort_unstable();
+    let mut want: Vec<(i64, i64)> = records[..RECORDS]
+        .iter()
+        .zip(&offsets)
+        .map(|((p, _), o)| (i64::from(*p), *o))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(sources, want, "every refused record listed once");
+    let (_, malformed) = dlq(&config, &["list", "--kind", "malformed"]);
+    assert_eq!(malformed.len(), 1);
+    let (_, limited) = dlq(&config, &["list", "--limit", "3"]);
+    assert_eq!(limited.len(), 3);
+
+    // show: the headers decoded and the original record as JSON.
+    let first = &letters[0];
+    let (partition, offset) = (first["partition"].to_string(), first["offset"].to_string());
+    let (out, shown) = dlq(
+        &config,
+        &["show", "--partition", &partition, "--offset", &offset],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(shown.len(), 1);
+    let shown = &shown[0];
+    assert_eq!(shown["headers"]["error_kind"], "future_created_at");
+    assert!(shown["headers"]["failed_deliveries"].is_array());
+    assert!(shown["payload"]["dispatch_id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with(&tag)));
+    let (out, _) = dlq(&config, &["show", "--partition", "0", "--offset", "999999"]);
+    assert_eq!(out.status.code(), Some(1), "no such letter");
+
+    // A dry run prints the plan and writes nothing.
+    let (out, planned) = dlq(
+        &config,
+        &["redrive", "--kind", "future_created_at", "--dry-run"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(planned.len(), RECORDS);
+    let store = redis_store(&redis.url()).await;
+    assert!(scan_seqs(&store, &format!("{tag}-u1")).await.is_empty());
+
+    // Before the fix: refused again (exit 1), not dead-lettered again, nothing committed.
+    let (out, again) = dlq(&config, &["redrive", "--kind", "future_created_at"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(again.len(), RECORDS);
+    assert!(again.iter().all(|l| l["result"] == "refused_again"));
+    assert_eq!(
+        read_all(&setup.dlq_topic).len(),
+        RECORDS + 1,
+        "no new letter"
+    );
+
+    // The cause is fixed: the store's clock is right again.
+    redis.set_now(now_secs());
+    let (out, landed) = dlq(&config, &["redrive", "--kind", "future_created_at"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        landed.len(),
+        RECORDS,
+        "the refused ones are re-driven again"
+    );
+    for line in &landed {
+        assert_eq!(line["result"], "applied", "{line}");
+        assert_eq!(line["deliveries"][0]["outcome"], "inserted", "{line}");
+    }
+    let reference = reference(&records, &offsets).await;
+    assert_same_state(&reference, &store).await;
+
+    // Progress was committed: nothing new; from the beginning, every record is unchanged.
+    let (out, none) = dlq(&config, &["redrive", "--kind", "future_created_at"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(none.is_empty(), "{none:?}");
+    let (out, replayed) = dlq(
+        &config,
+        &["redrive", "--kind", "future_created_at", "--from-beginning"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(replayed.len(), RECORDS);
+    assert!(replayed
+        .iter()
+        .all(|l| l["deliveries"][0]["outcome"] == "unchanged"));
+    assert_same_state(&reference, &store).await;
+
+    // The malformed letter stays malformed: reported, exit 1.
+    let (out, bad) = dlq(&config, &["redrive", "--kind", "malformed"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0]["result"], "malformed");
+}
+
+#[test]
+fn wrong_arguments_are_refused_before_anything_is_read() {
+    let out = run_materializer(&["dlq", "show", "--partition", "0"], None);
+    assert_eq!(out.status.code(), Some(2), "missing --offset");
+    let out = run_materializer(&["dlq", "list", "--since", "yesterday"], None);
+    assert_eq!(out.status.code(), Some(2), "a time that does not parse");
+    let out = run_materializer(&["dlq", "redrive", "--limit", "3"], None);
+    assert_eq!(out.status.code(), Some(2), "redrive takes no --limit");
+}
