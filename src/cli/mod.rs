@@ -10,6 +10,7 @@ mod demo;
 mod dlq;
 mod output;
 mod run;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -115,6 +116,10 @@ pub enum Command {
     /// The dead-letter topic: list and show its letters, and re-drive their records once the
     /// cause is fixed.
     Dlq(dlq::DlqArgs),
+    /// A live view of running replicas from their /metrics and /readyz: readiness and why,
+    /// records/s, dead letters/s, store errors and latency, lag per partition (worst first).
+    /// Keys: s sort, f filter, q quit. Off a terminal: --once [--json].
+    Top(top::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +210,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Run => return run::daemon(&config).await,
         Command::Replay(args) => return run::replay(&config, args).await,
         Command::Dlq(args) => return dlq::run(&config, args).await,
+        Command::Top(args) => return top::run(&config, args).await,
         _ => {}
     }
     let opened = match open_store(&config).await {
@@ -224,7 +230,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Patrol(_)
         | Command::Run
         | Command::Replay(_)
-        | Command::Dlq(_) => ExitCode::SUCCESS,
+        | Command::Dlq(_)
+        | Command::Top(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,

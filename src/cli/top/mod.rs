@@ -1,0 +1,149 @@
+//! `materializer top`: a live view of running replicas from their `/metrics` and `/readyz`,
+//! refreshed every second — per replica readiness (and what makes it false), records/s by
+//! outcome, dead letters/s by reason, store errors/s and store call latency; per partition the
+//! lag in records and seconds, the commit rate and blocked mailboxes, worst first. A replica that
+//! stops answering stays on screen as down, with its last known partitions.
+//!
+//! Off a terminal, `top --once [--json]` prints one snapshot (two scrapes an interval apart, so
+//! rates are known) for scripts.
+
+mod scrape;
+mod snapshot;
+mod view;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+
+use crate::config::Config;
+use snapshot::{build, Filter, Order, Replica};
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// The replicas' HTTP addresses (`host:port`, as `http.listen`; `http://host:port` works
+    /// too). Without any, the configuration's `http.listen`.
+    #[arg(value_name = "ADDR")]
+    pub replicas: Vec<String>,
+    /// Milliseconds between refreshes.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub interval_ms: u64,
+    /// Print one snapshot (two scrapes an interval apart) and exit: 0 when every replica
+    /// answered, 1 when one did not.
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: the snapshot as one JSON object.
+    #[arg(long, requires = "once")]
+    pub json: bool,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Scrapes every replica at once.
+async fn refresh(replicas: &mut [Replica], timeout: Duration) {
+    let results =
+        futures::future::join_all(replicas.iter().map(|r| scrape::scrape(&r.address, timeout)))
+            .await;
+    for (replica, result) in replicas.iter_mut().zip(results) {
+        replica.record(result);
+    }
+}
+
+pub(super) async fn run(config: &Config, args: &TopArgs) -> ExitCode {
+    let addresses = if args.replicas.is_empty() {
+        vec![config.http.listen.clone()]
+    } else {
+        args.replicas.clone()
+    };
+    let mut replicas: Vec<Replica> = addresses.into_iter().map(Replica::new).collect();
+    let interval = Duration::from_millis(args.interval_ms);
+    let timeout = interval.clamp(Duration::from_millis(500), Duration::from_secs(2));
+    if args.once {
+        refresh(&mut replicas, timeout).await;
+        tokio::time::sleep(interval).await;
+        refresh(&mut replicas, timeout).await;
+        let snapshot = build(&replicas, Order::default(), Filter::All, now_ms());
+        if args.json {
+            match serde_json::to_string(&snapshot) {
+                Ok(text) => println!("{text}"),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            print!("{}", view::text(&snapshot, Order::default(), Filter::All));
+        }
+        return if replicas.iter().all(|r| r.error.is_none()) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    if !std::io::stdout().is_terminal() {
+        eprintln!(
+            "error: standard output is not a terminal; use `top --once` (or `--once --json`)"
+        );
+        return ExitCode::from(super::EXIT_UNAVAILABLE);
+    }
+    let mut terminal = match ratatui::try_init() {
+        Ok(terminal) => terminal,
+        Err(e) => {
+            eprintln!("error: cannot take over the terminal: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = live(&mut terminal, &mut replicas, interval, timeout).await;
+    ratatui::restore();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Refreshes every `interval` and answers keys in between until `q`, Esc or Ctrl-C.
+async fn live(
+    terminal: &mut ratatui::DefaultTerminal,
+    replicas: &mut [Replica],
+    interval: Duration,
+    timeout: Duration,
+) -> std::io::Result<()> {
+    let (mut order, mut filter) = (Order::default(), Filter::default());
+    loop {
+        refresh(replicas, timeout).await;
+        let due = Instant::now() + interval;
+        let mut snapshot = build(replicas, order, filter, now_ms());
+        loop {
+            terminal.draw(|frame| view::draw(frame, &snapshot, order, filter))?;
+            let left = due.saturating_duration_since(Instant::now());
+            // Waiting for a key blocks this thread only: the runtime's other workers go on.
+            if !tokio::task::block_in_place(|| event::poll(left))? {
+                break;
+            }
+            if let Event::Key(key) = event::read()? {
+                if key.kind != KeyEventKind::Press {
+                    continue;
+                }
+                match key.code {
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {
+                        return Ok(())
+                    }
+                    KeyCode::Char('s') => order = order.next(),
+                    KeyCode::Char('f') => filter = filter.next(),
+                    _ => {}
+                }
+                snapshot = build(replicas, order, filter, now_ms());
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! `materializer top` against live replicas on a real broker: `--once --json` agrees with the
+//! replicas' own metrics, and the terminal UI, driven under tmux as a person would (keys in,
+//! the screen read back), shows every replica and partition, answers its keys, and shows a
+//! frozen replica as down instead of dropping it.
+
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::cli::run_materializer;
+use support::kafka::{create_topic, produce, unique, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{Clock, Listen, RedisServer};
+use support::reference::{end_offsets, stream, wait_committed, PARTITIONS};
+
+/// A tmux server of its own (its own socket), killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(command: &str) -> Self {
+        let tmux = Self {
+            socket: unique("top"),
+        };
+        let status = tmux
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-s",
+                "top",
+                "-x",
+                "200",
+                "-y",
+                "40",
+                command,
+            ])
+            .status()
+            .expect("tmux is required (scripts/install-services installs it)");
+        assert!(status.success(), "tmux new-session");
+        tmux
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("tmux");
+        command.args(["-L", &self.socket]).args(args);
+        command
+    }
+
+    fn screen(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-t", "top"])
+            .output()
+            .expect("capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &str) {
+        let status = self
+            .cmd(&["send-keys", "-t", "top", keys])
+            .status()
+            .expect("send-keys");
+        assert!(status.success());
+    }
+
+    fn alive(&self) -> bool {
+        self.cmd(&["has-session", "-t", "top"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    /// Waits until the screen satisfies `check`.
+    fn wait_screen(&self, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let mut last = String::new();
+        wait_for(
+            what,
+            Duration::from_secs(20),
+            || {
+                last = self.screen();
+                check(&last)
+            },
+            || self.screen(),
+        );
+        last
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn top_shows_live_replicas_their_partitions_and_a_frozen_one_as_down() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("top", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(30, 3, 7);
+    let offsets = produce(&setup.topic, &records).await;
+    let a = Daemon::start(&setup);
+    let b = Daemon::start(&setup);
+    wait_committed(
+        &setup,
+        &end_offsets(&records, &offsets),
+        &[&a, &b],
+        Duration::from_secs(60),
+    );
+    let addr = |d: &Daemon| format!("127.0.0.1:{}", d.http_port);
+    let (addr_a, addr_b) = (addr(&a), addr(&b));
+
+    // --once --json: one snapshot that agrees with each replica's metrics.
+    let out = run_materializer(
+        &[
+            "top",
+            "--once",
+            "--json",
+            "--interval-ms",
+            "300",
+            &addr_a,
+            &addr_b,
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snapshot: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let replicas = snapshot["replicas"].as_array().expect("replicas");
+    assert_eq!(replicas.len(), 2);
+    for replica in replicas {
+        assert_eq!(replica["state"], "ready", "{replica}");
+        assert_eq!(replica["backend"], "redis");
+        assert!(replica["records_per_second"].is_object());
+    }
+    let partitions = snapshot["partitions"].as_array().expect("partitions");
+    let mut seen: Vec<i64> = partitions
+        .iter()
+        .map(|p| p["partition"].as_i64().expect("partition"))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..i64::from(PARTITIONS)).collect::<Vec<_>>(),
+        "every partition once"
+    );
+    for p in partitions {
+        let daemon = if p["replica"] == addr_a.as_str() {
+            &a
+        } else {
+            &b
+        };
+        let key = format!(
+            "materializer_consumer_lag{{partition=\"{}\"}}",
+            p["partition"]
+        );
+        assert_eq!(
+            p["lag_records"].as_f64(),
+            Some(daemon.metrics().get(&key)),
+            "{p}"
+        );
+    }
+
+    // The terminal UI under tmux.
+    let command = format!(
+        "{} top --interval-ms 300 {addr_a} {addr_b}",
+        env!("CARGO_BIN_EXE_materializer")
+    );
+    let tmux = Tmux::start(&command);
+    let screen = tmux.wait_screen("both replicas on screen", |s| {
+        s.contains("2 replica(s), 0 not ready, 0 down")
+            && s.contains(&addr_a)
+            && s.contains(&addr_b)
+    });
+    assert!(
+        screen.contains("PARTITION") && screen.contains("LAG"),
+        "{screen}"
+    );
+    assert!(screen.contains("sort: lag (s)"), "{screen}");
+    tmux.keys("s");
+    tmux.wait_screen("sorted by lag seconds", |s| s.contains("sort: lag seconds"));
+    tmux.keys("f");
+    tmux.wait_screen("filtered to partitions behind", |s| {
+        s.contains("filter: behind")
+    });
+    tmux.keys("f");
+    tmux.keys("f");
+    tmux.keys("f");
+    tmux.wait_screen("every partition again", |s| s.contains("filter: all"));
+
+    // A frozen replica answers nothing: shown down, not dropped.
+    b.freeze();
+    let screen = tmux.wait_screen("the frozen replica shown down", |s| {
+        s.contains("1 down") && s.lines().any(|l| l.contains(&addr_b) && l.contains("DOWN"))
+    });
+    assert!(screen.contains(&addr_a), "{screen}");
+    b.thaw();
+    tmux.wait_screen("the replica back", |s| s.contains("0 down"));
+
+    tmux.keys("q");
+    wait_for(
+        "top to quit on q",
+        Duration::from_secs(10),
+        || !tmux.alive(),
+        || tmux.screen(),
+    );
+}
+
+#[test]
+fn off_a_terminal_top_asks_for_once() {
+    let out = run_materializer(&["top", "127.0.0.1:1"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--once"));
+    let out = run_materializer(&["top", "--json", "127.0.0.1:1"], None);
+    assert_eq!(out.status.code(), Some(2), "--json needs --once");
+    // Nothing listens there: the snapshot says so, and the exit status too.
+    let out = run_materializer(
+        &[
+            "top",
+            "--once",
+            "--json",
+            "--interval-ms",
+            "100",
+            "127.0.0.1:1",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let snapshot: Value = serde_json::from_slice(&out.stdout).expect("still a snapshot");
+    assert_eq!(snapshot["replicas"][0]["state"], "down");
+}
