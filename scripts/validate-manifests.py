@@ -7,15 +7,19 @@
 - Prometheus Operator kinds (ServiceMonitor, PodMonitor, PrometheusRule): the pydantic models
   generated from the operator's CRDs (`cloudcoil-models-prometheus-operator`, PyPI), made strict
   here (every model forbids unknown fields).
+- Custom resources whose CRD is given with `--crd FILE` (KEDA's ScaledObject): the CRD's
+  openAPIV3Schema, made strict here (an object schema that lists its properties accepts no
+  other, unless it says `x-kubernetes-preserve-unknown-fields`).
 - Any other kind is an error: nothing passes unvalidated.
 
-Usage: validate-manifests.py KUBERNETES_VERSION FILE...  (multi-document YAML files)
+Usage: validate-manifests.py [--crd CRD_FILE]... KUBERNETES_VERSION FILE...  (multi-document YAML)
 Exit 1 with one line per problem when a document does not validate.
 """
 
 import inspect
 import sys
 
+import jsonschema
 import kubernetes_validate
 import pydantic
 import yaml
@@ -41,12 +45,50 @@ def strict_monitoring_models():
     }
 
 
+def strict(schema):
+    """The schema with every object that lists its properties closed to others."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def crd_validators(paths):
+    """(apiVersion, kind) -> a validator of the CRD's served version's schema."""
+    validators = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            crd = yaml.safe_load(f)
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            schema = version["schema"]["openAPIV3Schema"]
+            # metadata is the API server's (ObjectMeta, checked there): an object, nothing more.
+            schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+            validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft7Validator(
+                strict(schema)
+            )
+    return validators
+
+
 def main(argv):
+    crds = []
+    while len(argv) > 2 and argv[1] == "--crd":
+        crds.append(argv[2])
+        argv = argv[:1] + argv[3:]
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
     version, files = argv[1], argv[2:]
     monitoring = strict_monitoring_models()
+    custom = crd_validators(crds)
     problems, checked = [], 0
     for path in files:
         with open(path, encoding="utf-8") as f:
@@ -56,7 +98,13 @@ def main(argv):
             kind, api = doc.get("kind"), doc.get("apiVersion", "")
             name = f"{path}: {kind} {doc.get('metadata', {}).get('name')}"
             try:
-                if api == "monitoring.coreos.com/v1":
+                if (api, kind) in custom:
+                    errors = sorted(custom[(api, kind)].iter_errors(doc), key=str)
+                    if errors:
+                        raise ValueError("; ".join(
+                            f"{e.message} at {'.'.join(map(str, e.path))}" for e in errors
+                        ))
+                elif api == "monitoring.coreos.com/v1":
                     model = monitoring.get(kind)
                     if model is None:
                         raise ValueError(f"no model for {api} {kind}")
