@@ -26,6 +26,7 @@ use std::time::Duration;
 use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
 use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
 use mailbox_materializer::store::{MailboxStore, SystemClock};
+use support::cli::top_once;
 use support::kafka::{committed, create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{Clock, Listen, RedisCluster, RedisServer};
 use support::reference::{
@@ -303,6 +304,35 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
     replicas[2].freeze();
     offsets.extend(produce(&setup.topic, chunks[3]).await);
     std::thread::sleep(PAST_THE_SESSION);
+    // What `top` shows meanwhile: the frozen replica down (not dropped), the two others serving
+    // every partition between them once the group has moved the frozen one's.
+    let addresses: Vec<String> = replicas
+        .iter()
+        .map(|d| format!("127.0.0.1:{}", d.http_port))
+        .collect();
+    wait_for(
+        "top to show the frozen replica down and every partition served by the others",
+        Duration::from_secs(30),
+        || {
+            let last = top_once(&format!("{protocol:?}, replica 3 frozen"), &addresses);
+            let states: Vec<&str> = (0..3)
+                .map(|i| last["replicas"][i]["state"].as_str().unwrap_or(""))
+                .collect();
+            let mut served: Vec<i64> = last["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["replica"] != addresses[2].as_str())
+                .filter_map(|p| p["partition"].as_i64())
+                .collect();
+            served.sort_unstable();
+            served.dedup();
+            states[2] == "down"
+                && states[..2].iter().all(|s| *s != "down")
+                && served == (0..i64::from(PARTITIONS)).collect::<Vec<_>>()
+        },
+        || "the last snapshot is printed above".to_owned(),
+    );
     replicas[2].thaw();
 
     let reference = reference(&records, &offsets).await;
@@ -318,6 +348,23 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
                 .collect::<Vec<_>>()
                 .join("\n---\n")
         },
+    );
+    // Converged: `top` shows three replicas ready and nothing behind.
+    let addresses: Vec<String> = replicas
+        .iter()
+        .map(|d| format!("127.0.0.1:{}", d.http_port))
+        .collect();
+    wait_for(
+        "top to show the fleet ready and caught up",
+        Duration::from_secs(30),
+        || {
+            let last = top_once(&format!("{protocol:?}, converged"), &addresses);
+            (0..3).all(|i| last["replicas"][i]["state"] == "ready")
+                && last["partitions"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().all(|p| p["lag_records"] == 0))
+        },
+        || "the last snapshot is printed above".to_owned(),
     );
     for replica in &mut replicas {
         retire(replica, &mut applied, &mut logs);
