@@ -369,7 +369,7 @@ where
         delay: Duration,
         policy: &mut P,
     ) {
-        let Some(window) = self.windows.get(&source) else {
+        let Some(window) = self.windows.get_mut(&source).filter(|w| !w.closing) else {
             return;
         };
         let Some(delivery) = window.pipeline.delivery(at).cloned() else {
@@ -380,10 +380,17 @@ where
             at,
             generation: window.generation,
         };
-        self.restart(key, delivery, attempt, delay, policy);
+        window.calls += 1;
+        let cancel = window.cancel.clone();
+        let target = policy
+            .target(&delivery)
+            .unwrap_or_else(|| self.store.clone());
+        self.runner
+            .start(key, target, delivery, attempt, delay, cancel);
     }
 
-    /// Starts an attempt of `delivery` unless its source is closing (or closed).
+    /// Starts another attempt of `delivery` unless its source is closing (or closed, or
+    /// reopened since).
     fn restart<P: Policy<S, X>>(
         &mut self,
         key: Key<S>,
