@@ -439,6 +439,56 @@ async fn apply_on_a_fenced_user_exits_2_without_a_success_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
 }
 
+/// `dlq redrive` of a fenced user's record exits 2 (retry later), writes nothing for it and
+/// commits no progress past it, so the re-drive after the repair still finds the letter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redrive_on_a_fenced_user_exits_2_and_commits_nothing_past_it() {
+    let mut stand = Stand::start("redrivefenced", history(2)).await;
+    // 40 days ahead: beyond the future window, so the daemon dead-letters it.
+    let ahead = now_ms() + 40 * 86_400_000;
+    let future = serde_json::json!({
+        "dispatch_id": "victim/3/future", "group_id": "g", "committed_at": ahead,
+        "deliveries": [{"user_id": "victim", "epoch": 1, "mailbox_seq": 3,
+            "events": [{"event_ordinal": 0, "payload": {"body": "f"}}]}]
+    })
+    .to_string()
+    .into_bytes();
+    stand.produce(vec![(0, future)]).await;
+    stand.wait_all_committed();
+    let mut repair = stand.replay_paused_at(
+        "replay.fenced",
+        &[
+            "--from-offset",
+            "0",
+            "--user",
+            "victim",
+            "--reset-mailboxes",
+        ],
+    );
+    let before = stand.fingerprint("victim").await;
+    let config = stand.setup.config_file(free_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .arg("--config")
+        .arg(&config)
+        .args(["dlq", "redrive", "--kind", "future_created_at"])
+        .output()
+        .expect("dlq redrive");
+    let _ = repair.kill();
+    let _ = repair.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("being rebuilt"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no line for the fenced record");
+    assert_eq!(stand.fingerprint("victim").await, before, "nothing written");
+    let group = format!("{}-dlq-redrive-future_created_at", stand.setup.group);
+    // The letter is the topic's first (offset 0): the progress stays before it, or is none.
+    let progress = committed(&group, &stand.setup.dlq_topic, 1);
+    assert!(
+        progress[0] <= 0,
+        "progress past the fenced letter: {progress:?}"
+    );
+}
+
 /// The memory store's repair (an in-process fence) heals a corrupt mailbox while the daemon runs
 /// on the same store: the daemon's blocked delivery waits for the swap, then the partition flows.
 #[tokio::test(flavor = "multi_thread")]
