@@ -119,6 +119,20 @@ impl Stand {
         }
     }
 
+    /// A repair of `victim` holding its fence (paused right after taking it).
+    fn victim_fenced(&self) -> Child {
+        self.replay_paused_at(
+            "replay.fenced",
+            &[
+                "--from-offset",
+                "0",
+                "--user",
+                "victim",
+                "--reset-mailboxes",
+            ],
+        )
+    }
+
     /// Every key of `user`, with its bytes and expiry.
     async fn fingerprint(&self, user: &str) -> Vec<(String, Vec<u8>, i64)> {
         self.store
@@ -397,16 +411,7 @@ async fn a_repair_that_loses_its_lease_aborts_without_swapping() {
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_on_a_fenced_user_exits_2_without_a_success_line() {
     let stand = Stand::start("applyfenced", history(2)).await;
-    let mut repair = stand.replay_paused_at(
-        "replay.fenced",
-        &[
-            "--from-offset",
-            "0",
-            "--user",
-            "victim",
-            "--reset-mailboxes",
-        ],
-    );
+    let mut repair = stand.victim_fenced();
     let input = stand.setup.dir.join("apply.jsonl");
     let lines = [
         String::from_utf8(group_record("free", 1, "x")).expect("utf8"),
@@ -455,16 +460,7 @@ async fn a_redrive_on_a_fenced_user_exits_2_and_commits_nothing_past_it() {
     .into_bytes();
     stand.produce(vec![(0, future)]).await;
     stand.wait_all_committed();
-    let mut repair = stand.replay_paused_at(
-        "replay.fenced",
-        &[
-            "--from-offset",
-            "0",
-            "--user",
-            "victim",
-            "--reset-mailboxes",
-        ],
-    );
+    let mut repair = stand.victim_fenced();
     let before = stand.fingerprint("victim").await;
     let config = stand.setup.config_file(free_port());
     let out = Command::new(env!("CARGO_BIN_EXE_materializer"))

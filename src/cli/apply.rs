@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::drive::{Driver, Policy, Step, Verdict};
 use crate::ingest::pipeline::FinalRecord;
-use crate::ingest::{decode, DecodeOptions, DeliveryOutcome, DeliveryResult};
+use crate::ingest::{decode, DecodeOptions, DeliveryOutcome};
 use crate::model::StoreError;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -80,11 +80,7 @@ pub(super) async fn run(
         tokio::select! {
             biased;
             attempt = driver.next() => {
-                // Everything else already finished, in the same wake-up.
-                failure = driver
-                    .handle(attempt, &mut policy)
-                    .and_then(|()| driver.handle_ready(&mut policy))
-                    .err();
+                failure = driver.handle_with_ready(attempt, &mut policy).err();
             }
             line = lines.recv(), if !input_done && driver.room_for_more(&(), 0) => {
                 // Take every line already read (up to a batch), so their deliveries go to the
@@ -264,17 +260,10 @@ fn print_record(out: &mut impl Write, record: &FinalRecord<u64>) -> bool {
         print_line(out, &ApplyLine::malformed(Some(line), error));
         return false;
     }
-    let mut corrupt = false;
-    for (delivery, result) in &record.deliveries {
-        corrupt |= matches!(result, Err(StoreError::Corrupt { .. }));
-        let result = DeliveryResult {
-            mailbox: delivery.mailbox().clone(),
-            mailbox_seq: delivery.mailbox_seq(),
-            result: result.clone(),
-        };
-        print_line(out, &ApplyLine::delivery(Some(line), &result));
+    for result in &record.results() {
+        print_line(out, &ApplyLine::delivery(Some(line), result));
     }
-    corrupt
+    is_corrupt(record)
 }
 
 /// One JSON line. Output goes through a buffer (one write per many lines, not one per line):

@@ -24,9 +24,9 @@ use super::{EXIT_CORRUPT, EXIT_UNAVAILABLE};
 use crate::config::Config;
 use crate::daemon::dlq_reader::{fetch, DeadLetterMessage, DlqReader, PartitionSpan};
 use crate::daemon::replay::parse_time_ms;
+use crate::ingest::decode;
 use crate::ingest::drive::Driver;
 use crate::ingest::pipeline::{FinalRecord, RecordOutcome};
-use crate::ingest::{decode, DeliveryResult};
 use crate::store::MailboxStore;
 
 use super::output::ApplyLine;
@@ -334,6 +334,29 @@ struct RedriveLine<'a> {
     deliveries: Vec<ApplyLine<'a>>,
 }
 
+impl<'a> RedriveLine<'a> {
+    fn new(
+        partition: i32,
+        origin: &'a Origin,
+        result: &'static str,
+        detail: Option<&'a str>,
+        deliveries: Vec<ApplyLine<'a>>,
+    ) -> Self {
+        let source = origin.source.as_ref();
+        Self {
+            partition,
+            offset: origin.offset,
+            kind: &origin.kind,
+            source_topic: source.map(|s| s.0.as_str()),
+            source_partition: source.map(|s| s.1),
+            source_offset: source.map(|s| s.2),
+            result,
+            detail,
+            deliveries,
+        }
+    }
+}
+
 /// Per dead-letter partition: how far the re-drive may commit.
 #[derive(Debug, Default, Clone, Copy)]
 struct Progress {
@@ -403,10 +426,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
         tokio::select! {
             biased;
             attempt = driver.next() => {
-                failure = driver
-                    .handle(attempt, &mut policy)
-                    .and_then(|()| driver.handle_ready(&mut policy))
-                    .err();
+                failure = driver.handle_with_ready(attempt, &mut policy).err();
             }
             next = reader.next(), if can_read => match next {
                 Ok(None) => source_done = true,
@@ -541,32 +561,18 @@ async fn original(config: &Config, letter: &DeadLetterMessage) -> Result<Vec<u8>
 
 /// Prints the line of a letter whose record is gone.
 fn print_gone(partition: i32, origin: &Origin, detail: &str) {
-    let source = origin.source.as_ref();
-    print(&RedriveLine {
+    print(&RedriveLine::new(
         partition,
-        offset: origin.offset,
-        kind: &origin.kind,
-        source_topic: source.map(|s| s.0.as_str()),
-        source_partition: source.map(|s| s.1),
-        source_offset: source.map(|s| s.2),
-        result: "source_gone",
-        detail: Some(detail),
-        deliveries: Vec::new(),
-    });
+        origin,
+        "source_gone",
+        Some(detail),
+        Vec::new(),
+    ));
 }
 
 /// Prints a re-driven record's line and answers its result word.
 fn print_redriven(partition: i32, record: &FinalRecord<Origin>) -> &'static str {
-    let origin = &record.meta;
-    let results: Vec<DeliveryResult> = record
-        .deliveries
-        .iter()
-        .map(|(delivery, result)| DeliveryResult {
-            mailbox: delivery.mailbox().clone(),
-            mailbox_seq: delivery.mailbox_seq(),
-            result: result.clone(),
-        })
-        .collect();
+    let results = record.results();
     let mut deliveries: Vec<ApplyLine<'_>> = results
         .iter()
         .map(|r| ApplyLine::delivery(None, r))
@@ -583,17 +589,12 @@ fn print_redriven(partition: i32, record: &FinalRecord<Origin>) -> &'static str 
     } else {
         "refused_again"
     };
-    let source = origin.source.as_ref();
-    print(&RedriveLine {
+    print(&RedriveLine::new(
         partition,
-        offset: origin.offset,
-        kind: &origin.kind,
-        source_topic: source.map(|s| s.0.as_str()),
-        source_partition: source.map(|s| s.1),
-        source_offset: source.map(|s| s.2),
+        &record.meta,
         result,
-        detail: None,
+        None,
         deliveries,
-    });
+    ));
     result
 }

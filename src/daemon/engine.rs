@@ -238,9 +238,9 @@ impl Engine {
                 }
                 attempt = self.driver.next() => {
                     let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
-                    let Ok(()) = self.driver.handle(attempt, &mut policy);
+                    let Ok(()) = self.driver.handle_with_ready(attempt, &mut policy);
                     self.send_letters(policy.letters);
-                    self.drain_finished();
+                    self.advance();
                 }
                 Some(handover) = handovers.recv() => self.begin_handover(handover),
                 _ = tokio::time::sleep_until(self.handovers.iter().map(|h| h.deadline()).min().unwrap_or(until)), if !self.handovers.is_empty() => {}

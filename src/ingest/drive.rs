@@ -277,6 +277,16 @@ where
         self.runner.next().await
     }
 
+    /// Handles `attempt` and every other attempt already finished, in one wake-up.
+    pub(crate) fn handle_with_ready<P: Policy<S, X>>(
+        &mut self,
+        attempt: Attempt<Key<S>>,
+        policy: &mut P,
+    ) -> Result<(), P::Stop> {
+        self.handle(attempt, policy)?;
+        self.handle_ready(policy)
+    }
+
     /// Handles every attempt that has already finished, without waiting.
     pub(crate) fn handle_ready<P: Policy<S, X>>(&mut self, policy: &mut P) -> Result<(), P::Stop> {
         while let Some(attempt) = self.runner.try_next() {
@@ -380,13 +390,16 @@ where
             at,
             generation: window.generation,
         };
-        window.calls += 1;
-        let cancel = window.cancel.clone();
-        let target = policy
-            .target(&delivery)
-            .unwrap_or_else(|| self.store.clone());
-        self.runner
-            .start(key, target, delivery, attempt, delay, cancel);
+        Self::send(
+            &mut self.runner,
+            &self.store,
+            window,
+            key,
+            delivery,
+            attempt,
+            delay,
+            policy,
+        );
     }
 
     /// Starts another attempt of `delivery` unless its source is closing (or closed, or
@@ -406,13 +419,33 @@ where
         else {
             return;
         };
+        Self::send(
+            &mut self.runner,
+            &self.store,
+            window,
+            key,
+            delivery,
+            attempt,
+            delay,
+            policy,
+        );
+    }
+
+    /// Hands an attempt of `window`'s delivery to the runner, against the policy's target.
+    #[allow(clippy::too_many_arguments)]
+    fn send<P: Policy<S, X>>(
+        runner: &mut Runner<Key<S>>,
+        store: &Arc<dyn MailboxStore>,
+        window: &mut Window<R, M, X>,
+        key: Key<S>,
+        delivery: Arc<Delivery>,
+        attempt: u32,
+        delay: Duration,
+        policy: &mut P,
+    ) {
         window.calls += 1;
-        let cancel = window.cancel.clone();
-        let target = policy
-            .target(&delivery)
-            .unwrap_or_else(|| self.store.clone());
-        self.runner
-            .start(key, target, delivery, attempt, delay, cancel);
+        let target = policy.target(&delivery).unwrap_or_else(|| store.clone());
+        runner.start(key, target, delivery, attempt, delay, window.cancel.clone());
     }
 }
 

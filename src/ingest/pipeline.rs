@@ -112,6 +112,20 @@ pub(crate) struct FinalRecord<M> {
     pub malformed: Option<DecodeError>,
 }
 
+impl<M> FinalRecord<M> {
+    /// Each delivery with its final result, as the commands print them.
+    pub(crate) fn results(&self) -> Vec<super::DeliveryResult> {
+        self.deliveries
+            .iter()
+            .map(|(delivery, result)| super::DeliveryResult {
+                mailbox: delivery.mailbox().clone(),
+                mailbox_seq: delivery.mailbox_seq(),
+                result: result.clone(),
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     /// Deliveries still running.
