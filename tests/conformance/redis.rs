@@ -52,10 +52,25 @@ impl RedisFixture {
         self.server().set_now(now_secs);
     }
 
+    /// Runs a set-up or inspection command on the store's own connection. A timed-out or
+    /// dropped connection is tried again (at most three attempts, each reported on stderr): a
+    /// loaded machine can stall one command, and a test's set-up is not what it asserts. Every
+    /// other error, and a third failure, fails the test.
     pub async fn cmd<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        cmd.query_async(&mut self.store.conn())
-            .await
-            .expect("admin command")
+        let mut attempt = 1;
+        loop {
+            match cmd.query_async(&mut self.store.conn()).await {
+                Ok(value) => return value,
+                Err(e)
+                    if attempt < 3
+                        && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped()) =>
+                {
+                    eprintln!("admin command attempt {attempt} failed ({e}); trying again");
+                    attempt += 1;
+                }
+                Err(e) => panic!("admin command: {e}"),
+            }
+        }
     }
 }
 

@@ -353,6 +353,21 @@ fn faketime_spec_formats_civil_dates() {
     assert_eq!(faketime_spec(951_782_400), "@2000-02-29 00:00:00");
 }
 
+/// A node's view of who serves which slots, from its `CLUSTER NODES` reply: every line's
+/// address and slot ranges, sorted, without the per-node fields (flags such as `myself`, ping
+/// times, link state) that legitimately differ between nodes.
+fn slot_map(cluster_nodes: &str) -> String {
+    let mut lines: Vec<String> = cluster_nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.len() >= 8).then(|| format!("{} {}", fields[1], fields[8..].join(" ")))
+        })
+        .collect();
+    lines.sort();
+    lines.join("\n")
+}
+
 /// A 3-master Redis Cluster on loopback (`redis-cli --cluster create`), stopped when dropped.
 pub struct RedisCluster {
     pub nodes: Vec<std::sync::Arc<RedisServer>>,
@@ -390,11 +405,25 @@ impl RedisCluster {
             .status()
             .expect("redis-cli is required (scripts/install-services installs redis-tools)");
         assert!(status.success(), "redis-cli --cluster create failed");
+        // `cluster_state:ok` on every node is not enough: a node can report it before it knows
+        // every other node's address, and a client routed by its slot map then waits on a
+        // node it cannot reach yet. Wait until every node knows all three, covers every slot,
+        // and hands out the same slot map.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !nodes
-            .iter()
-            .all(|n| n.raw("CLUSTER INFO").contains("cluster_state:ok"))
-        {
+        let agreed = |nodes: &[std::sync::Arc<RedisServer>]| {
+            let ok = nodes.iter().all(|n| {
+                let info = n.raw("CLUSTER INFO");
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_known_nodes:3")
+                    && info.contains("cluster_slots_ok:16384")
+            });
+            let maps: Vec<String> = nodes
+                .iter()
+                .map(|n| slot_map(&n.raw("CLUSTER NODES")))
+                .collect();
+            ok && maps.windows(2).all(|w| w[0] == w[1])
+        };
+        while !agreed(&nodes) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "cluster never became ok"
