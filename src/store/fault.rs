@@ -14,4 +14,9 @@ pub enum Corruption {
     LoseMeta,
     /// Remove the `bucket_max_seq` proof of one day (the day stays in the day set).
     BreakProof(u64),
+    /// Take the expiry off the identity index (SPEC 5: its TTL is its largest score), as a
+    /// `PERSIST` or a restore without TTL would: the index would outlive every group it names.
+    /// Only a layout whose index is one key with one expiry can lose it (Redis); memory and
+    /// Scylla keep each identity's expiry with the identity itself and answer false.
+    LoseIdentityTtl,
 }

@@ -336,6 +336,29 @@ pub async fn identical_replay_is_unchanged(h: &H) {
     assert_eq!(f.fingerprint(&mb.user_id).await, before);
 }
 
+/// SPEC 10 (added with 7.2): a TTL-less identity index is repaired by an identical replay too,
+/// the leanest path that meets it. Seen from outside: once every group has expired, the index
+/// is gone like the rest of the mailbox, instead of outliving it forever.
+pub async fn identical_replay_repairs_a_ttl_less_identity_index(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-ttl-less", 1);
+    append_ok(&*s, &mb, 1, TODAY0 - 2, "a").await;
+    let g = group(&mb, 2, TODAY0, 2, "b");
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Inserted));
+    if !f.corrupt(&mb, Corruption::LoseIdentityTtl).await {
+        // The backend keeps each identity's expiry with the identity: nothing to lose.
+        return;
+    }
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Unchanged));
+    f.set_now(expiry_of(&policy(), TODAY0) + 1).await;
+    let inspected = s.inspect(&mb).await.expect("inspect");
+    assert!(
+        !inspected.identity_index_present,
+        "the repaired index expires with its last group: {inspected:?}"
+    );
+}
+
 pub async fn cross_day_conflict(h: &H) {
     let f = fixture(h).await;
     let s = f.store();

@@ -15,7 +15,7 @@
 //! | 4.2 step 2, future window | `future_window_rejects_and_leaves_no_key` |
 //! | 4.2 step 3, epochs | `epoch_move_deletes_the_old_epoch`, `stale_epoch_writes_nothing` |
 //! | 4.2 format, meta | `v3_meta_rejected_with_nothing_modified` |
-//! | 4.2 replays | `identical_replay_is_unchanged`, `same_day_replacement_of_the_whole_group`, `cross_day_conflict`, `cross_day_conflict_for_expired_input`, `expired_replay_merges_the_gap` |
+//! | 4.2 replays | `identical_replay_is_unchanged`, `identical_replay_repairs_a_ttl_less_identity_index`, `same_day_replacement_of_the_whole_group`, `cross_day_conflict`, `cross_day_conflict_for_expired_input`, `expired_replay_merges_the_gap` |
 //! | 4.2 steps 7-8, identity and span | `identity_missing_below_seqbucket_max_seq_is_corrupt`, `span_exceeded_rejects_and_changes_nothing` |
 //! | 4.2 under concurrency and in batches | `concurrent_appends_to_one_mailbox`, `append_many_answers_each_group_like_append`, `append_many_spread_over_many_users_answers_each` |
 //! | 4.3 truncate | `trim_outcome_and_trim_never_lowers`, `truncate_removes_whole_groups_and_keeps_empty_day_proofs`, `truncate_on_unknown_user_is_durable`, `natural_ttl_kept_apart_from_explicit_trim` |
@@ -85,6 +85,7 @@ macro_rules! conformance_tests {
             duplicate_ordinal_rejected,
             same_day_replacement_of_the_whole_group,
             identical_replay_is_unchanged,
+            identical_replay_repairs_a_ttl_less_identity_index,
             largest_group_inserts_replaces_and_scans_whole,
             cross_day_conflict,
             cross_day_conflict_for_expired_input,

@@ -137,6 +137,11 @@ impl Fixture for RedisFixture {
                     == 1
             }
             Corruption::LoseMeta => self.cmd::<i64>(redis::cmd("DEL").arg(&keys.meta)).await == 1,
+            Corruption::LoseIdentityTtl => {
+                self.cmd::<i64>(redis::cmd("PERSIST").arg(&keys.seqbucket))
+                    .await
+                    == 1
+            }
             Corruption::BreakProof(day) => {
                 self.cmd::<i64>(
                     redis::cmd("HDEL")

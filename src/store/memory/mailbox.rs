@@ -324,6 +324,8 @@ impl UserState {
                 .and_then(|m| m.proofs.get_mut(day))
                 .map(|p| p.max_seq.take().is_some())
                 .unwrap_or(false),
+            // Each identity carries its own expiry here; there is no key TTL to lose.
+            Corruption::LoseIdentityTtl => false,
         }
     }
 }
