@@ -172,8 +172,27 @@ mod tests {
                 Disposition::AbortRepair,
             ),
         ];
-        for (error, expected) in cases {
-            assert_eq!(Disposition::of_error(&error), expected, "{error:?}");
+        for (error, expected) in &cases {
+            assert_eq!(Disposition::of_error(error), *expected, "{error:?}");
+        }
+        // A run of deliveries stops where the store's own reading of finality says so
+        // (`StoreError::is_final`): it must be this table's, for every error.
+        let more = [
+            StoreError::EpochMismatch { current: Some(1) },
+            StoreError::CursorExpired {
+                cursor: crate::model::CursorExpired::Trimmed { resume_after: 1 },
+            },
+            StoreError::Unsupported {
+                backend: "memory",
+                operation: "x",
+            },
+        ];
+        for error in cases.iter().map(|(e, _)| e).chain(&more) {
+            assert_eq!(
+                error.is_final(),
+                Disposition::of_error(error).is_final(),
+                "{error:?}"
+            );
         }
         assert!(Disposition::Advance.is_final() && Disposition::DeadLetter.is_final());
         // Every error's outcome word is in the table (a missing one would be retried forever).

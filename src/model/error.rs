@@ -209,6 +209,29 @@ impl StoreError {
         }
     }
 
+    /// Whether this error is the delivery's final answer: a refusal decided from the input and
+    /// the mailbox (rejected, conflict, epoch mismatch, cursor expired, store refused,
+    /// unsupported). The others (unavailable, under repair, corrupt, fence lost) decide nothing
+    /// about the delivery: it was not applied and must be tried again or wait for a repair, so
+    /// a run of deliveries stops there ([`MailboxStore::append_run`]). SPEC 7's table, as
+    /// `crate::disposition` reads it; a unit test there keeps the two in step.
+    ///
+    /// [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
+    pub fn is_final(&self) -> bool {
+        match self {
+            Self::Rejected { .. }
+            | Self::Conflict { .. }
+            | Self::EpochMismatch { .. }
+            | Self::CursorExpired { .. }
+            | Self::Refused { .. }
+            | Self::Unsupported { .. } => true,
+            Self::Corrupt { .. }
+            | Self::Unavailable { .. }
+            | Self::UnderRepair { .. }
+            | Self::FenceLost { .. } => false,
+        }
+    }
+
     /// The error kind word of SPEC 8.1.
     pub fn kind(&self) -> &'static str {
         match self {

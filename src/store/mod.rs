@@ -45,6 +45,46 @@ impl PromotedBuckets {
 }
 pub use repair::{RepairToken, StagingView, SwapReport};
 
+/// A run answered by [`MailboxStore::append`] one group at a time, stopping after the first
+/// answer that is not final (the run's rule, [`MailboxStore::append_run`]).
+pub(crate) async fn append_one_by_one<S: MailboxStore + ?Sized>(
+    store: &S,
+    run: &[&EventGroup],
+) -> Vec<Result<AppendOutcome, StoreError>> {
+    let mut answers = Vec::with_capacity(run.len());
+    for group in run {
+        let answer = store.append(group).await;
+        let stop = ends_run(&answer);
+        answers.push(answer);
+        if stop {
+            break;
+        }
+    }
+    answers
+}
+
+/// Whether a run stops after this answer: an error that is not final.
+pub(crate) fn ends_run(answer: &Result<AppendOutcome, StoreError>) -> bool {
+    answer.as_ref().is_err_and(|e| !e.is_final())
+}
+
+/// The same rule for a backend that decides the groups itself, synchronously (under a lock).
+pub(crate) fn answer_run(
+    run: &[&EventGroup],
+    mut append: impl FnMut(&EventGroup) -> Result<AppendOutcome, StoreError>,
+) -> Vec<Result<AppendOutcome, StoreError>> {
+    let mut answers = Vec::with_capacity(run.len());
+    for group in run {
+        let answer = append(group);
+        let stop = ends_run(&answer);
+        answers.push(answer);
+        if stop {
+            break;
+        }
+    }
+    answers
+}
+
 /// An async callback a backend runs at a fixed point inside an operation. Tests use it to move
 /// time between a scan's read and its post-read check ("expiry between the check and the read").
 pub type PhaseHook = std::sync::Arc<
@@ -95,6 +135,21 @@ pub trait MailboxStore: Send + Sync {
     /// that can do better than concurrent calls do: Redis sends them as one pipeline.
     async fn append_many(&self, groups: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
         futures::future::join_all(groups.iter().map(|g| self.append(g))).await
+    }
+
+    /// Appends a **run**: consecutive groups of one mailbox, in source order, answering each
+    /// exactly as if they had been appended one by one in that order (SPEC 4 unchanged), in
+    /// fewer round trips and commits where the backend can (Redis: one script call; memory:
+    /// one lock).
+    ///
+    /// The answer is a prefix of the run: it stops after the first error that is not final
+    /// ([`StoreError::is_final`]: unavailable, under repair, corrupt, fence lost). That group
+    /// was not applied, and neither was any group after it, so the caller sends them again in
+    /// order; applying a later group first would break the mailbox's source order. A final
+    /// refusal (rejected, conflict) changes nothing and the run goes on, as one-by-one appends
+    /// would. Groups of several mailboxes are still answered correctly, one by one.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        append_one_by_one(self, run).await
     }
 
     /// Raises `user_trim_seq` to `before_seq` (never lowers it) and deletes every group below it

@@ -1171,3 +1171,100 @@ pub async fn scans_beside_same_day_replaces_never_skip_a_group(h: &H) {
     }
     writer.await.expect("writer");
 }
+
+// ---- runs ----
+
+/// A run (consecutive groups of one mailbox, `append_run`) answers each group exactly as one
+/// append after another would, a final refusal in the middle included, and leaves the same
+/// mailbox; a group that is not final (a corrupt mailbox) ends the run there, nothing after it
+/// applied.
+pub async fn append_run_answers_each_group_like_append(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let script = |mb: &MailboxId| {
+        vec![
+            group(mb, 1, TODAY0, 1, "below the trim"),
+            group(mb, 6, TODAY0, 2, "a"),
+            group(mb, 7, TODAY0 - 1, 1, "b"),
+            group(mb, 6, TODAY0, 2, "a"),
+            group(mb, 7, TODAY0 - 1, 3, "b2"),
+            group(mb, 6, TODAY0 - 1, 2, "a"),
+            group(mb, 8, TODAY0 + 40, 1, "future"),
+            group(mb, 9, TODAY0, 1, "d"),
+        ]
+    };
+    let one = mailbox("u-run-one", 1);
+    let many = mailbox("u-run-many", 1);
+    for mb in [&one, &many] {
+        append_ok(&*s, mb, 5, TODAY0, "set-up").await;
+        s.truncate_before(mb, 3).await.expect("truncate");
+    }
+    let mut one_by_one = Vec::new();
+    for g in &script(&one) {
+        one_by_one.push(s.append(g).await);
+    }
+    let groups = script(&many);
+    let run: Vec<&mailbox_materializer::model::EventGroup> = groups.iter().collect();
+    let in_a_run = s.append_run(&run).await;
+    let words = |answers: &[Result<AppendOutcome, StoreError>]| -> Vec<String> {
+        answers
+            .iter()
+            .map(|a| match a {
+                Ok(o) => o.as_str().to_owned(),
+                Err(e) => format!("{} {}", e.outcome(), e.kind()),
+            })
+            .collect()
+    };
+    assert_eq!(
+        words(&one_by_one),
+        [
+            "trimmed",
+            "inserted",
+            "inserted",
+            "unchanged",
+            "replaced",
+            "conflict cross_day",
+            "rejected future_created_at",
+            "inserted"
+        ]
+    );
+    assert_eq!(words(&in_a_run), words(&one_by_one));
+    assert_eq!(
+        s.inspect(&many).await.expect("inspect"),
+        s.inspect(&one).await.expect("inspect")
+    );
+    let content = |page: ScanPage| -> Vec<(u64, Vec<String>)> {
+        page.groups
+            .iter()
+            .map(|g| {
+                let events = g.events.iter().map(|e| e.payload.as_str().to_owned());
+                (g.mailbox_seq, events.collect())
+            })
+            .collect()
+    };
+    assert_eq!(
+        content(scan(&*s, &many, 2, None, 100).await.expect("scan")),
+        content(scan(&*s, &one, 2, None, 100).await.expect("scan"))
+    );
+
+    // A corrupt mailbox: the first group answers corrupt and the run ends there.
+    let broken = mailbox("u-run-corrupt", 1);
+    append_ok(&*s, &broken, 1, TODAY0, "a").await;
+    assert!(f.corrupt(&broken, Corruption::LoseIdentityIndex).await);
+    let before = f.fingerprint(&broken.user_id).await;
+    let groups = [
+        group(&broken, 2, TODAY0, 1, "b"),
+        group(&broken, 3, TODAY0, 1, "c"),
+    ];
+    let answers = s.append_run(&groups.iter().collect::<Vec<_>>()).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(corrupt_kind(&answers[0]), "index_lost");
+    assert_eq!(f.fingerprint(&broken.user_id).await, before);
+    assert!(s.append_run(&[]).await.is_empty());
+}
+
+/// SPEC 4 both ways on random histories: one group at a time and in runs, the same answers
+/// and byte for byte the same stored state.
+pub async fn randomized_histories_agree_in_runs_and_one_by_one(h: &H) {
+    super::history::compare_runs_with_one_by_one(h.clone(), 24).await;
+}

@@ -176,6 +176,29 @@ impl MemoryStore {
         result
     }
 
+    /// One append (validated, inside the future window) with its user's shard locked, at `now`.
+    fn append_locked(
+        &self,
+        shard: &mut HashMap<UserId, UserState>,
+        now: u64,
+        group: &EventGroup,
+    ) -> Result<AppendOutcome, StoreError> {
+        self.check_fence(&group.mailbox.user_id)?;
+        match shard.get_mut(&group.mailbox.user_id) {
+            Some(user) => self.counted(user, |u| u.append(&self.policy, now, group)),
+            None => {
+                // A cold user: build the state aside and keep it only if something was written,
+                // so a rejected input leaves no trace.
+                let mut user = UserState::default();
+                let result = self.counted(&mut user, |u| u.append(&self.policy, now, group));
+                if user.exists() {
+                    shard.insert(group.mailbox.user_id.clone(), user);
+                }
+                result
+            }
+        }
+    }
+
     fn set_active_repairs(&self, repairs: &HashMap<UserId, Repair>) {
         self.active_repairs.store(repairs.len(), Ordering::Release);
     }
@@ -226,20 +249,29 @@ impl MailboxStore for MemoryStore {
         let now = self.clock.now_secs();
         crate::model::rules::check_future_window(&self.policy, group.day(), now)?;
         let mut shard = self.shard(&group.mailbox.user_id);
-        self.check_fence(&group.mailbox.user_id)?;
-        match shard.get_mut(&group.mailbox.user_id) {
-            Some(user) => self.counted(user, |u| u.append(&self.policy, now, group)),
-            None => {
-                // A cold user: build the state aside and keep it only if something was written,
-                // so a rejected input leaves no trace.
-                let mut user = UserState::default();
-                let result = self.counted(&mut user, |u| u.append(&self.policy, now, group));
-                if user.exists() {
-                    shard.insert(group.mailbox.user_id.clone(), user);
-                }
-                result
-            }
+        self.append_locked(&mut shard, now, group)
+    }
+
+    /// The whole run under its user's shard lock, at one instant: nothing else touches the
+    /// mailbox between two of its groups.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        let Some(first) = run.first() else {
+            return Vec::new();
+        };
+        if run
+            .iter()
+            .any(|g| g.mailbox.user_id != first.mailbox.user_id)
+        {
+            // Several users live under several locks.
+            return crate::store::append_one_by_one(self, run).await;
         }
+        let now = self.clock.now_secs();
+        let mut shard = self.shard(&first.mailbox.user_id);
+        crate::store::answer_run(run, |group| {
+            crate::model::validate::validate_group(group)?;
+            crate::model::rules::check_future_window(&self.policy, group.day(), now)?;
+            self.append_locked(&mut shard, now, group)
+        })
     }
 
     async fn truncate_before(
