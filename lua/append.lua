@@ -165,7 +165,7 @@ if existing then
   else
     zrem_all(day_key, old)
   end
-  zadd_argv(day_key, seq, members_from)
+  zadd_argv(day_key, seq, members_from, ARGV)
   redis.call('EXPIREAT', day_key, expires_text)
   local kept = position_after(m.extra2, incoming_position)
   if kept then redis.call('HSET', meta_key, 'source_position', kept) end
@@ -214,7 +214,7 @@ end
 -- Insert: events, identity (its TTL never below the largest live expiry), day member, proofs,
 -- range, count, first expiry, seqbucket_max_seq.
 establish_epoch()
-zadd_argv(day_key, seq, members_from)
+zadd_argv(day_key, seq, members_from, ARGV)
 redis.call('EXPIREAT', day_key, expires_text)
 redis.call('ZADD', seqbucket_key, expires_text, seq16)
 if index_expiry == -2 or index_expiry < tonumber(expires_text) then

@@ -62,6 +62,8 @@ async fn conformance_cases_on_a_three_master_cluster() {
         repair_staging_follows_the_append_rules,
         append_many_answers_each_group_like_append,
         append_many_spread_over_many_users_answers_each,
+        append_run_answers_each_group_like_append,
+        append_runs_spread_over_many_users_answer_each,
         late_write_of_an_older_position_is_fenced,
         scans_beside_same_day_replaces_never_skip_a_group,
     );

@@ -116,15 +116,16 @@ local function delete_epoch(keys)
   redis.call('DEL', keys.meta, keys.seqbucket, keys.days)
 end
 
--- ZADDs every member of ARGV[from..] with one score (a decimal string), in calls of at most
+-- ZADDs every member of argv[from..] with one score (a decimal string), in calls of at most
 -- 1,000 pairs: Lua 5.1's unpack stops near 8,000 values, and a group may hold 10,000 events
--- (MAX_EVENTS_PER_GROUP).
-local function zadd_argv(key, score, from)
-  for i = from, #ARGV, 1000 do
+-- (MAX_EVENTS_PER_GROUP). `argv` is the caller's ARGV, passed in: inside `append_run.lua` a
+-- group's arguments are a slice of the script's, never the global ARGV.
+local function zadd_argv(key, score, from, argv)
+  for i = from, #argv, 1000 do
     local args = {}
-    for j = i, math.min(i + 999, #ARGV) do
+    for j = i, math.min(i + 999, #argv) do
       args[#args + 1] = score
-      args[#args + 1] = ARGV[j]
+      args[#args + 1] = argv[j]
     end
     redis.call('ZADD', key, unpack(args))
   end

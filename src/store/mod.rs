@@ -63,6 +63,15 @@ pub(crate) async fn append_one_by_one<S: MailboxStore + ?Sized>(
     answers
 }
 
+/// A run the store answered with nothing (a backend's bug, never the contract): transient, so
+/// the delivery is tried again rather than lost.
+pub(crate) fn no_answer(backend: &'static str) -> StoreError {
+    StoreError::Unavailable {
+        backend,
+        detail: "the store answered fewer appends than it was sent".to_owned(),
+    }
+}
+
 /// Whether a run stops after this answer: an error that is not final.
 pub(crate) fn ends_run(answer: &Result<AppendOutcome, StoreError>) -> bool {
     answer.as_ref().is_err_and(|e| !e.is_final())
@@ -131,10 +140,30 @@ pub trait MailboxStore: Send + Sync {
 
     /// Appends several groups, each exactly as [`append`](MailboxStore::append) would (each atomic
     /// on its own, in no particular order between them), answering in the order given. The
-    /// caller sends groups of distinct users only (the daemon's lanes guarantee it). Backends
-    /// that can do better than concurrent calls do: Redis sends them as one pipeline.
+    /// caller sends groups of distinct users only. One [`append_runs`](MailboxStore::append_runs)
+    /// of runs of one group.
     async fn append_many(&self, groups: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        futures::future::join_all(groups.iter().map(|g| self.append(g))).await
+        let runs: Vec<&[&EventGroup]> = groups.iter().map(std::slice::from_ref).collect();
+        self.append_runs(&runs)
+            .await
+            .into_iter()
+            .map(|mut answers| {
+                answers
+                    .pop()
+                    .unwrap_or_else(|| Err(no_answer(self.backend())))
+            })
+            .collect()
+    }
+
+    /// Appends several runs ([`append_run`](MailboxStore::append_run)), each of another user,
+    /// in no particular order between them, answering each run in the order given. Backends
+    /// that can do better than concurrent calls do: Redis sends them as one pipeline, a run as
+    /// one script call.
+    async fn append_runs(
+        &self,
+        runs: &[&[&EventGroup]],
+    ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
+        futures::future::join_all(runs.iter().map(|run| self.append_run(run))).await
     }
 
     /// Appends a **run**: consecutive groups of one mailbox, in source order, answering each

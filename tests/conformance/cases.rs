@@ -1268,3 +1268,66 @@ pub async fn append_run_answers_each_group_like_append(h: &H) {
 pub async fn randomized_histories_agree_in_runs_and_one_by_one(h: &H) {
     super::history::compare_runs_with_one_by_one(h.clone(), 24).await;
 }
+
+/// One `append_runs` of runs for many users (spread over every master of a cluster), runs of
+/// 1, 2 and 3 groups mixed with a corrupt user's run: each run answers exactly as its groups
+/// appended one by one would, the corrupt one stopping at its first group, whatever else shared
+/// the batch.
+pub async fn append_runs_spread_over_many_users_answer_each(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let broken = mailbox("runs-broken", 1);
+    append_ok(&*store, &broken, 1, TODAY0, "a").await;
+    assert!(f.corrupt(&broken, Corruption::LoseIdentityIndex).await);
+    let users = 60;
+    let runs: Vec<Vec<_>> = (0..users)
+        .map(|i| {
+            let mb = mailbox(&format!("runs-{i}"), 1);
+            let mut run = vec![group(&mb, 1, TODAY0, 1, "a")];
+            if i % 3 >= 1 {
+                run.push(group(&mb, 2, TODAY0 - 1, 2, "b"));
+            }
+            if i % 3 == 2 {
+                run.push(group(&mb, 1, TODAY0, 1, "a"));
+            }
+            run
+        })
+        .chain(std::iter::once(vec![
+            group(&broken, 2, TODAY0, 1, "b"),
+            group(&broken, 3, TODAY0, 1, "c"),
+        ]))
+        .collect();
+    let refs: Vec<Vec<_>> = runs.iter().map(|run| run.iter().collect()).collect();
+    let slices: Vec<&[&mailbox_materializer::model::EventGroup]> =
+        refs.iter().map(Vec::as_slice).collect();
+    let answers = store.append_runs(&slices).await;
+    assert_eq!(answers.len(), users + 1);
+    for (i, answer) in answers.iter().take(users).enumerate() {
+        let want: Vec<_> = [
+            AppendOutcome::Inserted,
+            AppendOutcome::Inserted,
+            AppendOutcome::Unchanged,
+        ]
+        .into_iter()
+        .take(1 + i % 3)
+        .map(Ok)
+        .collect();
+        assert_eq!(answer, &want, "user {i}");
+    }
+    let last = &answers[users];
+    assert_eq!(last.len(), 1, "{last:?}");
+    assert_eq!(corrupt_kind(&last[0]), "index_lost");
+    // The same batch again: every group an identical replay.
+    let again = store.append_runs(&slices).await;
+    for (i, answer) in again.iter().take(users).enumerate() {
+        assert!(
+            answer.len() == 1 + i % 3 && answer.iter().all(|a| a == &Ok(AppendOutcome::Unchanged)),
+            "user {i}: {answer:?}"
+        );
+    }
+    for i in [0, 1, 2, users - 1] {
+        let mb = mailbox(&format!("runs-{i}"), 1);
+        let want: Vec<u64> = if i % 3 == 0 { vec![1] } else { vec![1, 2] };
+        assert_eq!(scan_seqs(store.as_ref(), &mb, 0).await, want, "user {i}");
+    }
+}

@@ -6,6 +6,25 @@ use super::*;
 /// The reply code of a write refused after its promote compacted days (`after_promote`).
 const REFUSED_AFTER_PROMOTE: i64 = 7;
 
+/// The script error codes whose refusal is a delivery's final answer, as `lua/append_run.lua`
+/// reads them (`,-1,-2,-3,`): derived from [`StoreError::is_final`] through the one mapping
+/// of codes to errors, so the script holds no classification of its own.
+fn final_codes() -> &'static str {
+    static CODES: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CODES.get_or_init(|| {
+        let mut codes = String::from(",");
+        for code in -100..0 {
+            if ScriptCode::from_code(code).is_some()
+                && super::invoke::reply_error(&[Value::Int(code)], &RetentionPolicy::default())
+                    .is_final()
+            {
+                codes.push_str(&format!("{code},"));
+            }
+        }
+        codes
+    })
+}
+
 impl RedisStore {
     /// The invocation of `lua/append.lua` that appends `group` to `copy` (as `holder`): exactly
     /// what [`MailboxStore::append`] sends. Benchmarks pipe the very same commands to the server
@@ -17,39 +36,101 @@ impl RedisStore {
         group: &EventGroup,
     ) -> redis::ScriptInvocation<'_> {
         let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
+        let mut invocation = self.scripts.append.prepare_invoke();
+        keys.bind(&mut invocation);
+        for arg in self.append_argv(&keys, holder, group) {
+            invocation.arg(arg);
+        }
+        invocation
+    }
+
+    /// The invocation of `lua/append_run.lua` for a run of valid groups of ONE mailbox (the
+    /// caller checks both), each followed by its `lua/append.lua` ARGV.
+    pub(super) fn append_run_invocation(
+        &self,
+        copy: KeySet,
+        holder: &str,
+        run: &[&EventGroup],
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.append_run.prepare_invoke();
+        let Some(first) = run.first() else {
+            return invocation;
+        };
+        let keys = MailboxKeys::of(&self.settings.key_prefix, &first.mailbox, copy);
+        keys.bind(&mut invocation);
+        invocation.arg(final_codes());
+        for group in run {
+            let argv = self.append_argv(&keys, holder, group);
+            invocation.arg(argv.len());
+            for arg in argv {
+                invocation.arg(arg);
+            }
+        }
+        invocation
+    }
+
+    /// `lua/append.lua`'s ARGV for `group` on `keys`' copy, as its header lists them.
+    fn append_argv(&self, keys: &MailboxKeys, holder: &str, group: &EventGroup) -> Vec<String> {
         let day = group.day();
         let mut events: Vec<&Event> = group.events.iter().collect();
         events.sort_by_key(|e| e.event_ordinal);
-        let mut invocation = self.scripts.append.prepare_invoke();
-        keys.bind(&mut invocation);
-        // ARGV as `lua/append.lua` lists them.
-        invocation
-            .arg(&keys.stem)
-            .arg(keys::tag(&group.mailbox.user_id))
-            .arg(group.mailbox.epoch)
-            .arg(group.mailbox_seq)
-            .arg(format!("{:016}", group.mailbox_seq))
-            .arg(day)
-            .arg(self.policy.expires_at(day))
-            .arg(
-                day.saturating_sub(u64::from(self.policy.future_window_days))
-                    .saturating_mul(crate::model::DAY_SECS),
-            )
-            .arg(self.policy.max_active_span_days)
-            .arg(self.policy.retention_days)
-            .arg(holder)
-            .arg(self.wait_flag())
-            .arg(events.len() + 1)
-            .arg(group.source.map(|s| s.encode()).unwrap_or_default());
+        let mut argv = Vec::with_capacity(14 + events.len());
+        argv.extend([
+            keys.stem.clone(),
+            keys::tag(&group.mailbox.user_id),
+            group.mailbox.epoch.to_string(),
+            group.mailbox_seq.to_string(),
+            format!("{:016}", group.mailbox_seq),
+            day.to_string(),
+            self.policy.expires_at(day).to_string(),
+            day.saturating_sub(u64::from(self.policy.future_window_days))
+                .saturating_mul(crate::model::DAY_SECS)
+                .to_string(),
+            self.policy.max_active_span_days.to_string(),
+            self.policy.retention_days.to_string(),
+            holder.to_owned(),
+            self.wait_flag().to_string(),
+            (events.len() + 1).to_string(),
+            group.source.map(|s| s.encode()).unwrap_or_default(),
+        ]);
         for event in events {
-            invocation.arg(event_member(
+            argv.push(event_member(
                 group.mailbox_seq,
                 event.event_ordinal,
                 group.created_at,
                 event.payload.as_str(),
             ));
         }
-        invocation
+        argv
+    }
+
+    /// The answers of `lua/append_run.lua`'s reply for `run`: one per reply, a prefix of the
+    /// run (the script stops after an answer that is not final).
+    pub(super) fn append_run_reply(
+        &self,
+        reply: Vec<Value>,
+        run: &[&EventGroup],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
+        if reply.is_empty() || reply.len() > run.len() {
+            return vec![Err(protocol(format!(
+                "a run of {} groups answered {} replies",
+                run.len(),
+                reply.len()
+            )))];
+        }
+        let mut answers = Vec::with_capacity(reply.len());
+        for (item, group) in reply.into_iter().zip(run) {
+            let answer = match item {
+                Value::Array(items) => self.append_reply(items, group),
+                other => Err(protocol(format!("{other:?}"))),
+            };
+            let stop = crate::store::ends_run(&answer);
+            answers.push(answer);
+            if stop {
+                break;
+            }
+        }
+        answers
     }
 
     /// Appends `group` to one copy. `holder` is empty for a live write (refused under any fence)

@@ -108,20 +108,25 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
 }
 
 impl RedisStore {
-    /// Live appends of several groups: one pipeline on a single server; on a cluster one
-    /// pipeline per master, all sent at once. Answers in the order given.
-    pub(super) async fn append_pipelined(
+    /// Live appends of several runs (each of one mailbox, [`MailboxStore::append_run`]): one
+    /// pipeline on a single server; on a cluster one pipeline per master, all sent at once.
+    /// Answers each run in the order given.
+    ///
+    /// [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
+    pub(super) async fn append_runs_pipelined(
         &self,
-        groups: &[&EventGroup],
-    ) -> Vec<Result<AppendOutcome, StoreError>> {
+        runs: &[&[&EventGroup]],
+    ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
         if !self.settings.cluster {
-            return self.append_pipeline(groups, None).await;
+            return self.append_pipeline(runs, None).await;
         }
-        let tags: Vec<String> = groups
+        let slots: Vec<u16> = runs
             .iter()
-            .map(|g| keys::tag(&g.mailbox.user_id))
+            .map(|run| {
+                run.first()
+                    .map_or(0, |g| slot_of_key(&keys::tag(&g.mailbox.user_id)))
+            })
             .collect();
-        let slots: Vec<u16> = tags.iter().map(|t| slot_of_key(t)).collect();
         let map = self.slot_map().await;
         let mut parts: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, &slot) in slots.iter().enumerate() {
@@ -133,35 +138,35 @@ impl RedisStore {
         }
         let parts: Vec<Vec<usize>> = parts.into_values().collect();
         let answers = futures::future::join_all(parts.iter().map(|part| {
-            let part_groups: Vec<&EventGroup> = part.iter().map(|i| groups[*i]).collect();
+            let part_runs: Vec<&[&EventGroup]> = part.iter().map(|i| runs[*i]).collect();
             // Routed to the master of its first user's slot, which serves all of them.
             let route = Route::new(slots[part[0]], SlotAddr::Master);
-            async move { self.append_pipeline(&part_groups, Some(route)).await }
+            async move { self.append_pipeline(&part_runs, Some(route)).await }
         }))
         .await;
-        let mut results: Vec<Option<Result<AppendOutcome, StoreError>>> =
-            (0..groups.len()).map(|_| None).collect();
+        let mut results: Vec<Vec<Result<AppendOutcome, StoreError>>> =
+            (0..runs.len()).map(|_| Vec::new()).collect();
         let mut moved = false;
         for (part, answer) in parts.iter().zip(answers) {
-            for (i, outcome) in part.iter().zip(answer) {
-                moved |= matches!(&outcome, Err(StoreError::Unavailable { detail, .. }) if detail.contains("MOVED"));
-                results[*i] = Some(outcome);
+            for (i, outcomes) in part.iter().zip(answer) {
+                moved |= outcomes.iter().any(|o| {
+                    matches!(o, Err(StoreError::Unavailable { detail, .. }) if detail.contains("MOVED"))
+                });
+                results[*i] = outcomes;
             }
         }
         if moved {
             // A slot moved: read the map again before the next batch.
             *lock(&self.slot_map) = None;
         }
+        for (answers, run) in results.iter_mut().zip(runs) {
+            if answers.is_empty() && !run.is_empty() {
+                answers.push(Err(protocol(
+                    "a cluster part answered fewer appends than it was sent",
+                )));
+            }
+        }
         results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(protocol(
-                        "a cluster part answered fewer appends than it was sent",
-                    ))
-                })
-            })
-            .collect()
     }
 
     /// The cluster's slot map, read again when older than [`SLOT_MAP_TTL`]; `None` when it
@@ -217,24 +222,140 @@ impl RedisStore {
         }
     }
 
-    /// Live appends of several groups as ONE pipeline: every script, then (with
-    /// `wait_replicas > 0`) one `WAIT` that covers all of them, on one connection in one round
-    /// trip. Each script stays atomic on its own; a script's error answers its own group only.
+    /// Live appends of several runs as ONE pipeline: a script call per run (`lua/append.lua`
+    /// for a run of one group, `lua/append_run.lua` for more), then (with `wait_replicas > 0`)
+    /// one `WAIT` that covers all of them, on one connection in one round trip. Each script
+    /// stays atomic on its own; a script's error answers its own run only.
     async fn append_pipeline(
         &self,
-        groups: &[&EventGroup],
+        runs: &[&[&EventGroup]],
         route: Option<Route>,
-    ) -> Vec<Result<AppendOutcome, StoreError>> {
-        let mut results: Vec<Option<Result<AppendOutcome, StoreError>>> = groups
+    ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
+        // An invalid group is refused before anything is sent (final, it changes nothing, so
+        // the rest of its run goes on); the valid ones of each run are sent as its command.
+        let refused: Vec<Vec<Option<StoreError>>> = runs
             .iter()
-            .map(|g| validate_group(g).err().map(Err))
+            .map(|run| run.iter().map(|g| validate_group(g).err()).collect())
             .collect();
-        let sent: Vec<usize> = (0..groups.len())
-            .filter(|i| results[*i].is_none())
+        let valid: Vec<Vec<&EventGroup>> = runs
+            .iter()
+            .zip(&refused)
+            .map(|(run, refused)| {
+                run.iter()
+                    .zip(refused)
+                    .filter(|(_, r)| r.is_none())
+                    .map(|(g, _)| *g)
+                    .collect()
+            })
             .collect();
-        if sent.is_empty() {
-            return results.into_iter().flatten().collect();
+        let sent: Vec<usize> = (0..runs.len()).filter(|i| !valid[*i].is_empty()).collect();
+        let mut scripted: Vec<Vec<Result<AppendOutcome, StoreError>>> =
+            (0..runs.len()).map(|_| Vec::new()).collect();
+        if !sent.is_empty() {
+            for (i, answers) in self.send_runs(&valid, &sent, route).await {
+                scripted[i] = answers;
+            }
+            // A run script the server refused as a whole (a Lua runtime error) names no
+            // group: its groups go again one by one, so the refusal lands on its own group
+            // (groups applied before the error replay idempotently).
+            for i in &sent {
+                if valid[*i].len() > 1
+                    && matches!(scripted[*i].as_slice(), [Err(StoreError::Refused { .. })])
+                {
+                    scripted[*i] = crate::store::append_one_by_one(self, &valid[*i]).await;
+                }
+            }
         }
+        runs.iter()
+            .zip(refused)
+            .zip(scripted)
+            .map(|((run, refused), scripted)| {
+                let mut scripted = scripted.into_iter();
+                let mut answers = Vec::with_capacity(run.len());
+                for refusal in refused {
+                    let answer = match refusal {
+                        Some(error) => Err(error),
+                        None => match scripted.next() {
+                            Some(answer) => answer,
+                            // The script stopped before this group: so does the run.
+                            None => break,
+                        },
+                    };
+                    let stop = crate::store::ends_run(&answer);
+                    answers.push(answer);
+                    if stop {
+                        break;
+                    }
+                }
+                answers
+            })
+            .collect()
+    }
+
+    /// Sends the runs `sent` names (each non-empty, every group valid) as one pipeline and
+    /// answers each, a prefix of its run. A server that lost a script (a restart, `SCRIPT
+    /// FLUSH`, or the run script's first use) answers NOSCRIPT for that command alone: the
+    /// scripts are loaded and only those runs are sent again, so no run is applied twice
+    /// (twice would answer `unchanged` for what was `inserted`).
+    async fn send_runs(
+        &self,
+        runs: &[Vec<&EventGroup>],
+        sent: &[usize],
+        route: Option<Route>,
+    ) -> Vec<(usize, Vec<Result<AppendOutcome, StoreError>>)> {
+        let mut answered = self.send_runs_once(runs, sent, route).await;
+        let missing: Vec<usize> = answered
+            .iter()
+            .filter(|(_, a)| a.is_none())
+            .map(|(i, _)| *i)
+            .collect();
+        if !missing.is_empty() {
+            let mut conn = self.conn();
+            let mut loaded = Ok(());
+            for script in [&self.scripts.append, &self.scripts.append_run] {
+                if let Err(e) = script.prepare_invoke().load_async(&mut conn).await {
+                    loaded = Err(classified(e));
+                    break;
+                }
+            }
+            let again = match loaded {
+                Ok(()) => self.send_runs_once(runs, &missing, route).await,
+                Err(error) => missing
+                    .iter()
+                    .map(|i| (*i, Some(vec![Err(error.clone())])))
+                    .collect(),
+            };
+            let mut again: HashMap<usize, Option<Vec<_>>> = again.into_iter().collect();
+            for (i, answers) in answered.iter_mut() {
+                if answers.is_none() {
+                    *answers = again.remove(i).flatten();
+                }
+            }
+        }
+        answered
+            .into_iter()
+            .map(|(i, answers)| {
+                (
+                    i,
+                    answers.unwrap_or_else(|| {
+                        vec![Err(protocol(
+                            "the script is still missing after loading it",
+                        ))]
+                    }),
+                )
+            })
+            .collect()
+    }
+
+    /// One pipeline of the runs `sent` names (and `WAIT` with `wait_replicas > 0`): each
+    /// run's answers, or `None` for a run whose script the server did not have (NOSCRIPT:
+    /// nothing of it ran).
+    async fn send_runs_once(
+        &self,
+        runs: &[Vec<&EventGroup>],
+        sent: &[usize],
+        route: Option<Route>,
+    ) -> Vec<(usize, Option<Vec<Result<AppendOutcome, StoreError>>>)> {
         let wanted = self.settings.wait_replicas;
         let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
             .unwrap_or(u64::MAX)
@@ -243,60 +364,47 @@ impl RedisStore {
         // once here (and once more while the pipeline is written), not twice.
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for i in &sent {
-            pipe.invoke_script(&self.append_invocation(KeySet::Live, "", groups[*i]));
+        for i in sent {
+            match runs[*i].as_slice() {
+                [group] => pipe.invoke_script(&self.append_invocation(KeySet::Live, "", group)),
+                run => pipe.invoke_script(&self.append_run_invocation(KeySet::Live, "", run)),
+            };
         }
         if wanted > 0 {
             pipe.cmd("WAIT").arg(wanted).arg(timeout_ms);
         }
-        let mut conn = self.conn();
-        let mut replies: Result<Vec<redis::RedisResult<Value>>, RedisError> =
-            self.send_pipeline(&pipe, route).await;
-        // A server that lost its scripts (restart, SCRIPT FLUSH) answers NOSCRIPT: load, resend.
-        let noscript = |r: &Result<Vec<redis::RedisResult<Value>>, RedisError>| match r {
-            Ok(items) => items.iter().any(|i| {
-                i.as_ref().is_err_and(|e| {
-                    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                })
-            }),
-            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
-        };
-        if noscript(&replies) {
-            if let Err(e) = self
-                .scripts
-                .append
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await
-            {
-                let error = classified(e);
-                return groups
-                    .iter()
-                    .zip(results)
-                    .map(|(_, r)| r.unwrap_or_else(|| Err(error.clone())))
-                    .collect();
-            }
-            replies = self.send_pipeline(&pipe, route).await;
-        }
-        let replies = match replies {
+        let replies = match self.send_pipeline(&pipe, route).await {
             Ok(replies) => replies,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                return sent.iter().map(|i| (*i, None)).collect();
+            }
             Err(e) => {
                 let error = classified(e);
-                return results
-                    .into_iter()
-                    .map(|r| r.unwrap_or_else(|| Err(error.clone())))
+                return sent
+                    .iter()
+                    .map(|i| (*i, Some(vec![Err(error.clone())])))
                     .collect();
             }
         };
         let mut replies = replies.into_iter();
-        let mut scripted: Vec<Result<Vec<Value>, StoreError>> = Vec::with_capacity(sent.len());
-        for _ in &sent {
-            scripted.push(match replies.next() {
-                Some(Ok(Value::Array(items))) => Ok(items),
-                Some(Ok(other)) => Err(protocol(format!("{other:?}"))),
-                Some(Err(e)) => Err(classified(e)),
-                None => Err(protocol("a pipeline reply is missing")),
-            });
+        let mut answered = Vec::with_capacity(sent.len());
+        for i in sent {
+            let run = runs[*i].as_slice();
+            let answers = match (replies.next(), run) {
+                (Some(Err(e)), _)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    None
+                }
+                (Some(Ok(Value::Array(items))), [group]) => {
+                    Some(vec![self.append_reply(items, group)])
+                }
+                (Some(Ok(Value::Array(items))), run) => Some(self.append_run_reply(items, run)),
+                (Some(Ok(other)), _) => Some(vec![Err(protocol(format!("{other:?}")))]),
+                (Some(Err(e)), _) => Some(vec![Err(classified(e))]),
+                (None, _) => Some(vec![Err(protocol("a pipeline reply is missing"))]),
+            };
+            answered.push((*i, answers));
         }
         if wanted > 0 {
             let acks = match replies.next() {
@@ -304,23 +412,22 @@ impl RedisStore {
                 _ => -1,
             };
             if acks < i64::from(wanted) {
-                // Not durable: every write of the pipeline is retried (and replays idempotently).
+                // Not durable: every write of the pipeline is retried (and replays
+                // idempotently). A run ends at its first write, which answers the error.
                 let error = crate::store::classify::redis::too_few_replicas(
                     acks.max(0),
                     wanted,
                     timeout_ms,
                 );
-                for outcome in scripted.iter_mut() {
-                    if outcome.is_ok() {
-                        *outcome = Err(error.clone());
+                for answers in answered.iter_mut().filter_map(|(_, a)| a.as_mut()) {
+                    if let Some(first_ok) = answers.iter().position(Result::is_ok) {
+                        answers.truncate(first_ok);
+                        answers.push(Err(error.clone()));
                     }
                 }
             }
         }
-        for (i, outcome) in sent.into_iter().zip(scripted) {
-            results[i] = Some(outcome.and_then(|reply| self.append_reply(reply, groups[i])));
-        }
-        results.into_iter().flatten().collect()
+        answered
     }
 }
 

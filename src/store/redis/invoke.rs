@@ -107,55 +107,57 @@ impl RedisStore {
 
     /// Maps a negative script reply to the contract's error.
     pub(super) fn script_error(&self, reply: &[Value]) -> StoreError {
-        let code = reply.first().and_then(int).unwrap_or(0);
-        let arg = |i: usize| reply.get(i).map(text).unwrap_or_default();
-        let n = |i: usize| num(reply.get(i));
-        match ScriptCode::from_code(code) {
-            Some(ScriptCode::FutureCreatedAt) => {
-                crate::model::rules::future_created_at(&self.policy, n(1), n(2))
-            }
-            Some(ScriptCode::SpanExceeded) => {
-                crate::model::rules::span_exceeded(&self.policy, n(3), n(1), n(2))
-            }
-            Some(ScriptCode::CrossDay) => StoreError::Conflict {
-                kind: ConflictKind::CrossDay {
-                    existing_day: n(1),
-                    incoming_day: n(2),
-                },
-            },
-            Some(ScriptCode::UnsupportedFormat) => {
-                StoreError::corrupt(CorruptKind::UnsupportedFormat { found: arg(1) })
-            }
-            Some(ScriptCode::IndexLost) => StoreError::corrupt(CorruptKind::IndexLost),
-            Some(ScriptCode::MetaLost) => StoreError::corrupt(CorruptKind::MetaLost),
-            Some(ScriptCode::IdentityMissing) => {
-                StoreError::corrupt(CorruptKind::IdentityMissing {
-                    seq: n(2),
-                    seqbucket_max_seq: n(1),
-                })
-            }
-            Some(ScriptCode::BadProof) => {
-                StoreError::corrupt(CorruptKind::BadProof { detail: arg(1) })
-            }
-            Some(ScriptCode::EpochMismatch) => StoreError::EpochMismatch {
-                current: arg(1).parse().ok(),
-            },
-            Some(ScriptCode::CursorTrimmed) => StoreError::CursorExpired {
-                cursor: CursorExpired::Trimmed {
-                    resume_after: n(1).saturating_sub(1),
-                },
-            },
-            Some(ScriptCode::CursorGap) => StoreError::CursorExpired {
-                cursor: CursorExpired::ExpiredGap { boundary: n(1) },
-            },
-            Some(ScriptCode::UnderRepair) => StoreError::UnderRepair { holder: arg(1) },
-            Some(ScriptCode::FenceLost) => StoreError::FenceLost {
-                detail: match arg(1).as_str() {
-                    "" => "the repair fence lapsed (no fence exists)".to_owned(),
-                    other => format!("the repair fence is held by {other}"),
-                },
-            },
-            None => protocol(format!("code {code}")),
+        reply_error(reply, &self.policy)
+    }
+}
+
+/// The one mapping of a negative script reply to the contract's error; `policy` words the
+/// refusals that name a limit.
+pub(super) fn reply_error(reply: &[Value], policy: &RetentionPolicy) -> StoreError {
+    let code = reply.first().and_then(int).unwrap_or(0);
+    let arg = |i: usize| reply.get(i).map(text).unwrap_or_default();
+    let n = |i: usize| num(reply.get(i));
+    match ScriptCode::from_code(code) {
+        Some(ScriptCode::FutureCreatedAt) => {
+            crate::model::rules::future_created_at(policy, n(1), n(2))
         }
+        Some(ScriptCode::SpanExceeded) => {
+            crate::model::rules::span_exceeded(policy, n(3), n(1), n(2))
+        }
+        Some(ScriptCode::CrossDay) => StoreError::Conflict {
+            kind: ConflictKind::CrossDay {
+                existing_day: n(1),
+                incoming_day: n(2),
+            },
+        },
+        Some(ScriptCode::UnsupportedFormat) => {
+            StoreError::corrupt(CorruptKind::UnsupportedFormat { found: arg(1) })
+        }
+        Some(ScriptCode::IndexLost) => StoreError::corrupt(CorruptKind::IndexLost),
+        Some(ScriptCode::MetaLost) => StoreError::corrupt(CorruptKind::MetaLost),
+        Some(ScriptCode::IdentityMissing) => StoreError::corrupt(CorruptKind::IdentityMissing {
+            seq: n(2),
+            seqbucket_max_seq: n(1),
+        }),
+        Some(ScriptCode::BadProof) => StoreError::corrupt(CorruptKind::BadProof { detail: arg(1) }),
+        Some(ScriptCode::EpochMismatch) => StoreError::EpochMismatch {
+            current: arg(1).parse().ok(),
+        },
+        Some(ScriptCode::CursorTrimmed) => StoreError::CursorExpired {
+            cursor: CursorExpired::Trimmed {
+                resume_after: n(1).saturating_sub(1),
+            },
+        },
+        Some(ScriptCode::CursorGap) => StoreError::CursorExpired {
+            cursor: CursorExpired::ExpiredGap { boundary: n(1) },
+        },
+        Some(ScriptCode::UnderRepair) => StoreError::UnderRepair { holder: arg(1) },
+        Some(ScriptCode::FenceLost) => StoreError::FenceLost {
+            detail: match arg(1).as_str() {
+                "" => "the repair fence lapsed (no fence exists)".to_owned(),
+                other => format!("the repair fence is held by {other}"),
+            },
+        },
+        None => protocol(format!("code {code}")),
     }
 }

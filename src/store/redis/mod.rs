@@ -126,8 +126,29 @@ impl MailboxStore for RedisStore {
         self.append_to(KeySet::Live, "", group).await
     }
 
-    async fn append_many(&self, groups: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        self.append_pipelined(groups).await
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        let Some(first) = run.first() else {
+            return Vec::new();
+        };
+        if run.iter().any(|g| g.mailbox != first.mailbox) {
+            // One script call holds one mailbox's keys.
+            return crate::store::append_one_by_one(self, run).await;
+        }
+        let mut answers = self.append_runs_pipelined(&[run]).await;
+        answers.pop().unwrap_or_default()
+    }
+
+    async fn append_runs(
+        &self,
+        runs: &[&[&EventGroup]],
+    ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
+        if runs.iter().all(|run| {
+            run.iter()
+                .all(|g| run.first().is_some_and(|f| f.mailbox == g.mailbox))
+        }) {
+            return self.append_runs_pipelined(runs).await;
+        }
+        futures::future::join_all(runs.iter().map(|run| self.append_run(run))).await
     }
 
     async fn truncate_before(

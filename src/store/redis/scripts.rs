@@ -11,6 +11,8 @@ const COPY: &str = include_str!("../../../lua/includes/copy.lua");
 /// Every script, compiled once per store.
 pub struct Scripts {
     pub append: Script,
+    /// `lua/append_run.lua` around `lua/append.lua`'s body (see [`Scripts::append_run_source`]).
+    pub append_run: Script,
     pub truncate: Script,
     pub promote: Script,
     pub scan_begin: Script,
@@ -40,6 +42,7 @@ impl Scripts {
     pub fn new() -> Self {
         Self {
             append: mailbox_script(include_str!("../../../lua/append.lua")),
+            append_run: Script::new(&Self::append_run_source()),
             truncate: mailbox_script(include_str!("../../../lua/truncate.lua")),
             promote: mailbox_script(include_str!("../../../lua/promote.lua")),
             scan_begin: mailbox_script(include_str!("../../../lua/scan_begin.lua")),
@@ -59,6 +62,20 @@ impl Scripts {
         format!(
             "{COMMON}\n{META}\n{PROMOTE}\n{}",
             include_str!("../../../lua/append.lua")
+        )
+    }
+}
+
+impl Scripts {
+    /// The full source of the run script: the includes, `lua/append.lua`'s body as the local
+    /// function `append_one(ARGV)` (its parameter shadows the script's ARGV, so the body reads
+    /// one group's arguments unchanged), then `lua/append_run.lua`. One body, two scripts: a
+    /// group is decided by the same lines alone or in a run.
+    pub fn append_run_source() -> String {
+        format!(
+            "{COMMON}\n{META}\n{PROMOTE}\nlocal function append_one(ARGV)\n{}\nend\n{}",
+            include_str!("../../../lua/append.lua"),
+            include_str!("../../../lua/append_run.lua")
         )
     }
 }
