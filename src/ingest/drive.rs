@@ -9,7 +9,10 @@
 //! 2. [`Driver::next`] waits for a finished store call; [`Driver::handle`] reads its result
 //!    through [`Disposition`]:
 //!    - final by the table (advance, dead letter): the delivery completes, its lane's next
-//!      delivery starts, and a settled record with a refusal goes to [`Policy::dead_letter`];
+//!      run starts once the whole current run is back, and a settled record with a refusal
+//!      goes to [`Policy::dead_letter`];
+//!    - not reached (its run stopped at an earlier answer that is not final): it waits in its
+//!      lane and leads the next run;
 //!    - not final (block, retry, abort): the front end's [`Policy::not_final`] answers with a
 //!      [`Verdict`]: retry after a delay (the daemon, always), take it as final (`apply` and
 //!      `replay` report a corrupt mailbox and go on) or stop the run (`apply` and `replay` after
@@ -22,7 +25,8 @@
 //! apply?" is answered by this file and each policy's `not_final`.
 //!
 //! Bounds: each window holds at most its `max_records` records; the runner holds at most one
-//! delivery per lane, so at most the records in the windows (and its own batch bounds).
+//! run per lane (at most `RUN_MAX_GROUPS` deliveries), so at most the deliveries in the
+//! windows (and its own batch bounds).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -263,7 +267,7 @@ where
             return false;
         };
         for at in admission.ready {
-            self.start(source, at, 0, Duration::ZERO, policy);
+            self.start_run(source, vec![at], policy);
         }
         if let Some(settled) = admission.settled {
             self.settle(source, settled, policy);
@@ -321,8 +325,13 @@ where
             return Ok(());
         };
         window.calls = window.calls.saturating_sub(1);
-        // Cancelled before it reached the store: the record stays unfinished, uncommitted.
         let Some(result) = result else {
+            // Cancelled before it reached the store: the record stays unfinished, uncommitted.
+            // Otherwise its run stopped before it: it waits in its lane for the next run.
+            if !window.cancel.is_cancelled() {
+                let next = window.pipeline.not_reached(key.at);
+                self.start_run(key.source, next, policy);
+            }
             return Ok(());
         };
         let step = Step {
@@ -344,9 +353,7 @@ where
         }
         policy.delivery_final(step, &mut window.state, &result);
         let (next, settled) = window.pipeline.complete(key.at, result);
-        if let Some(next) = next {
-            self.start(key.source, next, 0, Duration::ZERO, policy);
-        }
+        self.start_run(key.source, next, policy);
         if let Some(settled) = settled {
             self.settle(key.source, settled, policy);
         }
@@ -370,36 +377,35 @@ where
         }
     }
 
-    /// Starts the first attempt of the delivery at `at`.
-    fn start<P: Policy<S, X>>(
-        &mut self,
-        source: S,
-        at: DeliveryRef,
-        attempt: u32,
-        delay: Duration,
-        policy: &mut P,
-    ) {
+    /// Starts the first attempt of a run of `source`'s window (consecutive deliveries of one
+    /// lane, see `pipeline`), as one entry of the next batch, against the target of its first
+    /// delivery (a policy's target depends on the user alone, and a run is one user's).
+    fn start_run<P: Policy<S, X>>(&mut self, source: S, run: Vec<DeliveryRef>, policy: &mut P) {
+        if run.is_empty() {
+            return;
+        }
         let Some(window) = self.windows.get_mut(&source).filter(|w| !w.closing) else {
             return;
         };
-        let Some(delivery) = window.pipeline.delivery(at).cloned() else {
+        let deliveries: Vec<(Key<S>, Arc<Delivery>)> = run
+            .into_iter()
+            .filter_map(|at| {
+                let delivery = window.pipeline.delivery(at)?.clone();
+                let key = Key {
+                    source,
+                    at,
+                    generation: window.generation,
+                };
+                Some((key, delivery))
+            })
+            .collect();
+        let Some((_, first)) = deliveries.first() else {
             return;
         };
-        let key = Key {
-            source,
-            at,
-            generation: window.generation,
-        };
-        Self::send(
-            &mut self.runner,
-            &self.store,
-            window,
-            key,
-            delivery,
-            attempt,
-            delay,
-            policy,
-        );
+        let target = policy.target(first).unwrap_or_else(|| self.store.clone());
+        window.calls += deliveries.len();
+        self.runner
+            .start_run(target, deliveries, window.cancel.clone());
     }
 
     /// Starts another attempt of `delivery` unless its source is closing (or closed, or

@@ -21,6 +21,8 @@ pub mod drive;
 pub(crate) mod pipeline;
 pub mod runner;
 
+pub use pipeline::{RUN_MAX_BYTES, RUN_MAX_GROUPS};
+
 pub use apply::{apply_delivery, apply_record, Delivery, DeliveryOutcome, DeliveryResult};
 pub use decode::{
     decode, decode_record, DecodeError, DecodeOptions, Decoded, DispatchRecord, MalformedKind,

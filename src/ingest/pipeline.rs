@@ -7,9 +7,13 @@
 //! 1. **Admitted** in source order (offsets strictly increase; an older offset is a redelivery and
 //!    is ignored) into a bounded window, with the raw bytes it would need for a dead letter.
 //! 2. Its **deliveries** join the **lane** of their user: all epochs of a user share one lane (so an
-//!    epoch move stays ordered with the older epoch's records), a lane runs one delivery at a time
-//!    in source order, lanes run concurrently. A delivery leaves its lane only with a final result
-//!    ([`Disposition::is_final`]): retries, fences and corrupt mailboxes keep it at the lane's head.
+//!    epoch move stays ordered with the older epoch's records), lanes run concurrently. A lane
+//!    hands out one **run** at a time, from its front in source order: the appends waiting there
+//!    for one mailbox (at most [`RUN_MAX_GROUPS`] and [`RUN_MAX_BYTES`] of payload), or one
+//!    truncate; the next run only once every delivery of the last one is back. A delivery
+//!    leaves its lane only with a final result ([`Disposition::is_final`]): retries, fences and
+//!    corrupt mailboxes keep it at the lane's head, and the deliveries of its run behind it
+//!    that the store did not reach ([`PartitionPipeline::not_reached`]) wait for the next run.
 //! 3. **Settled** when every delivery is final. A record with a refused delivery (or a malformed
 //!    one) then needs a dead letter; otherwise it is final at once.
 //! 4. **Final** once its dead letter (if any) is acknowledged: its raw bytes are released.
@@ -33,6 +37,17 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+
+/// Most deliveries in one run: the groups one store call decides together (one Redis script
+/// call, one lock on memory). Bounds the server time of one call (a Redis script blocks the
+/// server while it runs: 64 warm appends take on the order of a few milliseconds) and what one
+/// retry re-sends.
+pub const RUN_MAX_GROUPS: usize = 64;
+
+/// Most payload bytes in one run (a run's first group is taken whatever its size, so a single
+/// group at the record limit still goes): keeps one call's request, and the script's work, near
+/// what one large group costs today.
+pub const RUN_MAX_BYTES: usize = 1 << 20;
 
 use super::{DecodeError, Delivery, DeliveryOutcome, DispatchRecord};
 use crate::model::{StoreError, UserId};
@@ -203,11 +218,20 @@ pub(crate) struct Admission {
 }
 
 /// The window of one source.
+/// One user's deliveries in the window, in source order.
+#[derive(Debug, Default)]
+struct Lane {
+    queue: VecDeque<DeliveryRef>,
+    /// The deliveries of the current run (at the front) not back yet: at most
+    /// [`RUN_MAX_GROUPS`].
+    out: Vec<DeliveryRef>,
+}
+
 #[derive(Debug)]
 pub(crate) struct PartitionPipeline<R, M = ()> {
     max_records: usize,
     slots: BTreeMap<i64, Slot<R, M>>,
-    lanes: HashMap<UserId, VecDeque<DeliveryRef>>,
+    lanes: HashMap<UserId, Lane>,
     /// One past the highest admitted offset.
     next_offset: Option<i64>,
     /// Bytes of the records in the window (their raw size, which also stands for their decoded
@@ -297,10 +321,12 @@ impl<R, M> PartitionPipeline<R, M> {
                         .entry(delivery.mailbox().user_id.clone())
                         .or_default();
                     let at = DeliveryRef { offset, index };
-                    if lane.is_empty() {
+                    if lane.queue.is_empty() {
+                        // An idle lane: this delivery is a run of its own, at once.
                         ready.push(at);
+                        lane.out = vec![at];
                     }
-                    lane.push_back(at);
+                    lane.queue.push_back(at);
                 }
                 slot.pending = deliveries.len();
                 slot.results = vec![None; deliveries.len()];
@@ -326,22 +352,22 @@ impl<R, M> PartitionPipeline<R, M> {
     }
 
     /// Records the **final** result of the delivery at `at` (a non-final one — retry, fence,
-    /// corrupt — must not arrive here: the delivery stays at its lane's head). Returns the next
-    /// delivery of the same lane, now runnable, and the record's settlement when this was its last
-    /// delivery.
+    /// corrupt — must not arrive here: the delivery stays at its lane's head). Returns the lane's
+    /// next run once every delivery of the current one is back (empty otherwise), and the
+    /// record's settlement when this was its last delivery.
     pub(crate) fn complete(
         &mut self,
         at: DeliveryRef,
         result: Result<DeliveryOutcome, StoreError>,
-    ) -> (Option<DeliveryRef>, Option<Settled>) {
+    ) -> (Vec<DeliveryRef>, Option<Settled>) {
         let Some(slot) = self.slots.get_mut(&at.offset) else {
-            return (None, None);
+            return (Vec::new(), None);
         };
         let Some(delivery) = slot.deliveries.get(at.index).cloned() else {
-            return (None, None);
+            return (Vec::new(), None);
         };
         if slot.stage != Stage::Running || slot.results[at.index].is_some() {
-            return (None, None);
+            return (Vec::new(), None);
         }
         slot.results[at.index] = Some(result);
         slot.pending -= 1;
@@ -353,20 +379,85 @@ impl<R, M> PartitionPipeline<R, M> {
             }
         }
 
-        let user = &delivery.mailbox().user_id;
-        let mut next = None;
-        if let Some(lane) = self.lanes.get_mut(user) {
-            if lane.front() == Some(&at) {
-                lane.pop_front();
+        let user = delivery.mailbox().user_id.clone();
+        let mut next = Vec::new();
+        if let Some(lane) = self.lanes.get_mut(&user) {
+            if lane.queue.front() == Some(&at) {
+                lane.queue.pop_front();
             } else {
-                lane.retain(|r| *r != at);
+                lane.queue.retain(|r| *r != at);
             }
-            next = lane.front().copied();
-            if lane.is_empty() {
-                self.lanes.remove(user);
+            lane.out.retain(|r| *r != at);
+            if lane.queue.is_empty() {
+                self.lanes.remove(&user);
+            } else if lane.out.is_empty() {
+                next = self.next_run(&user);
             }
         }
         (next, settled)
+    }
+
+    /// A delivery of the current run that never reached the store (the store stopped the run
+    /// before it, or its attempt was cancelled): it stays in its lane, unanswered, and once the
+    /// rest of its run is back the lane hands out the next run, which starts with it. Answers
+    /// that run (empty while some of the current one is still out).
+    pub(crate) fn not_reached(&mut self, at: DeliveryRef) -> Vec<DeliveryRef> {
+        let Some(user) = self.delivery(at).map(|d| d.mailbox().user_id.clone()) else {
+            return Vec::new();
+        };
+        let Some(lane) = self.lanes.get_mut(&user) else {
+            return Vec::new();
+        };
+        if !lane.out.contains(&at) {
+            return Vec::new();
+        }
+        lane.out.retain(|r| *r != at);
+        if lane.out.is_empty() {
+            self.next_run(&user)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Hands out `user`'s next run from the front of its lane (see the module docs) and marks
+    /// it running.
+    fn next_run(&mut self, user: &UserId) -> Vec<DeliveryRef> {
+        let Some(lane) = self.lanes.get(user) else {
+            return Vec::new();
+        };
+        let mut run = Vec::new();
+        let mut bytes = 0;
+        let mut mailbox = None;
+        for at in &lane.queue {
+            let Some(delivery) = self
+                .slots
+                .get(&at.offset)
+                .and_then(|slot| slot.deliveries.get(at.index))
+            else {
+                break;
+            };
+            let Delivery::Append(group) = &**delivery else {
+                // A truncate runs alone.
+                if run.is_empty() {
+                    run.push(*at);
+                }
+                break;
+            };
+            let size: usize = group.events.iter().map(|e| e.payload.as_str().len()).sum();
+            let joins = mailbox.is_none_or(|m| m == &group.mailbox)
+                && run.len() < RUN_MAX_GROUPS
+                && (run.is_empty() || bytes + size <= RUN_MAX_BYTES);
+            if !joins {
+                break;
+            }
+            mailbox = Some(&group.mailbox);
+            bytes += size;
+            run.push(*at);
+        }
+        if let Some(lane) = self.lanes.get_mut(user) {
+            lane.out.clone_from(&run);
+        }
+        run
     }
 
     /// Marks a record awaiting its dead letter final (the dead letter is acknowledged) and
@@ -463,13 +554,13 @@ mod tests {
 
         // b finishes first: final, but nothing is committable before offset 0 is.
         let (next, settled) = p.complete(at(2, 0), ok());
-        assert_eq!(next, None);
+        assert!(next.is_empty());
         assert!(settled.is_some_and(|s| s.dead_letter.is_none()));
         assert!(p.pop_final().is_empty());
         assert_eq!(p.watermark(), Some(0));
 
         let (next, _) = p.complete(at(0, 0), ok());
-        assert_eq!(next, Some(at(1, 0)), "a's next delivery is runnable now");
+        assert_eq!(next, vec![at(1, 0)], "a's next delivery is runnable now");
         let popped: Vec<i64> = p.pop_final().iter().map(|f| f.meta).collect();
         assert_eq!(popped, vec![0]);
         assert_eq!(p.watermark(), Some(1));
@@ -557,7 +648,7 @@ mod tests {
             while let Some(next) = p
                 .lanes
                 .get(&UserId::parse("u").expect("id"))
-                .and_then(|l| l.front().copied())
+                .and_then(|l| l.queue.front().copied())
             {
                 p.complete(next, ok());
             }
@@ -570,5 +661,84 @@ mod tests {
         p.complete(first[0], ok());
         assert_eq!(p.pop_final().len(), 4);
         assert!(p.has_room());
+    }
+
+    #[test]
+    fn a_lane_hands_out_what_waits_for_one_mailbox_as_one_run() {
+        let mut p = P::new(1_000);
+        assert_eq!(admit(&mut p, 0, &[("a", 1)]).ready, vec![at(0, 0)]);
+        for offset in 1..=(RUN_MAX_GROUPS as i64 + 1) {
+            assert!(admit(&mut p, offset, &[("a", offset as u64 + 1)])
+                .ready
+                .is_empty());
+        }
+        // The first run was the lone head; the next takes RUN_MAX_GROUPS, then the rest.
+        let (run, _) = p.complete(at(0, 0), ok());
+        let want: Vec<DeliveryRef> = (1..=RUN_MAX_GROUPS as i64).map(|o| at(o, 0)).collect();
+        assert_eq!(run, want);
+        for (i, r) in run.iter().enumerate() {
+            let (next, _) = p.complete(*r, ok());
+            if i + 1 < run.len() {
+                assert!(next.is_empty(), "the run is still out");
+            } else {
+                assert_eq!(next, vec![at(RUN_MAX_GROUPS as i64 + 1, 0)]);
+            }
+        }
+    }
+
+    #[test]
+    fn an_epoch_or_a_truncate_ends_a_run() {
+        let mut p = P::new(100);
+        let epoch = |offset: i64, epoch: u32| {
+            let raw = serde_json::json!({"dispatch_id": "d", "group_id": "g",
+                "committed_at": 1_764_633_600_123u64, "deliveries": [{"user_id": "a",
+                "epoch": epoch, "mailbox_seq": offset + 1,
+                "events": [{"event_ordinal": 0, "payload": {}}]}]});
+            decode_record(raw.to_string().as_bytes(), 1 << 20).expect("valid record")
+        };
+        let truncate = serde_json::json!({"type": "truncate_before", "user_id": "a",
+            "epoch": 2, "before_seq": 3});
+        let truncate = decode_record(truncate.to_string().as_bytes(), 1 << 20);
+        let records = [
+            Ok(epoch(0, 1)),
+            Ok(epoch(1, 1)),
+            Ok(epoch(2, 1)),
+            Ok(epoch(3, 2)),
+            truncate,
+            Ok(epoch(5, 2)),
+        ];
+        for (offset, record) in records.into_iter().enumerate() {
+            let record = record.expect("valid record");
+            p.admit(offset as i64, vec![0; 10], 10, offset as i64, Ok(record));
+        }
+        let (run, _) = p.complete(at(0, 0), ok());
+        assert_eq!(run, vec![at(1, 0), at(2, 0)], "epoch 1 only");
+        p.complete(at(1, 0), ok());
+        let (run, _) = p.complete(at(2, 0), ok());
+        assert_eq!(run, vec![at(3, 0)], "epoch 2 up to the truncate");
+        let (run, _) = p.complete(at(3, 0), ok());
+        assert_eq!(run, vec![at(4, 0)], "a truncate runs alone");
+        let (run, _) = p.complete(at(4, 0), ok());
+        assert_eq!(run, vec![at(5, 0)]);
+    }
+
+    #[test]
+    fn what_a_stopped_run_did_not_reach_leads_the_next_run() {
+        let mut p = P::new(100);
+        admit(&mut p, 0, &[("a", 1)]);
+        for offset in 1..=4 {
+            admit(&mut p, offset, &[("a", offset as u64 + 1)]);
+        }
+        let (run, _) = p.complete(at(0, 0), ok());
+        assert_eq!(run.len(), 4);
+        // The store answered 1, stopped at 2 (retried, not complete), never reached 3 and 4.
+        assert!(p.complete(at(1, 0), ok()).0.is_empty());
+        assert!(p.not_reached(at(3, 0)).is_empty());
+        assert!(p.not_reached(at(4, 0)).is_empty(), "2 is still out");
+        assert!(p.not_reached(at(3, 0)).is_empty(), "counted once");
+        let (run, _) = p.complete(at(2, 0), ok());
+        assert_eq!(run, vec![at(3, 0), at(4, 0)]);
+        assert_eq!(p.pop_final().len(), 3);
+        assert_eq!(p.watermark(), Some(3), "the unreached ones hold the commit");
     }
 }

@@ -49,7 +49,7 @@ pub(crate) struct Attempt<K> {
     pub delivery: Arc<Delivery>,
     /// 0 for the first attempt.
     pub attempt: u32,
-    /// `None` when the attempt was cancelled before it reached the store.
+    /// `None` when the attempt never reached the store: cancelled, or its run stopped before it.
     pub result: Option<Result<DeliveryOutcome, StoreError>>,
     /// Time spent in the store call (not in the backoff before it).
     pub elapsed: Duration,
@@ -105,12 +105,18 @@ impl Cancel {
     }
 }
 
-/// One delivery waiting to be sent.
-struct Queued<K> {
+/// One delivery of a run waiting to be sent.
+struct Member<K> {
     key: K,
-    target: Arc<dyn MailboxStore>,
     delivery: Arc<Delivery>,
     attempt: u32,
+}
+
+/// A run waiting to be sent (see `pipeline`'s runs): one delivery, or consecutive appends of
+/// one mailbox that go to the store in one [`MailboxStore::append_runs`] entry. Never split.
+struct Queued<K> {
+    target: Arc<dyn MailboxStore>,
+    run: Vec<Member<K>>,
     cancel: Cancel,
 }
 
@@ -153,10 +159,12 @@ impl<K: Send + Sync + 'static> Runner<K> {
         cancel: Cancel,
     ) {
         let queued = Queued {
-            key,
             target,
-            delivery,
-            attempt,
+            run: vec![Member {
+                key,
+                delivery,
+                attempt,
+            }],
             cancel,
         };
         if delay.is_zero() {
@@ -172,10 +180,37 @@ impl<K: Send + Sync + 'static> Runner<K> {
         }
     }
 
+    /// Starts the first attempt of a run: `deliveries` in their lane's order, all of one
+    /// mailbox (or one truncate), sent together in the next batch to `target`.
+    pub(crate) fn start_run(
+        &mut self,
+        target: Arc<dyn MailboxStore>,
+        deliveries: Vec<(K, Arc<Delivery>)>,
+        cancel: Cancel,
+    ) {
+        if deliveries.is_empty() {
+            return;
+        }
+        self.queued.push(Queued {
+            target,
+            run: deliveries
+                .into_iter()
+                .map(|(key, delivery)| Member {
+                    key,
+                    delivery,
+                    attempt: 0,
+                })
+                .collect(),
+            cancel,
+        });
+    }
+
     /// Sends what was started since the last flush: one batch per target, at most
     /// [`MAX_BATCH`] deliveries each, while fewer than [`MAX_BATCHES_IN_FLIGHT`] are out and the
-    /// target's `max_appends_in_flight` has room. What does not fit waits, in order, for a
-    /// batch to come back.
+    /// target's `max_appends_in_flight` has room. Runs are never split: a run that does not fit
+    /// waits for the next batch, except that one run alone may exceed a store limit smaller
+    /// than itself when nothing else is out (it could never be sent otherwise). What does not
+    /// fit waits, in order, for a batch to come back.
     fn flush(&mut self) {
         while !self.queued.is_empty() && self.batches < MAX_BATCHES_IN_FLIGHT {
             let target = self.queued[0].target.clone();
@@ -184,21 +219,29 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 .unwrap_or(MAX_BATCH * MAX_BATCHES_IN_FLIGHT)
                 .max(1);
             let size = MAX_BATCH.min(limit.saturating_sub(self.sent));
-            if size == 0 {
+            let alone = self.sent == 0;
+            if size == 0 && !alone {
                 break;
             }
-            let mut batch = Vec::new();
+            let mut batch: Vec<Queued<K>> = Vec::new();
+            let mut count = 0;
             let mut rest = Vec::new();
             for queued in self.queued.drain(..) {
-                if batch.len() < size && Arc::ptr_eq(&queued.target, &target) {
+                let len = queued.run.len();
+                let fits = count + len <= size || (batch.is_empty() && alone);
+                if fits && Arc::ptr_eq(&queued.target, &target) {
+                    count += len;
                     batch.push(queued);
                 } else {
                     rest.push(queued);
                 }
             }
             self.queued = rest;
+            if batch.is_empty() {
+                break;
+            }
             self.batches += 1;
-            self.sent += batch.len();
+            self.sent += count;
             self.inflight
                 .push(Box::pin(async move { (true, run_batch(batch).await) }));
         }
@@ -248,8 +291,10 @@ impl<K: Send + Sync + 'static> Runner<K> {
     }
 }
 
-/// Runs one batch against its target: the appends in one [`MailboxStore::append_many`], the
-/// truncates one by one; cancelled deliveries never reach the store.
+/// Runs one batch against its target: the runs of appends in one
+/// [`MailboxStore::append_runs`], the truncates one by one; cancelled runs never reach the
+/// store. A delivery of a run that the store did not reach (it stopped the run at an earlier
+/// answer that is not final) comes back without a result, like a cancelled one.
 async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
     let Some(target) = batch.first().map(|q| q.target.clone()) else {
         return Vec::new();
@@ -258,58 +303,74 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
     let live: Vec<bool> = batch.iter().map(|q| !q.cancel.is_cancelled()).collect();
     // The batch is decided (its cancel checks are behind it): a test may freeze it here.
     #[cfg(feature = "failpoints")]
-    let paused = failpoint::pause_before_send(batch.iter().map(|q| &*q.delivery)).await;
-    let groups: Vec<&EventGroup> = batch
+    let paused = failpoint::pause_before_send(failpoint::deliveries(&batch).into_iter()).await;
+    let is_append = |q: &Queued<K>| {
+        q.run
+            .iter()
+            .all(|m| matches!(&*m.delivery, Delivery::Append(_)))
+    };
+    let runs: Vec<Vec<&EventGroup>> = batch
         .iter()
         .zip(&live)
-        .filter_map(|(q, live)| match (&*q.delivery, live) {
-            (Delivery::Append(group), true) => Some(group),
-            _ => None,
+        .filter(|(q, live)| **live && is_append(q))
+        .map(|(q, _)| {
+            q.run
+                .iter()
+                .filter_map(|m| match &*m.delivery {
+                    Delivery::Append(group) => Some(group),
+                    Delivery::Truncate { .. } => None,
+                })
+                .collect()
         })
         .collect();
     let mut calls = Vec::new();
-    let mut appended = if groups.is_empty() {
+    let mut appended = if runs.is_empty() {
         Vec::new()
     } else {
+        let slices: Vec<&[&EventGroup]> = runs.iter().map(Vec::as_slice).collect();
         let call = Instant::now();
-        let appended = target.append_many(&groups).await;
+        let appended = target.append_runs(&slices).await;
         calls.push(StoreCall {
             backend: target.backend(),
             op: "append",
-            deliveries: groups.len(),
+            deliveries: runs.iter().map(Vec::len).sum(),
             elapsed: call.elapsed(),
         });
         appended
     }
     .into_iter();
-    let mut results = Vec::with_capacity(batch.len());
+    let mut results: Vec<Vec<Option<Result<DeliveryOutcome, StoreError>>>> =
+        Vec::with_capacity(batch.len());
     for (q, live) in batch.iter().zip(&live) {
-        let result = match (&*q.delivery, live) {
-            (_, false) => None,
-            (Delivery::Append(_), true) => Some(
-                appended
-                    .next()
-                    .map(|r| r.map(DeliveryOutcome::Append))
-                    .unwrap_or_else(|| {
-                        Err(StoreError::Unavailable {
-                            backend: target.backend(),
-                            detail: "the store answered fewer appends than it was sent".to_owned(),
-                        })
-                    }),
-            ),
-            (Delivery::Truncate { .. }, true) => {
+        if !live {
+            results.push(q.run.iter().map(|_| None).collect());
+        } else if is_append(q) {
+            let mut answers = appended.next().unwrap_or_default().into_iter();
+            let mut run: Vec<_> = q
+                .run
+                .iter()
+                .map(|_| answers.next().map(|r| r.map(DeliveryOutcome::Append)))
+                .collect();
+            if run.first().is_some_and(Option::is_none) {
+                // The store answered nothing for this run: transient, tried again.
+                run[0] = Some(Err(crate::store::no_answer(target.backend())));
+            }
+            results.push(run);
+        } else {
+            let mut run = Vec::with_capacity(q.run.len());
+            for member in &q.run {
                 let call = Instant::now();
-                let result = apply_delivery(target.as_ref(), &q.delivery).await;
+                let result = apply_delivery(target.as_ref(), &member.delivery).await;
                 calls.push(StoreCall {
                     backend: target.backend(),
                     op: "truncate_before",
                     deliveries: 1,
                     elapsed: call.elapsed(),
                 });
-                Some(result)
+                run.push(Some(result));
             }
-        };
-        results.push(result);
+            results.push(run);
+        }
     }
     let elapsed = started.elapsed();
     #[cfg(feature = "failpoints")]
@@ -320,10 +381,11 @@ async fn run_batch<K: Send + Sync>(batch: Vec<Queued<K>>) -> Vec<Attempt<K>> {
     batch
         .into_iter()
         .zip(results)
-        .map(|(q, result)| Attempt {
-            key: q.key,
-            delivery: q.delivery,
-            attempt: q.attempt,
+        .flat_map(|(q, results)| q.run.into_iter().zip(results))
+        .map(|(member, result)| Attempt {
+            key: member.key,
+            delivery: member.delivery,
+            attempt: member.attempt,
             result,
             elapsed,
             calls: calls.take().unwrap_or_default(),
@@ -344,6 +406,18 @@ mod failpoint {
     use crate::ingest::Delivery;
 
     static FIRED: AtomicBool = AtomicBool::new(false);
+
+    /// Every delivery of a batch (a named function: a closure here trips the async
+    /// lifetime inference of the future that holds it).
+    pub(super) fn deliveries<K>(batch: &[super::Queued<K>]) -> Vec<&Delivery> {
+        let mut all = Vec::new();
+        for queued in batch {
+            for member in &queued.run {
+                all.push(&*member.delivery);
+            }
+        }
+        all
+    }
     /// The point's setting, read once (an environment lookup per batch would cost the benches,
     /// which build with this feature, a measurable share of a record's time).
     static SPEC: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();

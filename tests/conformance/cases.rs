@@ -1263,8 +1263,8 @@ pub async fn append_run_answers_each_group_like_append(h: &H) {
     assert!(s.append_run(&[]).await.is_empty());
 }
 
-/// SPEC 4 both ways on random histories: one group at a time and in runs, the same answers
-/// and byte for byte the same stored state.
+/// SPEC 4 both ways on random histories: one group at a time and in runs, the same answers,
+/// the same inspection and the same pages.
 pub async fn randomized_histories_agree_in_runs_and_one_by_one(h: &H) {
     super::history::compare_runs_with_one_by_one(h.clone(), 24).await;
 }

@@ -15,10 +15,12 @@ use crate::model::{
 use crate::store::memory::MemoryStore;
 use crate::store::SystemClock;
 
-/// The memory store answering `unavailable` to its first `failures` appends.
+/// The memory store answering `unavailable` to its first `failures` appends, and once to the
+/// first append of the seq `fail_seq` names (0: none).
 struct Flaky {
     inner: MemoryStore,
     failures: AtomicU32,
+    fail_seq: std::sync::atomic::AtomicU64,
     appends: AtomicU32,
 }
 
@@ -37,7 +39,11 @@ impl MailboxStore for Flaky {
         let failing = self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
+            .is_ok()
+            || self
+                .fail_seq
+                .compare_exchange(group.mailbox_seq, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok();
         if failing {
             return Err(StoreError::Unavailable {
                 backend: "memory",
@@ -68,6 +74,7 @@ fn flaky(failures: u32) -> Arc<Flaky> {
     Arc::new(Flaky {
         inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
         failures: AtomicU32::new(failures),
+        fail_seq: std::sync::atomic::AtomicU64::new(0),
         appends: AtomicU32::new(0),
     })
 }
@@ -321,4 +328,51 @@ async fn the_read_ahead_stops_at_a_batch_and_at_a_full_window() {
         assert!(driver.admit(0, offset, (), 1, offset, record(&[&user], 1), &mut policy));
     }
     assert!(!driver.room_for_more(&0, 0), "full");
+}
+
+#[tokio::test]
+async fn a_run_stopped_by_a_retry_goes_on_after_it_in_source_order() {
+    let store = flaky(0);
+    store.fail_seq.store(3, Ordering::SeqCst);
+    let mut driver = driver(store.clone());
+    let mut policy = Fixed::new(|_| Verdict::Retry(Duration::from_millis(1)));
+    for seq in 1..=5 {
+        let offset = seq as i64;
+        assert!(driver.admit(0, offset, (), 1, offset, record(&["u-1"], seq), &mut policy));
+    }
+    let finals = drain(&mut driver, &mut policy).await.expect("no stop");
+    assert_eq!(finals, vec![1, 2, 3, 4, 5], "final in source order");
+    let third = DeliveryRef {
+        offset: 3,
+        index: 0,
+    };
+    assert_eq!(
+        policy.not_final,
+        vec![(
+            third,
+            0,
+            Disposition::Retry {
+                under_repair: false
+            }
+        )],
+        "only seq 3 failed; 4 and 5 were not reached, not failed"
+    );
+    // 1 alone; the run 2, 3 (stopped there); 3 again; the run 4, 5.
+    assert_eq!(store.appends.load(Ordering::SeqCst), 6);
+    let mailbox = MailboxId::new(crate::model::UserId::parse("u-1").expect("id"), 1);
+    let page = store
+        .inner
+        .range_scan(
+            &mailbox,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10,
+            },
+        )
+        .await
+        .expect("scan");
+    let seqs: Vec<u64> = page.groups.iter().map(|g| g.mailbox_seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+    assert_eq!(driver.window(&0).map(|w| w.calls()), Some(0));
 }

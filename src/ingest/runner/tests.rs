@@ -156,3 +156,102 @@ async fn without_a_limit_of_its_own_the_runners_bound_applies() {
     let bound = MAX_BATCH * MAX_BATCHES_IN_FLIGHT;
     assert_eq!(run(None, bound + 1).await, bound);
 }
+
+fn run_of(user: usize, len: usize) -> Vec<(usize, Arc<Delivery>)> {
+    (0..len)
+        .map(|j| {
+            let Delivery::Append(mut group) = (*delivery(user)).clone() else {
+                unreachable!("delivery() makes appends")
+            };
+            group.mailbox_seq = j as u64 + 1;
+            (user * 1_000 + j, Arc::new(Delivery::Append(group)))
+        })
+        .collect()
+}
+
+/// Runs are never split across batches: with runs of `RUN_MAX_GROUPS`, a batch holds whole
+/// runs only (one below MAX_BATCH, exactly, and one run over), and every run's groups reach
+/// the store in their order.
+#[tokio::test]
+async fn runs_go_whole_in_batches_and_in_order() {
+    use crate::ingest::RUN_MAX_GROUPS;
+    for runs in [
+        MAX_BATCH / RUN_MAX_GROUPS - 1,
+        MAX_BATCH / RUN_MAX_GROUPS,
+        MAX_BATCH / RUN_MAX_GROUPS + 1,
+    ] {
+        let store = Arc::new(Limited {
+            inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
+            limit: None,
+            now: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            seen: Mutex::new(Vec::new()),
+        });
+        let target: Arc<dyn MailboxStore> = store.clone();
+        let mut runner = Runner::default();
+        for user in 0..runs {
+            runner.start_run(
+                target.clone(),
+                run_of(user, RUN_MAX_GROUPS),
+                Cancel::default(),
+            );
+        }
+        let mut calls = Vec::new();
+        let mut order: Vec<Vec<usize>> = vec![Vec::new(); runs];
+        for _ in 0..runs * RUN_MAX_GROUPS {
+            let mut attempt = runner.next().await;
+            calls.append(&mut attempt.calls);
+            assert_eq!(
+                attempt.result,
+                Some(Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))),
+                "delivery {}",
+                attempt.key
+            );
+            order[attempt.key / 1_000].push(attempt.key % 1_000);
+        }
+        for (user, seen) in order.iter().enumerate() {
+            assert_eq!(
+                *seen,
+                (0..RUN_MAX_GROUPS).collect::<Vec<_>>(),
+                "user {user}"
+            );
+        }
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.deliveries % RUN_MAX_GROUPS == 0 && c.deliveries <= MAX_BATCH),
+            "{runs} runs: {calls:?}"
+        );
+    }
+}
+
+/// A run longer than the store's own limit still goes, alone, once nothing else is out.
+#[tokio::test]
+async fn a_run_above_the_stores_limit_goes_alone() {
+    let store = Arc::new(Limited {
+        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
+        limit: Some(3),
+        now: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+        seen: Mutex::new(Vec::new()),
+    });
+    let target: Arc<dyn MailboxStore> = store.clone();
+    let mut runner = Runner::default();
+    runner.start_run(target.clone(), run_of(0, 5), Cancel::default());
+    runner.start_run(target.clone(), run_of(1, 2), Cancel::default());
+    let mut keys = Vec::new();
+    for _ in 0..7 {
+        let attempt = runner.next().await;
+        assert!(
+            matches!(attempt.result, Some(Ok(_))),
+            "{:?}",
+            attempt.result
+        );
+        keys.push(attempt.key);
+    }
+    assert_eq!(keys, vec![0, 1, 2, 3, 4, 1_000, 1_001]);
+    assert_eq!(
+        store.seen.lock().expect("lock").clone(),
+        vec![1, 2, 3, 4, 5, 1, 2]
+    );
+}
