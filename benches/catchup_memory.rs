@@ -16,7 +16,8 @@
 //! Options: `BENCH_SIZES` (bytes, comma-separated; default `100,1024,4096,65536,921600`),
 //! `BENCH_BACKENDS` (`redis,memory,scylla`; default `redis`; scylla needs `SCYLLA_NODES`),
 //! `BENCH_BUDGET_MIB` (`kafka.max_in_flight_bytes`, default the configuration's default),
-//! `BENCH_BACKLOG_FACTOR` (backlog ÷ budget, default 5), `BENCH_EXTRA` (lines added to the
+//! `BENCH_BACKLOG_FACTOR` (backlog ÷ budget, default 5), `BENCH_PER_MAILBOX` (records per
+//! mailbox into Redis and Scylla, default 10), `BENCH_EXTRA` (lines added to the
 //! `[kafka]` section), `BENCH_DAEMON` (the command that runs the daemon instead of this build's
 //! binary, e.g. `heaptrack -o target/heap target/profiling/materializer`). Prints a Markdown table.
 
@@ -333,6 +334,7 @@ async fn main() {
     let backends = std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "redis".to_owned());
     let default_budget = Config::default().kafka.max_in_flight_bytes as u64;
     let budget = env_or("BENCH_BUDGET_MIB", default_budget >> 20) << 20;
+    let per_mailbox: u64 = env_or("BENCH_PER_MAILBOX", 10u64).max(1);
     let factor: u64 = env_or("BENCH_BACKLOG_FACTOR", 5);
     let extra = std::env::var("BENCH_EXTRA").unwrap_or_default();
     // The README's formula, as the daemon computes it for its cgroup check.
@@ -347,8 +349,8 @@ async fn main() {
         mib(prefetch),
         mib(bound)
     );
-    println!("| backend | record size | records | backlog MiB | peak RSS MiB | within bound | peak charged MiB | records/s | CPU (cores) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| backend | record size | records | backlog MiB | peak RSS MiB | within bound | peak charged MiB | records/s | EVALSHA/record | CPU (cores) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for backend in backends.split(',').map(str::trim) {
         for &size in &sizes {
             let records = ((factor * budget) / size as u64).max(1_000);
@@ -356,7 +358,7 @@ async fn main() {
             let users = if replays {
                 ((4u64 << 20) / size as u64).clamp(3, 2_000).min(records)
             } else {
-                (records / 10).max(3)
+                (records / per_mailbox).max(3)
             };
             let backlog = fill(&bootstrap, size, records, users, replays).await;
             // A fresh server per run: the previous run's data would slow this one.
@@ -365,8 +367,30 @@ async fn main() {
             });
             let (store_section, pids) = store(backend, redis.as_ref());
             let run = run_daemon(&backlog, &store_section, budget, &extra, &pids);
+            // Script calls the server ran (a run of one mailbox's groups is one call).
+            let evalsha = redis.as_ref().map_or_else(
+                || "-".to_owned(),
+                |server| {
+                    let stats = server.raw("INFO commandstats");
+                    let calls: f64 = stats
+                        .lines()
+                        .filter(|l| {
+                            l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:")
+                        })
+                        .filter_map(|l| {
+                            l.split("calls=")
+                                .nth(1)?
+                                .split(',')
+                                .next()?
+                                .parse::<f64>()
+                                .ok()
+                        })
+                        .sum();
+                    format!("{:.2}", calls / backlog.records as f64)
+                },
+            );
             println!(
-                "| {backend} | {size} B | {} | {} | {} | {} | {} | {:.0} | {} |",
+                "| {backend} | {size} B | {} | {} | {} | {} | {} | {:.0} | {evalsha} | {} |",
                 backlog.records,
                 mib(backlog.bytes),
                 mib(run.peak_rss),

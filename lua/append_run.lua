@@ -17,8 +17,11 @@
   applied, and the caller sends them again. Positive codes 1..6 are outcomes and final; a
   refusal after promote (7) is final when the refusal it carries is.
 
-  Bound: the caller sends at most `RUN_MAX_GROUPS` groups and `RUN_MAX_EVENTS` events per run
-  (src/ingest/runner.rs), so one call does at most that many `append.lua` bodies' work.
+  Bound: the caller sends at most RUN_MAX_GROUPS (64) groups and RUN_MAX_BYTES (1 MiB) of
+  payload per run, its first group whatever its size (src/ingest/pipeline.rs), so one call
+  does at most 64 `append.lua` bodies' work over at most 1 MiB (or one group at the record
+  limit, as a single append already may): a few milliseconds of server time for 64 warm
+  appends of small groups, about what one large group costs alone.
 ]]
 local final_codes = ARGV[1]
 

@@ -3,7 +3,7 @@
 //! - [`decode`]: bytes to a [`DispatchRecord`] or a typed [`DecodeError`] naming the field.
 //! - [`apply`]: a record's [`Delivery`]s and the function that runs one delivery against a store
 //!   ([`apply_delivery`]: the runner's truncates go through it; appends go in batches through
-//!   [`MailboxStore::append_many`](crate::store::MailboxStore::append_many)).
+//!   [`MailboxStore::append_runs`](crate::store::MailboxStore::append_runs)).
 //! - [`pipeline`]: the ordering core — a bounded window per source, a lane per user, the
 //!   watermark — and each record's lifecycle from admitted to committable.
 //! - [`runner`]: the store calls in flight, one attempt each.

@@ -2,11 +2,12 @@
 //!
 //! A [`Runner`] holds every delivery whose store call is running (or waiting out its backoff) in
 //! one `FuturesUnordered`, polled by the front end's own loop: no task and no channel round trip
-//! per delivery. Deliveries started together (the runnable heads of many lanes, after a batch of
-//! records or a batch of completions) go to the store as **one batch**
-//! ([`MailboxStore::append_many`]): on Redis one pipeline of scripts, one round trip and one
-//! `WAIT` for all of them; elsewhere concurrent calls. Lanes guarantee a batch never holds two
-//! deliveries of one user, so the order inside a batch does not matter.
+//! per delivery. Runs started together (the next run of many lanes, after a batch of records or
+//! a batch of completions; a run is one mailbox's waiting appends, or one truncate) go to the
+//! store as **one batch** ([`MailboxStore::append_runs`]): on Redis one pipeline with a script
+//! call per run, one round trip and one `WAIT` for all of them; elsewhere concurrent calls. A
+//! run is never split, and lanes guarantee a batch never holds two runs of one user, so the
+//! order between the runs of a batch does not matter.
 //!
 //! What is in flight is bounded twice: at most [`MAX_BATCHES_IN_FLIGHT`] batches of at most
 //! [`MAX_BATCH`] deliveries, and at most the store's own
@@ -64,7 +65,7 @@ pub(crate) struct Attempt<K> {
 pub(crate) struct StoreCall {
     /// [`MailboxStore::backend`].
     pub backend: &'static str,
-    /// `append` (one `append_many` of a batch) or `truncate_before`.
+    /// `append` (one `append_runs` of a batch) or `truncate_before`.
     pub op: &'static str,
     /// Deliveries the call carried.
     pub deliveries: usize,

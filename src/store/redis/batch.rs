@@ -1,7 +1,8 @@
-//! Batches of live appends (the daemon's, `replay`'s and `apply`'s `append_many`).
+//! Batches of live appends (the daemon's, `replay`'s and `apply`'s `append_runs`).
 //!
-//! On one server a batch is ONE pipeline: every script, then (with `wait_replicas > 0`) one
-//! `WAIT` covering all of them, on one connection in one round trip.
+//! On one server a batch is ONE pipeline: a script call per run (`append.lua` for one group,
+//! `append_run.lua` for more), then (with `wait_replicas > 0`) one `WAIT` covering all of
+//! them, on one connection in one round trip.
 //!
 //! On a Redis Cluster the client refuses a pipeline whose commands name several slots (a
 //! client-side `CROSSSLOT`), so a batch is first split **by node**: the slot of each user's hash

@@ -1,10 +1,11 @@
 //! The Redis backend: the V4 layout of SPEC 5, every rule of SPEC 4 inside atomic Lua scripts.
 //!
 //! One script per operation, sharing `lua/includes/`: the SPEC 4 operations (`lua/append.lua`,
+//! `append_run.lua` (a run of one mailbox's groups: `append.lua`'s body once per group),
 //! `truncate.lua`, `promote.lua`, `scan_begin.lua`, `scan_end.lua`, `inspect.lua`), the repair's
 //! (`repair_begin.lua`, `repair_renew.lua`, `repair_swap.lua`, `repair_abort.lua`,
 //! `repair_collect.lua`) and `user_keys.lua` (every key name of a user, for dumps). Batches of
-//! appends are pipelines, split by master on a cluster (`batch`). "Now" is only ever the server's
+//! runs are pipelines, a script call per run, split by master on a cluster (`batch`). "Now" is only ever the server's
 //! `TIME`, so expiry decisions agree with Redis's own TTLs. A scan is a pre-read script, a
 //! pipeline of `ZRANGE BYSCORE` reads over every active day, and a post-read script that refuses
 //! the page if expiry crossed the cursor meanwhile.
