@@ -11,8 +11,8 @@
 //!
 //! What is in flight is bounded twice: at most [`MAX_BATCHES_IN_FLIGHT`] batches of at most
 //! [`MAX_BATCH`] deliveries, and at most the store's own
-//! [`MailboxStore::max_appends_in_flight`] deliveries (Scylla's requests wait for a Paxos round
-//! each and hold the driver's state meanwhile).
+//! [`MailboxStore::max_appends_in_flight`] runs (Scylla's requests wait for a Paxos round each
+//! and hold the driver's state meanwhile; a run holds one request at a time).
 //!
 //! Each attempt is exactly one store call; what happens next (advance, retry, block) is the
 //! front end's decision through [`crate::disposition`], so a retry is just another
@@ -125,11 +125,12 @@ struct Queued<K> {
 pub(crate) struct Runner<K> {
     /// Deliveries started since the last flush, sent together at the next one.
     queued: Vec<Queued<K>>,
-    /// Each future answers whether it was a counted batch, and its attempts.
-    inflight: FuturesUnordered<BoxFuture<'static, (bool, Vec<Attempt<K>>)>>,
+    /// Each future answers the runs of its batch when it was a counted one, and its attempts.
+    inflight: FuturesUnordered<BoxFuture<'static, (Option<usize>, Vec<Attempt<K>>)>>,
     /// Batches in `inflight` sent without delay (bounded by [`MAX_BATCHES_IN_FLIGHT`]).
     batches: usize,
-    /// Deliveries in those batches (bounded by the store's `max_appends_in_flight`).
+    /// Runs in those batches (bounded by the store's `max_appends_in_flight`: a run is one
+    /// call's worth of the store's attention, whatever its length).
     sent: usize,
     /// Attempts of finished batches not handed out yet.
     done: VecDeque<Attempt<K>>,
@@ -176,7 +177,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
                     _ = tokio::time::sleep(delay) => {}
                     _ = queued.cancel.cancelled() => {}
                 }
-                (false, run_batch(vec![queued]).await)
+                (None, run_batch(vec![queued]).await)
             }));
         }
     }
@@ -208,10 +209,10 @@ impl<K: Send + Sync + 'static> Runner<K> {
 
     /// Sends what was started since the last flush: one batch per target, at most
     /// [`MAX_BATCH`] deliveries each, while fewer than [`MAX_BATCHES_IN_FLIGHT`] are out and the
-    /// target's `max_appends_in_flight` has room. Runs are never split: a run that does not fit
-    /// waits for the next batch, except that one run alone may exceed a store limit smaller
-    /// than itself when nothing else is out (it could never be sent otherwise). What does not
-    /// fit waits, in order, for a batch to come back.
+    /// target's `max_appends_in_flight` has room for more runs. Runs are never split: a run
+    /// that does not fit waits for the next batch (a run is at most `RUN_MAX_GROUPS`, below
+    /// [`MAX_BATCH`], so it always fits an empty one). What does not fit waits, in order, for a
+    /// batch to come back.
     fn flush(&mut self) {
         while !self.queued.is_empty() && self.batches < MAX_BATCHES_IN_FLIGHT {
             let target = self.queued[0].target.clone();
@@ -219,19 +220,20 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 .max_appends_in_flight()
                 .unwrap_or(MAX_BATCH * MAX_BATCHES_IN_FLIGHT)
                 .max(1);
-            let size = MAX_BATCH.min(limit.saturating_sub(self.sent));
-            let alone = self.sent == 0;
-            if size == 0 && !alone {
+            let room = limit.saturating_sub(self.sent);
+            if room == 0 {
                 break;
             }
             let mut batch: Vec<Queued<K>> = Vec::new();
-            let mut count = 0;
+            let mut deliveries = 0;
             let mut rest = Vec::new();
             for queued in self.queued.drain(..) {
                 let len = queued.run.len();
-                let fits = count + len <= size || (batch.is_empty() && alone);
-                if fits && Arc::ptr_eq(&queued.target, &target) {
-                    count += len;
+                let fits = batch.len() < room
+                    && (batch.is_empty() || deliveries + len <= MAX_BATCH)
+                    && Arc::ptr_eq(&queued.target, &target);
+                if fits {
+                    deliveries += len;
                     batch.push(queued);
                 } else {
                     rest.push(queued);
@@ -241,10 +243,12 @@ impl<K: Send + Sync + 'static> Runner<K> {
             if batch.is_empty() {
                 break;
             }
+            let runs = batch.len();
             self.batches += 1;
-            self.sent += count;
-            self.inflight
-                .push(Box::pin(async move { (true, run_batch(batch).await) }));
+            self.sent += runs;
+            self.inflight.push(Box::pin(
+                async move { (Some(runs), run_batch(batch).await) },
+            ));
         }
     }
 
@@ -283,10 +287,10 @@ impl<K: Send + Sync + 'static> Runner<K> {
         self.hand_out()
     }
 
-    fn finished(&mut self, (counted, attempts): (bool, Vec<Attempt<K>>)) {
-        if counted {
+    fn finished(&mut self, (runs, attempts): (Option<usize>, Vec<Attempt<K>>)) {
+        if let Some(runs) = runs {
             self.batches -= 1;
-            self.sent -= attempts.len();
+            self.sent -= runs;
         }
         self.done.extend(attempts);
     }

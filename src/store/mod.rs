@@ -119,8 +119,9 @@ pub trait MailboxStore: Send + Sync {
     /// Short backend name for logs and metric labels: `memory`, `redis`, `scylla`.
     fn backend(&self) -> &'static str;
 
-    /// Most appends this store wants in flight at once, across every batch; `None`: no limit of
-    /// its own (the runner's `MAX_BATCH × MAX_BATCHES_IN_FLIGHT` applies). Scylla holds a
+    /// Most appends this store wants in flight at once, across every batch, a run counting as
+    /// one (its groups go one call at a time, or in one call); `None`: no limit of its own (the
+    /// runner's `MAX_BATCH × MAX_BATCHES_IN_FLIGHT` applies). Scylla holds a
     /// driver request per append while it waits for its Paxos round, so its limit keeps that
     /// memory bounded whatever the window holds.
     fn max_appends_in_flight(&self) -> Option<usize> {

@@ -225,12 +225,13 @@ async fn runs_go_whole_in_batches_and_in_order() {
     }
 }
 
-/// A run longer than the store's own limit still goes, alone, once nothing else is out.
+/// A store's own limit counts runs (a run holds one call at a time): a run longer than the
+/// limit goes, and the next run waits for it.
 #[tokio::test]
-async fn a_run_above_the_stores_limit_goes_alone() {
+async fn a_stores_limit_counts_runs() {
     let store = Arc::new(Limited {
         inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
-        limit: Some(3),
+        limit: Some(1),
         now: AtomicUsize::new(0),
         most: AtomicUsize::new(0),
         seen: Mutex::new(Vec::new()),
