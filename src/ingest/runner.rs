@@ -121,12 +121,16 @@ struct Queued<K> {
     cancel: Cancel,
 }
 
+/// A batch come back: its runs when it counted against the bounds (a retry on its own does
+/// not), and its attempts.
+type Finished<K> = (Option<usize>, Vec<Attempt<K>>);
+
 /// The store calls in flight.
 pub(crate) struct Runner<K> {
     /// Deliveries started since the last flush, sent together at the next one.
     queued: Vec<Queued<K>>,
     /// Each future answers the runs of its batch when it was a counted one, and its attempts.
-    inflight: FuturesUnordered<BoxFuture<'static, (Option<usize>, Vec<Attempt<K>>)>>,
+    inflight: FuturesUnordered<BoxFuture<'static, Finished<K>>>,
     /// Batches in `inflight` sent without delay (bounded by [`MAX_BATCHES_IN_FLIGHT`]).
     batches: usize,
     /// Runs in those batches (bounded by the store's `max_appends_in_flight`: a run is one
@@ -287,7 +291,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
         self.hand_out()
     }
 
-    fn finished(&mut self, (runs, attempts): (Option<usize>, Vec<Attempt<K>>)) {
+    fn finished(&mut self, (runs, attempts): Finished<K>) {
         if let Some(runs) = runs {
             self.batches -= 1;
             self.sent -= runs;
