@@ -266,12 +266,10 @@ where
         let Some(admission) = window.pipeline.admit(offset, raw, size, meta, decoded) else {
             return false;
         };
-        for at in admission.ready {
-            self.start_run(source, vec![at], policy);
-        }
         if let Some(settled) = admission.settled {
             self.settle(source, settled, policy);
         }
+        self.pump(policy);
         true
     }
 
@@ -329,8 +327,8 @@ where
             // Cancelled before it reached the store: the record stays unfinished, uncommitted.
             // Otherwise its run stopped before it: it waits in its lane for the next run.
             if !window.cancel.is_cancelled() {
-                let next = window.pipeline.not_reached(key.at);
-                self.start_run(key.source, next, policy);
+                window.pipeline.not_reached(key.at);
+                self.pump(policy);
             }
             return Ok(());
         };
@@ -352,11 +350,11 @@ where
             }
         }
         policy.delivery_final(step, &mut window.state, &result);
-        let (next, settled) = window.pipeline.complete(key.at, result);
-        self.start_run(key.source, next, policy);
+        let settled = window.pipeline.complete(key.at, result);
         if let Some(settled) = settled {
             self.settle(key.source, settled, policy);
         }
+        self.pump(policy);
         Ok(())
     }
 
@@ -374,6 +372,36 @@ where
         let offset = settled.offset;
         if policy.dead_letter(&source, settled) {
             self.dead_lettered(&source, offset);
+        }
+    }
+
+    /// Forms and starts runs of ready lanes while the runner wants more, taking one run from
+    /// each window in turn so no source starves another.
+    fn pump<P: Policy<S, X>>(&mut self, policy: &mut P) {
+        while self.runner.wants_more() {
+            let mut started = false;
+            let sources: Vec<S> = self
+                .windows
+                .iter()
+                .filter(|(_, w)| !w.closing && w.pipeline.has_ready())
+                .map(|(s, _)| *s)
+                .collect();
+            for source in sources {
+                if !self.runner.wants_more() {
+                    return;
+                }
+                let run = self
+                    .windows
+                    .get_mut(&source)
+                    .and_then(|w| w.pipeline.take_run());
+                if let Some(run) = run {
+                    self.start_run(source, run, policy);
+                    started = true;
+                }
+            }
+            if !started {
+                return;
+            }
         }
     }
 

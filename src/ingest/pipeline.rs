@@ -10,7 +10,10 @@
 //!    epoch move stays ordered with the older epoch's records), lanes run concurrently. A lane
 //!    hands out one **run** at a time, from its front in source order: the appends waiting there
 //!    for one mailbox (at most [`RUN_MAX_GROUPS`] and [`RUN_MAX_BYTES`] of payload), or one
-//!    truncate; the next run only once every delivery of the last one is back. A delivery
+//!    truncate; the next run only once every delivery of the last one is back. A lane with
+//!    something to run joins the window's **ready** queue, and its run is formed only when the
+//!    caller takes it ([`PartitionPipeline::take_run`]), as late as the store's capacity allows:
+//!    what arrives in the meantime rides along. A delivery
 //!    leaves its lane only with a final result ([`Disposition::is_final`]): retries, fences and
 //!    corrupt mailboxes keep it at the lane's head, and the deliveries of its run behind it
 //!    that the store did not reach ([`PartitionPipeline::not_reached`]) wait for the next run.
@@ -211,8 +214,6 @@ impl<R, M> Slot<R, M> {
 /// What [`PartitionPipeline::admit`] decided.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Admission {
-    /// Deliveries that may start now (their lane was empty).
-    pub ready: Vec<DeliveryRef>,
     /// Set when the record settled at once (malformed, or no delivery).
     pub settled: Option<Settled>,
 }
@@ -225,6 +226,8 @@ struct Lane {
     /// The deliveries of the current run (at the front) not back yet: at most
     /// [`RUN_MAX_GROUPS`].
     out: Vec<DeliveryRef>,
+    /// In the window's ready queue.
+    ready: bool,
 }
 
 #[derive(Debug)]
@@ -232,6 +235,8 @@ pub(crate) struct PartitionPipeline<R, M = ()> {
     max_records: usize,
     slots: BTreeMap<i64, Slot<R, M>>,
     lanes: HashMap<UserId, Lane>,
+    /// Lanes with nothing out and something to run, in the order they became so.
+    ready: VecDeque<UserId>,
     /// One past the highest admitted offset.
     next_offset: Option<i64>,
     /// Bytes of the records in the window (their raw size, which also stands for their decoded
@@ -246,6 +251,7 @@ impl<R, M> PartitionPipeline<R, M> {
             max_records: max_records.max(1),
             slots: BTreeMap::new(),
             lanes: HashMap::new(),
+            ready: VecDeque::new(),
             next_offset: None,
             bytes: 0,
         }
@@ -308,7 +314,6 @@ impl<R, M> PartitionPipeline<R, M> {
             malformed: None,
             dispatch_id: None,
         };
-        let mut ready = Vec::new();
         match decoded {
             Err(error) => slot.malformed = Some(error),
             Ok(record) => {
@@ -321,12 +326,11 @@ impl<R, M> PartitionPipeline<R, M> {
                         .entry(delivery.mailbox().user_id.clone())
                         .or_default();
                     let at = DeliveryRef { offset, index };
-                    if lane.queue.is_empty() {
-                        // An idle lane: this delivery is a run of its own, at once.
-                        ready.push(at);
-                        lane.out = vec![at];
-                    }
                     lane.queue.push_back(at);
+                    if lane.out.is_empty() && !lane.ready {
+                        lane.ready = true;
+                        self.ready.push_back(delivery.mailbox().user_id.clone());
+                    }
                 }
                 slot.pending = deliveries.len();
                 slot.results = vec![None; deliveries.len()];
@@ -338,7 +342,7 @@ impl<R, M> PartitionPipeline<R, M> {
             self.release_raw(&mut slot);
         }
         self.slots.insert(offset, slot);
-        Some(Admission { ready, settled })
+        Some(Admission { settled })
     }
 
     /// The delivery at `at`, while its record is in the window.
@@ -352,22 +356,18 @@ impl<R, M> PartitionPipeline<R, M> {
     }
 
     /// Records the **final** result of the delivery at `at` (a non-final one — retry, fence,
-    /// corrupt — must not arrive here: the delivery stays at its lane's head). Returns the lane's
-    /// next run once every delivery of the current one is back (empty otherwise), and the
+    /// corrupt — must not arrive here: the delivery stays at its lane's head). Once every
+    /// delivery of the lane's run is back, the lane is ready again if it has more. Returns the
     /// record's settlement when this was its last delivery.
     pub(crate) fn complete(
         &mut self,
         at: DeliveryRef,
         result: Result<DeliveryOutcome, StoreError>,
-    ) -> (Vec<DeliveryRef>, Option<Settled>) {
-        let Some(slot) = self.slots.get_mut(&at.offset) else {
-            return (Vec::new(), None);
-        };
-        let Some(delivery) = slot.deliveries.get(at.index).cloned() else {
-            return (Vec::new(), None);
-        };
+    ) -> Option<Settled> {
+        let slot = self.slots.get_mut(&at.offset)?;
+        let delivery = slot.deliveries.get(at.index).cloned()?;
         if slot.stage != Stage::Running || slot.results[at.index].is_some() {
-            return (Vec::new(), None);
+            return None;
         }
         slot.results[at.index] = Some(result);
         slot.pending -= 1;
@@ -380,7 +380,6 @@ impl<R, M> PartitionPipeline<R, M> {
         }
 
         let user = delivery.mailbox().user_id.clone();
-        let mut next = Vec::new();
         if let Some(lane) = self.lanes.get_mut(&user) {
             if lane.queue.front() == Some(&at) {
                 lane.queue.pop_front();
@@ -388,39 +387,71 @@ impl<R, M> PartitionPipeline<R, M> {
                 lane.queue.retain(|r| *r != at);
             }
             lane.out.retain(|r| *r != at);
-            if lane.queue.is_empty() {
+            if lane.queue.is_empty() && !lane.ready {
                 self.lanes.remove(&user);
-            } else if lane.out.is_empty() {
-                next = self.next_run(&user);
+            } else {
+                self.mark_ready(&user);
             }
         }
-        (next, settled)
+        settled
+    }
+
+    /// Queues `user`'s lane as ready when nothing of it is out and it has something to run.
+    fn mark_ready(&mut self, user: &UserId) {
+        if let Some(lane) = self.lanes.get_mut(user) {
+            if lane.out.is_empty() && !lane.queue.is_empty() && !lane.ready {
+                lane.ready = true;
+                self.ready.push_back(user.clone());
+            }
+        }
+    }
+
+    /// Whether some lane has a run to hand out.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// The next ready lane's run, formed now from everything waiting at its front (see the
+    /// module docs), marked out; `None` when no lane is ready.
+    pub(crate) fn take_run(&mut self) -> Option<Vec<DeliveryRef>> {
+        while let Some(user) = self.ready.pop_front() {
+            let Some(lane) = self.lanes.get_mut(&user) else {
+                continue;
+            };
+            lane.ready = false;
+            if !lane.out.is_empty() {
+                continue;
+            }
+            if lane.queue.is_empty() {
+                self.lanes.remove(&user);
+                continue;
+            }
+            let run = self.next_run(&user);
+            if !run.is_empty() {
+                return Some(run);
+            }
+        }
+        None
     }
 
     /// A delivery of the current run that never reached the store (the store stopped the run
-    /// before it, or its attempt was cancelled): it stays in its lane, unanswered, and once the
-    /// rest of its run is back the lane hands out the next run, which starts with it. Answers
-    /// that run (empty while some of the current one is still out).
-    pub(crate) fn not_reached(&mut self, at: DeliveryRef) -> Vec<DeliveryRef> {
+    /// before it): it stays in its lane, unanswered, and once the rest of its run is back the
+    /// lane is ready again, its next run starting with it.
+    pub(crate) fn not_reached(&mut self, at: DeliveryRef) {
         let Some(user) = self.delivery(at).map(|d| d.mailbox().user_id.clone()) else {
-            return Vec::new();
+            return;
         };
         let Some(lane) = self.lanes.get_mut(&user) else {
-            return Vec::new();
+            return;
         };
-        if !lane.out.contains(&at) {
-            return Vec::new();
-        }
-        lane.out.retain(|r| *r != at);
-        if lane.out.is_empty() {
-            self.next_run(&user)
-        } else {
-            Vec::new()
+        if lane.out.contains(&at) {
+            lane.out.retain(|r| *r != at);
+            self.mark_ready(&user);
         }
     }
 
-    /// Hands out `user`'s next run from the front of its lane (see the module docs) and marks
-    /// it running.
+    /// Forms `user`'s next run from the front of its lane (see the module docs) and marks it
+    /// out.
     fn next_run(&mut self, user: &UserId) -> Vec<DeliveryRef> {
         let Some(lane) = self.lanes.get(user) else {
             return Vec::new();
@@ -537,9 +568,33 @@ mod tests {
     /// The meta of a record is its offset.
     type P = PartitionPipeline<Vec<u8>, i64>;
 
-    fn admit(p: &mut P, offset: i64, users: &[(&str, u64)]) -> Admission {
+    /// The runs ready after an admission (taken, as a driver with room would).
+    struct Admitted {
+        ready: Vec<DeliveryRef>,
+    }
+
+    fn take_all(p: &mut P) -> Vec<DeliveryRef> {
+        let mut all = Vec::new();
+        while let Some(run) = p.take_run() {
+            all.extend(run);
+        }
+        all
+    }
+
+    fn admit(p: &mut P, offset: i64, users: &[(&str, u64)]) -> Admitted {
         p.admit(offset, vec![0; 10], 10, offset, Ok(record(users)))
-            .expect("admitted")
+            .expect("admitted");
+        Admitted { ready: take_all(p) }
+    }
+
+    /// Completes `at` and takes the runs then ready.
+    fn complete(
+        p: &mut P,
+        at: DeliveryRef,
+        result: Result<DeliveryOutcome, StoreError>,
+    ) -> (Vec<DeliveryRef>, Option<Settled>) {
+        let settled = p.complete(at, result);
+        (take_all(p), settled)
     }
 
     #[test]
@@ -553,18 +608,18 @@ mod tests {
         assert_eq!(admit(&mut p, 2, &[("b", 1)]).ready, vec![at(2, 0)]);
 
         // b finishes first: final, but nothing is committable before offset 0 is.
-        let (next, settled) = p.complete(at(2, 0), ok());
+        let (next, settled) = complete(&mut p, at(2, 0), ok());
         assert!(next.is_empty());
         assert!(settled.is_some_and(|s| s.dead_letter.is_none()));
         assert!(p.pop_final().is_empty());
         assert_eq!(p.watermark(), Some(0));
 
-        let (next, _) = p.complete(at(0, 0), ok());
+        let (next, _) = complete(&mut p, at(0, 0), ok());
         assert_eq!(next, vec![at(1, 0)], "a's next delivery is runnable now");
         let popped: Vec<i64> = p.pop_final().iter().map(|f| f.meta).collect();
         assert_eq!(popped, vec![0]);
         assert_eq!(p.watermark(), Some(1));
-        p.complete(at(1, 0), ok());
+        complete(&mut p, at(1, 0), ok());
         let popped: Vec<i64> = p.pop_final().iter().map(|f| f.meta).collect();
         assert_eq!(popped, vec![1, 2], "final records leave in source order");
         assert_eq!(
@@ -580,7 +635,7 @@ mod tests {
         let mut p = P::new(10);
         let ready = admit(&mut p, 5, &[("a", 1), ("b", 1)]).ready;
         assert_eq!(ready.len(), 2);
-        let (_, settled) = p.complete(ready[0], ok());
+        let (_, settled) = complete(&mut p, ready[0], ok());
         assert!(settled.is_none());
         let conflict = Err(StoreError::Conflict {
             kind: crate::model::error::ConflictKind::CrossDay {
@@ -588,7 +643,7 @@ mod tests {
                 incoming_day: 2,
             },
         });
-        let (_, settled) = p.complete(ready[1], conflict);
+        let (_, settled) = complete(&mut p, ready[1], conflict);
         match settled.expect("settled").dead_letter {
             Some(DeadLetter::Failed(failures)) => {
                 assert_eq!(failures.len(), 1);
@@ -621,7 +676,7 @@ mod tests {
         let bad = decode_record(b"{", 1 << 20);
         assert!(bad.is_err());
         let admission = p.admit(0, b"{".to_vec(), 1, 0, bad).expect("admitted");
-        assert!(admission.ready.is_empty());
+        assert!(!p.has_ready());
         assert!(matches!(
             admission.settled.and_then(|s| s.dead_letter),
             Some(DeadLetter::Malformed(_))
@@ -642,7 +697,7 @@ mod tests {
         for offset in 1..4 {
             let ready = admit(&mut p, offset, &[("u", offset as u64)]).ready;
             for r in ready {
-                p.complete(r, ok());
+                complete(&mut p, r, ok());
             }
             // Each of u's deliveries is runnable only after the previous one.
             while let Some(next) = p
@@ -650,7 +705,7 @@ mod tests {
                 .get(&UserId::parse("u").expect("id"))
                 .and_then(|l| l.queue.front().copied())
             {
-                p.complete(next, ok());
+                complete(&mut p, next, ok());
             }
         }
         assert!(
@@ -658,7 +713,7 @@ mod tests {
             "a blocked head keeps final records in the window"
         );
         assert!(p.pop_final().is_empty());
-        p.complete(first[0], ok());
+        complete(&mut p, first[0], ok());
         assert_eq!(p.pop_final().len(), 4);
         assert!(p.has_room());
     }
@@ -673,11 +728,11 @@ mod tests {
                 .is_empty());
         }
         // The first run was the lone head; the next takes RUN_MAX_GROUPS, then the rest.
-        let (run, _) = p.complete(at(0, 0), ok());
+        let (run, _) = complete(&mut p, at(0, 0), ok());
         let want: Vec<DeliveryRef> = (1..=RUN_MAX_GROUPS as i64).map(|o| at(o, 0)).collect();
         assert_eq!(run, want);
         for (i, r) in run.iter().enumerate() {
-            let (next, _) = p.complete(*r, ok());
+            let (next, _) = complete(&mut p, *r, ok());
             if i + 1 < run.len() {
                 assert!(next.is_empty(), "the run is still out");
             } else {
@@ -711,14 +766,19 @@ mod tests {
             let record = record.expect("valid record");
             p.admit(offset as i64, vec![0; 10], 10, offset as i64, Ok(record));
         }
-        let (run, _) = p.complete(at(0, 0), ok());
-        assert_eq!(run, vec![at(1, 0), at(2, 0)], "epoch 1 only");
-        p.complete(at(1, 0), ok());
-        let (run, _) = p.complete(at(2, 0), ok());
+        // Formed when taken: everything waiting for epoch 1 at once.
+        assert_eq!(
+            take_all(&mut p),
+            vec![at(0, 0), at(1, 0), at(2, 0)],
+            "epoch 1 only"
+        );
+        complete(&mut p, at(0, 0), ok());
+        complete(&mut p, at(1, 0), ok());
+        let (run, _) = complete(&mut p, at(2, 0), ok());
         assert_eq!(run, vec![at(3, 0)], "epoch 2 up to the truncate");
-        let (run, _) = p.complete(at(3, 0), ok());
+        let (run, _) = complete(&mut p, at(3, 0), ok());
         assert_eq!(run, vec![at(4, 0)], "a truncate runs alone");
-        let (run, _) = p.complete(at(4, 0), ok());
+        let (run, _) = complete(&mut p, at(4, 0), ok());
         assert_eq!(run, vec![at(5, 0)]);
     }
 
@@ -729,14 +789,16 @@ mod tests {
         for offset in 1..=4 {
             admit(&mut p, offset, &[("a", offset as u64 + 1)]);
         }
-        let (run, _) = p.complete(at(0, 0), ok());
+        let (run, _) = complete(&mut p, at(0, 0), ok());
         assert_eq!(run.len(), 4);
         // The store answered 1, stopped at 2 (retried, not complete), never reached 3 and 4.
-        assert!(p.complete(at(1, 0), ok()).0.is_empty());
-        assert!(p.not_reached(at(3, 0)).is_empty());
-        assert!(p.not_reached(at(4, 0)).is_empty(), "2 is still out");
-        assert!(p.not_reached(at(3, 0)).is_empty(), "counted once");
-        let (run, _) = p.complete(at(2, 0), ok());
+        assert!(complete(&mut p, at(1, 0), ok()).0.is_empty());
+        p.not_reached(at(3, 0));
+        p.not_reached(at(4, 0));
+        assert!(take_all(&mut p).is_empty(), "2 is still out");
+        p.not_reached(at(3, 0));
+        assert!(take_all(&mut p).is_empty(), "counted once");
+        let (run, _) = complete(&mut p, at(2, 0), ok());
         assert_eq!(run, vec![at(3, 0), at(4, 0)]);
         assert_eq!(p.pop_final().len(), 3);
         assert_eq!(p.watermark(), Some(3), "the unreached ones hold the commit");

@@ -127,8 +127,10 @@ type Finished<K> = (Option<usize>, Vec<Attempt<K>>);
 
 /// The store calls in flight.
 pub(crate) struct Runner<K> {
-    /// Deliveries started since the last flush, sent together at the next one.
+    /// Runs started since the last flush, sent together at the next one.
     queued: Vec<Queued<K>>,
+    /// Deliveries in `queued`.
+    queued_deliveries: usize,
     /// Each future answers the runs of its batch when it was a counted one, and its attempts.
     inflight: FuturesUnordered<BoxFuture<'static, Finished<K>>>,
     /// Batches in `inflight` sent without delay (bounded by [`MAX_BATCHES_IN_FLIGHT`]).
@@ -144,6 +146,7 @@ impl<K> Default for Runner<K> {
     fn default() -> Self {
         Self {
             queued: Vec::new(),
+            queued_deliveries: 0,
             inflight: FuturesUnordered::new(),
             batches: 0,
             sent: 0,
@@ -174,6 +177,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
             cancel,
         };
         if delay.is_zero() {
+            self.queued_deliveries += queued.run.len();
             self.queued.push(queued);
         } else {
             self.inflight.push(Box::pin(async move {
@@ -197,6 +201,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
         if deliveries.is_empty() {
             return;
         }
+        self.queued_deliveries += deliveries.len();
         self.queued.push(Queued {
             target,
             run: deliveries
@@ -244,6 +249,7 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 }
             }
             self.queued = rest;
+            self.queued_deliveries -= deliveries;
             if batch.is_empty() {
                 break;
             }
@@ -254,6 +260,14 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 async move { (Some(runs), run_batch(batch).await) },
             ));
         }
+    }
+
+    /// Whether another run would be sent soon: fewer than a batch's worth waits unsent, and
+    /// another batch may go out. Front ends form runs only then (`pipeline::take_run`), so a
+    /// lane's deliveries keep gathering while the store is busy instead of waiting here in
+    /// runs formed too early.
+    pub(crate) fn wants_more(&self) -> bool {
+        self.queued_deliveries < MAX_BATCH && self.batches < MAX_BATCHES_IN_FLIGHT
     }
 
     fn hand_out(&mut self) -> Option<Attempt<K>> {
