@@ -2,7 +2,8 @@
 //! exactly its own outcome.
 //!
 //! - `apply`, on every backend and topology: inputs of MAX_BATCH − 1, MAX_BATCH, MAX_BATCH + 1
-//!   and 10 × MAX_BATCH + 3 lines each print exactly one outcome per delivery, and the store holds
+//!   and 10 × MAX_BATCH + 3 lines, and of RUN_MAX_GROUPS − 1, exactly, + 1 and 10 × + 3 lines
+//!   for one mailbox (the longest run), each print exactly one outcome per delivery, and the store holds
 //!   every group: applying the same input again answers `unchanged` for every line (a group that
 //!   never landed would be inserted again, or met as `identity_missing`). Regression: `apply`
 //!   took one line past each batch of 256 off its input and never admitted it (lines 257, 514,
@@ -22,7 +23,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use conformance::redis::ClusterHarness;
 use mailbox_materializer::ingest::runner::MAX_BATCH;
-use support::cli::{assert_one_outcome_per_line, numbered_dispatches, run_materializer};
+use mailbox_materializer::ingest::RUN_MAX_GROUPS;
+use support::cli::{
+    assert_one_outcome_per_line, numbered_dispatches, numbered_dispatches_for, run_materializer,
+};
 use support::redis_server::{Clock, Listen, RedisServer};
 
 /// The sizes around the runner's batch limit.
@@ -37,11 +41,27 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// The sizes around the longest run, all for one mailbox.
+fn run_sizes() -> [usize; 4] {
+    [
+        RUN_MAX_GROUPS - 1,
+        RUN_MAX_GROUPS,
+        RUN_MAX_GROUPS + 1,
+        10 * RUN_MAX_GROUPS + 3,
+    ]
+}
+
 /// Applies each size twice through `run` (the store's arguments are its business): first every
-/// line `inserted`, then every line `unchanged`.
+/// line `inserted`, then every line `unchanged`; over 37 users at the batch sizes, and over one
+/// user at the run sizes.
 fn check_every_size(tag: &str, created_ms: u64, run: impl Fn(&str) -> Output) {
     for n in sizes() {
         let input = numbered_dispatches(&format!("{tag}{n}"), n, created_ms);
+        assert_one_outcome_per_line(&run(&input), n, "inserted");
+        assert_one_outcome_per_line(&run(&input), n, "unchanged");
+    }
+    for n in run_sizes() {
+        let input = numbered_dispatches_for(&format!("{tag}r{n}"), n, created_ms, 1);
         assert_one_outcome_per_line(&run(&input), n, "inserted");
         assert_one_outcome_per_line(&run(&input), n, "unchanged");
     }

@@ -60,13 +60,20 @@ pub fn replay(config: &Path, args: &[&str]) -> (Output, Value) {
 /// group of mailbox seq = its line number to one of 37 users (so lanes hold several deliveries
 /// in order), all created at `created_ms`. Users are named after `tag` to keep runs apart.
 pub fn numbered_dispatches(tag: &str, n: usize, created_ms: u64) -> String {
+    numbered_dispatches_for(tag, n, created_ms, 37)
+}
+
+/// [`numbered_dispatches`] over `users` users (line `i` to user `i % users`): with one user,
+/// every line waits in the same lane and the store sees runs as long as the runs allow.
+pub fn numbered_dispatches_for(tag: &str, n: usize, created_ms: u64, users: usize) -> String {
+    let users = users.max(1);
     let mut input = String::new();
     for line in 1..=n {
         let record = serde_json::json!({
             "dispatch_id": format!("{tag}-{line}"),
             "group_id": "g",
             "committed_at": created_ms,
-            "deliveries": [{"user_id": format!("{tag}-u{}", line % 37), "epoch": 1,
+            "deliveries": [{"user_id": format!("{tag}-u{}", line % users), "epoch": 1,
                 "mailbox_seq": line, "events": [{"event_ordinal": 0, "payload": {"line": line}}]}],
         });
         input.push_str(&record.to_string());
