@@ -644,6 +644,70 @@ async fn an_append_costs_one_paxos_round_and_a_no_op_replay_none() {
     assert_eq!(rounds(before), 2, "a replacement and a truncate");
 }
 
+/// A run of one mailbox's groups commits once: a cold mailbox's 40 inserts, identical replays
+/// and a cross-day conflict among them cost ONE Paxos round; a run with a replace in the middle
+/// commits before it, the replace alone, and the rest (three); a run that moves the epoch moves
+/// with its first write, in the same commit as the rest (one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_costs_one_paxos_round() {
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let store = f.store.clone();
+    let rounds = |before: u64| store.paxos_rounds() - before;
+    let mb = mailbox("paxos-run", 1);
+    let mut groups: Vec<EventGroup> = (1..=40)
+        .map(|seq| group(&mb, seq, TODAY0 - seq % 3, 2, "a"))
+        .collect();
+    groups.push(group(&mb, 7, TODAY0 - 7 % 3, 2, "a"));
+    groups.push(group(&mb, 8, TODAY0 - 5, 2, "a"));
+    let run: Vec<&EventGroup> = groups.iter().collect();
+    let before = store.paxos_rounds();
+    let answers = store.append_run(&run).await;
+    assert_eq!(rounds(before), 1, "{answers:?}");
+    assert_eq!(answers.len(), 42);
+    assert!(answers[..40]
+        .iter()
+        .all(|a| a == &Ok(AppendOutcome::Inserted)));
+    assert_eq!(answers[40], Ok(AppendOutcome::Unchanged));
+    assert!(matches!(answers[41], Err(StoreError::Conflict { .. })));
+
+    let more = [
+        group(&mb, 41, TODAY0, 1, "a"),
+        group(&mb, 5, TODAY0 - 5 % 3, 1, "other"),
+        group(&mb, 42, TODAY0, 1, "a"),
+    ];
+    let before = store.paxos_rounds();
+    let answers = store.append_run(&more.iter().collect::<Vec<_>>()).await;
+    assert_eq!(
+        answers,
+        vec![
+            Ok(AppendOutcome::Inserted),
+            Ok(AppendOutcome::Replaced),
+            Ok(AppendOutcome::Inserted)
+        ]
+    );
+    assert_eq!(
+        rounds(before),
+        3,
+        "before the replace, the replace, after it"
+    );
+
+    let next = mailbox("paxos-run", 2);
+    let moved = [
+        group(&next, 1, TODAY0, 1, "n"),
+        group(&next, 2, TODAY0, 1, "n"),
+    ];
+    let before = store.paxos_rounds();
+    let answers = store.append_run(&moved.iter().collect::<Vec<_>>()).await;
+    assert_eq!(answers, vec![Ok(AppendOutcome::Inserted); 2]);
+    assert_eq!(rounds(before), 1, "the move and the rest");
+    let inspected = store.inspect(&next).await.expect("inspect");
+    assert_eq!(inspected.current_epoch, Some(2));
+    assert_eq!(
+        inspected.identity_count, 2,
+        "only the new epoch's identities"
+    );
+}
+
 // ---- readiness ----
 
 /// `ping` is a real round trip: it fails while the server is down and succeeds again once it is

@@ -13,13 +13,13 @@ use crate::store::classify::cql;
 
 /// Where one copy of a group's event rows goes, and how long it lives.
 #[derive(Debug, Clone, Copy)]
-struct GroupRows {
-    generation: i64,
-    bucket: i64,
-    seq: i64,
-    digest: i64,
-    created_at: i64,
-    ttl: i32,
+pub(super) struct GroupRows {
+    pub generation: i64,
+    pub bucket: i64,
+    pub seq: i64,
+    pub digest: i64,
+    pub created_at: i64,
+    pub ttl: i32,
 }
 
 /// A step the verdict above has already ruled out; reported, never panicked on.
@@ -52,7 +52,7 @@ impl ScyllaStore {
         .await
     }
 
-    async fn try_append(
+    pub(super) async fn try_append(
         &self,
         group: &EventGroup,
         writer: Writer<'_>,
@@ -269,7 +269,7 @@ impl ScyllaStore {
     }
 
     /// The stored copy of one group: (created_at, events by ordinal).
-    async fn read_group(
+    pub(super) async fn read_group(
         &self,
         user: &str,
         generation: i64,
@@ -299,7 +299,7 @@ impl ScyllaStore {
         Ok(created.map(|c| (c, events)))
     }
 
-    async fn write_events<'a>(
+    pub(super) async fn write_events<'a>(
         &self,
         user: &'a str,
         rows: &GroupRows,

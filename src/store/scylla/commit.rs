@@ -108,6 +108,17 @@ impl<'s> Commit<'s> {
         }
     }
 
+    /// Deletes every identity row of `slot` except those of `keep` (sorted seqs written in the
+    /// same batch): one range between each two of them, for the reason above.
+    pub(crate) fn delete_identities_except_all(&mut self, slot: i32, keep: &[i64]) {
+        let mut low = 0;
+        for &seq in keep {
+            self.delete_identities(slot, low, seq);
+            low = seq;
+        }
+        self.delete_identities(slot, low, i64::MAX);
+    }
+
     /// Deletes a whole slot (meta row and identities). Nothing else may write to the slot in the
     /// same batch, for the reason above.
     pub(crate) fn delete_slot(&mut self, slot: i32) {

@@ -30,6 +30,7 @@ mod dump;
 mod failpoints;
 mod inspect;
 mod repair;
+mod run;
 mod scan;
 pub mod schema;
 mod state;
@@ -447,6 +448,17 @@ impl MailboxStore for ScyllaStore {
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         self.append_as(group, Writer::Live).await
+    }
+
+    /// One snapshot read and one conditional commit per run (`run.rs`).
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        let Some(first) = run.first() else {
+            return Vec::new();
+        };
+        if run.iter().any(|g| g.mailbox != first.mailbox) {
+            return crate::store::append_one_by_one(self, run).await;
+        }
+        self.append_run_as(run, Writer::Live).await
     }
 
     async fn truncate_before(

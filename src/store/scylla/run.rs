@@ -1,0 +1,343 @@
+//! A run of one mailbox's groups ([`MailboxStore::append_run`]) on one slot: ONE snapshot read,
+//! the groups decided one after another in memory through `crate::model::rules` on a meta that
+//! each decision updates, their event rows written, and ONE conditional commit for all of them.
+//! A Paxos round per run instead of per group: what a catch-up gains when a mailbox has many
+//! groups waiting.
+//!
+//! Every group is answered exactly as `append.rs` would answer it alone, in order. A run that
+//! starts a mailbox (a user's first write, or a move to a newer epoch) starts it with its first
+//! write and goes on in the fresh generation, the old epoch's identities deleted in the same
+//! commit and its rows after it. A same-day replay with other content (a replace, which deletes
+//! the old rows after its commit) goes alone, the one-by-one way: a chunk ends before it, and the
+//! next chunk reads again and starts with it.
+//!
+//! A verdict that blocks (corrupt) is decided again on a serial read before it is answered, as
+//! a single append's is; the groups decided before it in the chunk are committed first, and the
+//! run ends there.
+//!
+//! [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
+
+use std::collections::BTreeMap;
+
+use super::append::{check_writer_user, GroupRows};
+use super::commit::Commit;
+use super::schema::event_bucket;
+use super::state::{stored, unsigned, Admission, ReadAt, Writer};
+use super::{digest, ttl_until, Attempt, ScyllaStore};
+use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep, FORMAT_VERSION};
+use crate::model::validate::validate_group;
+use crate::model::{AppendOutcome, Event, EventGroup, SourcePosition, StoreError};
+use crate::store::ends_run;
+
+/// The answers of a chunk: a non-empty prefix of it.
+type Answers = Vec<Result<AppendOutcome, StoreError>>;
+
+/// Whether two groups of one seq hold the same content (created_at and events by ordinal).
+fn same_content(a: &EventGroup, b: &EventGroup) -> bool {
+    a.created_at == b.created_at && by_ordinal(a) == by_ordinal(b)
+}
+
+fn by_ordinal(group: &EventGroup) -> Vec<(u32, &str)> {
+    let mut events: Vec<(u32, &str)> = group
+        .events
+        .iter()
+        .map(|e| (e.event_ordinal, e.payload.as_str()))
+        .collect();
+    events.sort_unstable();
+    events
+}
+
+impl ScyllaStore {
+    /// The checks a single append makes before it reads anything.
+    fn precheck(&self, group: &EventGroup, writer: Writer<'_>) -> Result<(), StoreError> {
+        validate_group(group)?;
+        check_writer_user(writer, &group.mailbox)?;
+        rules::check_future_window(&self.policy, group.day(), self.now())
+    }
+
+    /// Appends `run` (groups of one mailbox, in source order) to `writer`'s slot, chunk by
+    /// chunk, answering each group as a single append would and stopping after the first
+    /// answer that is not final.
+    pub(super) async fn append_run_as(&self, run: &[&EventGroup], writer: Writer<'_>) -> Answers {
+        let mut answers = Vec::with_capacity(run.len());
+        let mut rest = run;
+        while let Some(first) = rest.first() {
+            if let Err(refused) = self.precheck(first, writer) {
+                // Refused before any read, as alone; a final refusal changes nothing.
+                let stop = !refused.is_final();
+                answers.push(Err(refused));
+                if stop {
+                    break;
+                }
+                rest = &rest[1..];
+                continue;
+            }
+            let valid = rest
+                .iter()
+                .take_while(|g| self.precheck(g, writer).is_ok())
+                .count();
+            let chunk = &rest[..valid];
+            let decided = self
+                .settle(ReadAt::Quorum, |now, read| {
+                    self.try_append_chunk(chunk, writer, now, read)
+                })
+                .await
+                .unwrap_or_else(|e| vec![Err(e)]);
+            let taken = decided.len().clamp(1, chunk.len());
+            let stop = decided.last().is_none_or(ends_run);
+            answers.extend(decided);
+            if stop {
+                break;
+            }
+            rest = &rest[taken..];
+        }
+        answers
+    }
+
+    /// One group the one-by-one way, as the chunk's only answer.
+    async fn alone(
+        &self,
+        group: &EventGroup,
+        writer: Writer<'_>,
+        now: u64,
+        read: ReadAt,
+    ) -> Result<Attempt<Answers>, StoreError> {
+        Ok(match self.try_append(group, writer, now, read).await? {
+            Attempt::Done(Err(StoreError::Corrupt { .. })) if read == ReadAt::Quorum => {
+                Attempt::Retry
+            }
+            Attempt::Done(answer) => Attempt::Done(Ok(vec![answer])),
+            Attempt::Retry => Attempt::Retry,
+        })
+    }
+
+    /// Decides a prefix of `chunk` (every group passed the precheck) on one snapshot and
+    /// commits it once.
+    async fn try_append_chunk(
+        &self,
+        chunk: &[&EventGroup],
+        writer: Writer<'_>,
+        now: u64,
+        read: ReadAt,
+    ) -> Result<Attempt<Answers>, StoreError> {
+        let Some(first) = chunk.first() else {
+            return Ok(Attempt::Done(Ok(Vec::new())));
+        };
+        let mb = &first.mailbox;
+        let user = mb.user_id.as_str();
+        let epoch = i64::from(mb.epoch);
+        // A blocking verdict on a plain read is decided again on a serial one.
+        let blocked = |corrupt: StoreError| -> Result<Attempt<Answers>, StoreError> {
+            if read == ReadAt::Quorum {
+                Ok(Attempt::Retry)
+            } else {
+                Ok(Attempt::Done(Ok(vec![Err(corrupt)])))
+            }
+        };
+        // Each group's identity and the one before it (the probe of `append.rs`).
+        let mut keys = Vec::with_capacity(chunk.len() * 2);
+        for group in chunk {
+            keys.push(stored(group.mailbox_seq));
+            keys.push(stored(group.mailbox_seq) - 1);
+        }
+        let snapshot = self.read_snapshot(user, &keys, read).await?;
+        let Admission { slot, clear_fence } = match snapshot.admit(writer, now) {
+            Ok(admission) => admission,
+            Err(refused) => return Ok(Attempt::Done(Ok(vec![Err(refused)]))),
+        };
+        let current = snapshot.slot(slot);
+        let expected = snapshot.version;
+        let fresh_generation = expected.unwrap_or(0) + 1;
+        // 3. Epoch: a newer epoch (or a user never written) starts a fresh mailbox, applied
+        //    only if something is written; the snapshot's identities are then the old one's.
+        let moving = match rules::epoch_step(current.epoch.map(unsigned), u64::from(mb.epoch)) {
+            EpochStep::Stale => {
+                let stale = chunk.iter().map(|_| Ok(AppendOutcome::StaleEpoch));
+                return Ok(Attempt::Done(Ok(stale.collect())));
+            }
+            EpochStep::Current => false,
+            EpochStep::Move => true,
+        };
+        let (mut meta, generation) = if moving {
+            (super::state::Meta::default(), fresh_generation)
+        } else {
+            if let Err(corrupt) = current.meta.check_format() {
+                return blocked(corrupt);
+            }
+            (
+                current.meta.clone(),
+                current.generation.unwrap_or(fresh_generation),
+            )
+        };
+        let from_snapshot = |seq: u64| {
+            if moving {
+                None
+            } else {
+                snapshot.live_identity(slot, stored(seq), now)
+            }
+        };
+        let promoted = if meta.exists() {
+            match meta.promote(now) {
+                Ok(days) => days,
+                Err(corrupt) => return blocked(corrupt),
+            }
+        } else {
+            Vec::new()
+        };
+
+        let mut commit = Commit::new(&self.statements, user, expected);
+        commit.count_promoted(promoted.len());
+        if clear_fence {
+            commit.clear_fence();
+        }
+        let mut answers: Answers = Vec::with_capacity(chunk.len());
+        // Identities this chunk puts: seq -> (expires_at, digest, the group).
+        let mut written: BTreeMap<u64, (u64, i64, &EventGroup)> = BTreeMap::new();
+        let mut wrote = false;
+        let mut index_anywhere: Option<bool> = None;
+        for group in chunk {
+            let seq = group.mailbox_seq;
+            let day = group.day();
+            let expires_at = self.policy.expires_at(day);
+            let from_run = written.get(&seq).copied();
+            let identity = match from_run {
+                Some((expires, row_digest, _)) => Some((expires, row_digest)),
+                None => from_snapshot(seq),
+            };
+
+            // 6. Integrity (a mailbox this chunk starts has nothing to check before its first
+            //    write, and only its own identities after).
+            let proves_live_groups = meta.exists() && meta.proves_live_groups(now);
+            let starting = moving && !wrote;
+            if identity.is_none() && !starting && (!meta.exists() || proves_live_groups) {
+                let mut present = !written.is_empty() || from_snapshot(seq - 1).is_some();
+                if !present && !moving {
+                    present = match index_anywhere {
+                        Some(known) => known,
+                        None => {
+                            let known = self.any_live_identity(user, slot, now).await?;
+                            index_anywhere = Some(known);
+                            known
+                        }
+                    };
+                }
+                if let Err(corrupt) =
+                    rules::check_integrity(meta.exists(), proves_live_groups, present)
+                {
+                    if read == ReadAt::Quorum || !self.unchanged_since(user, expected).await? {
+                        return Ok(Attempt::Retry);
+                    }
+                    answers.push(Err(corrupt));
+                    break;
+                }
+            }
+
+            // 7-8. Trim, identity lookup.
+            let step = rules::append_step(
+                &self.policy,
+                &AppendFacts {
+                    seq,
+                    day,
+                    trim: meta.user_trim_seq,
+                    identity_expires_at: identity.map(|(e, _)| e),
+                    seqbucket_max_seq: meta.seqbucket_max_seq,
+                    active_days: meta.active_days(),
+                    now,
+                },
+            );
+            match step {
+                Ok(AppendStep::Trimmed) => answers.push(Ok(AppendOutcome::Trimmed)),
+                Err(refusal) if refusal.is_final() => answers.push(Err(refusal)),
+                Err(corrupt) => {
+                    if read == ReadAt::Quorum {
+                        return Ok(Attempt::Retry);
+                    }
+                    answers.push(Err(corrupt));
+                    break;
+                }
+                Ok(AppendStep::SameDayReplay) => {
+                    let same = match (from_run, identity) {
+                        (Some((_, _, earlier)), _) => same_content(earlier, group),
+                        (None, Some((_, existing_digest))) => {
+                            let stored_group = self
+                                .read_group(
+                                    user,
+                                    generation,
+                                    event_bucket(stored(day)),
+                                    stored(seq),
+                                    existing_digest,
+                                )
+                                .await?;
+                            let mut events: Vec<&Event> = group.events.iter().collect();
+                            events.sort_by_key(|e| e.event_ordinal);
+                            stored_group.is_some_and(|(created_at, stored_events)| {
+                                created_at == stored(group.created_at)
+                                    && stored_events.len() == events.len()
+                                    && stored_events.iter().zip(&events).all(|((o, p), e)| {
+                                        *o == i64::from(e.event_ordinal) && p == e.payload.as_str()
+                                    })
+                            })
+                        }
+                        (None, None) => false,
+                    };
+                    if same || rules::superseded(meta.source, group.source) {
+                        answers.push(Ok(AppendOutcome::Unchanged));
+                    } else if answers.is_empty() {
+                        // A replace goes alone (it deletes the old rows after its commit).
+                        return self.alone(group, writer, now, read).await;
+                    } else {
+                        break;
+                    }
+                }
+                Ok(AppendStep::ExpiredMerge) => {
+                    meta.format_version = Some(FORMAT_VERSION as i32);
+                    meta.expired_gap_boundary = meta.expired_gap_boundary.max(seq);
+                    wrote = true;
+                    answers.push(Ok(AppendOutcome::ExpiredMerged));
+                }
+                Ok(AppendStep::Insert) => {
+                    let mut events: Vec<&Event> = group.events.iter().collect();
+                    events.sort_by_key(|e| e.event_ordinal);
+                    let content = digest(group.created_at, &events);
+                    let ttl = ttl_until(expires_at, now);
+                    let rows = GroupRows {
+                        generation,
+                        bucket: event_bucket(stored(day)),
+                        seq: stored(seq),
+                        digest: content,
+                        created_at: stored(group.created_at),
+                        ttl,
+                    };
+                    self.write_events(user, &rows, &events).await?;
+                    meta.format_version = Some(FORMAT_VERSION as i32);
+                    meta.days.insert(day, expires_at);
+                    let proof = meta.proof_max_seq.entry(day).or_insert(seq);
+                    *proof = (*proof).max(seq);
+                    meta.proof_expires_at.insert(day, expires_at);
+                    meta.seqbucket_max_seq = meta.seqbucket_max_seq.max(seq);
+                    meta.source = SourcePosition::after_write(meta.source, group.source);
+                    commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
+                    written.insert(seq, (expires_at, content, group));
+                    wrote = true;
+                    answers.push(Ok(AppendOutcome::Inserted));
+                }
+            }
+        }
+        // As alone: a chunk that wrote nothing commits only what promote compacted (and a move
+        // is applied only with a write).
+        if wrote || !promoted.is_empty() {
+            commit.write_meta(slot, generation, epoch, &meta);
+            if moving {
+                let kept: Vec<i64> = written.keys().map(|&seq| stored(seq)).collect();
+                commit.delete_identities_except_all(slot, &kept);
+            }
+            if !self.commit(commit).await? {
+                return Ok(Attempt::Retry);
+            }
+            if moving {
+                self.drop_generation(user, current).await?;
+            }
+        }
+        Ok(Attempt::Done(Ok(answers)))
+    }
+}
