@@ -6,7 +6,9 @@
 //!   same concurrency: the floor a write path without a commit point pays;
 //! - identical replays/s of those groups (a log replay that changes nothing) versus one plain
 //!   `SELECT` of a group's three event rows: the floor of a read that compares content;
-//! - 50-group scans/s of those mailboxes versus one plain `SELECT` of a 150-row events partition.
+//! - 50-group scans/s of those mailboxes versus one plain `SELECT` of a 150-row events partition;
+//! - appends in runs (`append_run`, one commit per run) of 50 groups for each of 1,000 hot
+//!   mailboxes, per group, versus the same plain `INSERT`s.
 //!
 //! For each phase it also reports the CPU time per operation of this process and of the server
 //! (found by its listening port in `/proc`), and the Paxos rounds the store asked for per
@@ -42,6 +44,9 @@ const MAILBOXES: u64 = 64;
 const GROUPS_PER_MAILBOX: u64 = 60;
 const IN_FLIGHT: u64 = 64;
 const SCANS: u64 = 2_000;
+/// Mailboxes of the hot-mailbox phase, and the groups waiting in each (one run).
+const HOT_MAILBOXES: u64 = 1_000;
+const RUN: u64 = 50;
 
 fn events() -> Vec<Event> {
     (0..3)
@@ -228,6 +233,48 @@ async fn run_round(
             }
         })
         .await;
+
+    // Hot mailboxes, as a catch-up meets them: HOT_MAILBOXES mailboxes with RUN groups each
+    // waiting, every mailbox's groups appended as one run (`append_run`). Measured per run, and
+    // reported per group.
+    let ev = events.clone();
+    let s = store.clone();
+    let runs = meter
+        .run(HOT_MAILBOXES, move |i| {
+            let store = s.clone();
+            let events = ev.clone();
+            async move {
+                let groups: Vec<EventGroup> = (1..=RUN)
+                    .map(|seq| {
+                        let day = today - 29 + (seq * 30 / RUN) % 30;
+                        EventGroup {
+                            mailbox: mailbox(round + 2_000, i),
+                            mailbox_seq: seq,
+                            created_at: day * DAY_MS + 1,
+                            events: events.to_vec(),
+                            source: Some(SourcePosition {
+                                partition: 0,
+                                offset: (i * RUN + seq) as i64,
+                            }),
+                        }
+                    })
+                    .collect();
+                let run: Vec<&EventGroup> = groups.iter().collect();
+                let answers = store.append_run(&run).await;
+                assert!(
+                    answers.len() == run.len() && answers.iter().all(Result::is_ok),
+                    "{answers:?}"
+                );
+            }
+        })
+        .await;
+    let per_group = |phase: Phase| Phase {
+        ops_per_sec: phase.ops_per_sec * RUN as f64,
+        bench_cpu_ms: phase.bench_cpu_ms / RUN as f64,
+        server_cpu_ms: phase.server_cpu_ms.map(|c| c / RUN as f64),
+        paxos_per_op: phase.paxos_per_op / RUN as f64,
+    };
+    let runs = per_group(runs);
 
     // Baseline: the same three rows per group, plain INSERTs, no reads, no commit point.
     let plain = Arc::new(
@@ -422,6 +469,15 @@ async fn run_round(
         row(
             "append with a log position (the daemon's)",
             &positioned,
+            "3 plain INSERTs",
+            &inserts
+        )
+    );
+    println!(
+        "{}",
+        row(
+            "append in runs of 50, per group (hot mailboxes, the daemon's)",
+            &runs,
             "3 plain INSERTs",
             &inserts
         )
