@@ -210,12 +210,7 @@ pub async fn run_history(
 ) -> Result<Vec<String>, TestCaseError> {
     let store = fixture.store();
     let mut now = NOW0;
-    let mut books: Vec<UserBook> = (0..USERS)
-        .map(|_| UserBook {
-            epoch: 1,
-            ..Default::default()
-        })
-        .collect();
+    let mut books = fresh_books();
     let mut observed = Vec::with_capacity(ops.len() + 1);
     let name = |u: u8| format!("u-hist-{u}");
     let compacted_before = store.promoted_buckets_total();
@@ -344,6 +339,16 @@ pub async fn run_history(
         store.promoted_buckets_total() - compacted_before
     ));
     Ok(observed)
+}
+
+/// Every user's bookkeeping before a history: epoch 1, nothing sent.
+fn fresh_books() -> Vec<UserBook> {
+    (0..USERS)
+        .map(|_| UserBook {
+            epoch: 1,
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Turns an intent into a concrete group, updating the bookkeeping of what was sent.
@@ -747,12 +752,7 @@ pub enum Step {
 /// store results, see the module docs); scans are left out.
 pub fn concrete_steps(policy: &RetentionPolicy, ops: &[Op]) -> Vec<Step> {
     let mut now = NOW0;
-    let mut books: Vec<UserBook> = (0..USERS)
-        .map(|_| UserBook {
-            epoch: 1,
-            ..Default::default()
-        })
-        .collect();
+    let mut books = fresh_books();
     let name = |u: u8| format!("u-hist-{u}");
     let mut steps = Vec::new();
     for op in ops {

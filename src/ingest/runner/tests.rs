@@ -66,6 +66,17 @@ impl MailboxStore for Limited {
     }
 }
 
+/// The memory store behind `limit`, counting what it holds.
+fn limited(limit: Option<usize>) -> Arc<Limited> {
+    Arc::new(Limited {
+        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
+        limit,
+        now: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+        seen: Mutex::new(Vec::new()),
+    })
+}
+
 fn delivery(i: usize) -> Arc<Delivery> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -86,13 +97,7 @@ fn delivery(i: usize) -> Arc<Delivery> {
 /// Starts `count` deliveries of distinct users at once and collects every attempt; answers the
 /// most appends the store held at once.
 async fn run(limit: Option<usize>, count: usize) -> usize {
-    let store = Arc::new(Limited {
-        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
-        limit,
-        now: AtomicUsize::new(0),
-        most: AtomicUsize::new(0),
-        seen: Mutex::new(Vec::new()),
-    });
+    let store = limited(limit);
     let target: Arc<dyn MailboxStore> = store.clone();
     let mut runner = Runner::default();
     for i in 0..count {
@@ -180,13 +185,7 @@ async fn runs_go_whole_in_batches_and_in_order() {
         MAX_BATCH / RUN_MAX_GROUPS,
         MAX_BATCH / RUN_MAX_GROUPS + 1,
     ] {
-        let store = Arc::new(Limited {
-            inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
-            limit: None,
-            now: AtomicUsize::new(0),
-            most: AtomicUsize::new(0),
-            seen: Mutex::new(Vec::new()),
-        });
+        let store = limited(None);
         let target: Arc<dyn MailboxStore> = store.clone();
         let mut runner = Runner::default();
         for user in 0..runs {
@@ -229,13 +228,7 @@ async fn runs_go_whole_in_batches_and_in_order() {
 /// limit goes, and the next run waits for it.
 #[tokio::test]
 async fn a_stores_limit_counts_runs() {
-    let store = Arc::new(Limited {
-        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
-        limit: Some(1),
-        now: AtomicUsize::new(0),
-        most: AtomicUsize::new(0),
-        seen: Mutex::new(Vec::new()),
-    });
+    let store = limited(Some(1));
     let target: Arc<dyn MailboxStore> = store.clone();
     let mut runner = Runner::default();
     runner.start_run(target.clone(), run_of(0, 5), Cancel::default());

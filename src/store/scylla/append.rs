@@ -6,7 +6,7 @@ use super::commit::Commit;
 use super::schema::event_bucket;
 use super::state::{stored, unsigned, Admission, Meta, ReadAt, Slot, Writer};
 use super::{digest, ttl_until, Attempt, ScyllaStore, BACKEND};
-use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep, FORMAT_VERSION};
+use crate::model::rules::{self, AppendStep, EpochStep};
 use crate::model::validate::validate_group;
 use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, SourcePosition, StoreError};
 use crate::store::classify::cql;
@@ -28,6 +28,23 @@ fn unreachable_step() -> StoreError {
         backend: BACKEND,
         detail: "internal: an append step was reached that its verdict excludes".to_owned(),
     }
+}
+
+/// Whether a stored group (its created_at and events by ordinal, as `read_group` answers) holds
+/// exactly `created_at` and `events` (sorted by ordinal): an identical replay.
+pub(super) fn stores(
+    stored_group: Option<&(i64, Vec<(i64, String)>)>,
+    created_at: u64,
+    events: &[&Event],
+) -> bool {
+    stored_group.is_some_and(|(stored_at, stored_events)| {
+        *stored_at == stored(created_at)
+            && stored_events.len() == events.len()
+            && stored_events
+                .iter()
+                .zip(events)
+                .all(|((o, p), e)| *o == i64::from(e.event_ordinal) && p == e.payload.as_str())
+    })
 }
 
 pub(super) fn check_writer_user(writer: Writer<'_>, mailbox: &MailboxId) -> Result<(), StoreError> {
@@ -123,18 +140,7 @@ impl ScyllaStore {
         }
 
         // 7-8. Trim, identity lookup.
-        let step = rules::append_step(
-            &self.policy,
-            &AppendFacts {
-                seq,
-                day,
-                trim: meta.user_trim_seq,
-                identity_expires_at: identity.map(|(e, _)| e),
-                seqbucket_max_seq: meta.seqbucket_max_seq,
-                active_days: meta.active_days(),
-                now,
-            },
-        );
+        let step = meta.append_step(&self.policy, seq, day, identity.map(|(e, _)| e), now);
         let promoted_days = promoted.len();
         // Outcomes that write nothing but promote's changes.
         let finish = |result: Result<AppendOutcome, StoreError>| {
@@ -178,15 +184,7 @@ impl ScyllaStore {
                 let stored_group = self
                     .read_group(user, generation, bucket, stored(seq), existing_digest)
                     .await?;
-                let same = stored_group
-                    .as_ref()
-                    .is_some_and(|(created_at, stored_events)| {
-                        *created_at == stored(group.created_at)
-                            && stored_events.len() == events.len()
-                            && stored_events.iter().zip(&events).all(|((o, p), e)| {
-                                *o == i64::from(e.event_ordinal) && p == e.payload.as_str()
-                            })
-                    });
+                let same = stores(stored_group.as_ref(), group.created_at, &events);
                 // Different content from an older log position than the mailbox took: a
                 // zombie's late write or a replay of a superseded record (SPEC 7.2). A write that
                 // lost its condition re-decides here, against the newer owner's position.
@@ -223,9 +221,7 @@ impl ScyllaStore {
                 return Ok(Attempt::Done(Ok(AppendOutcome::Replaced)));
             }
             AppendStep::ExpiredMerge => {
-                // No events, no identity; only the gap boundary moves.
-                meta.format_version = Some(FORMAT_VERSION as i32);
-                meta.expired_gap_boundary = meta.expired_gap_boundary.max(seq);
+                meta.record_expired_merge(seq);
                 commit.write_meta(slot, generation, epoch, &meta);
                 if moving {
                     commit.delete_identities_except(slot, None);
@@ -243,13 +239,7 @@ impl ScyllaStore {
                     ttl,
                 };
                 self.write_events(user, &rows, &events).await?;
-                meta.format_version = Some(FORMAT_VERSION as i32);
-                meta.days.insert(day, expires_at);
-                let proof = meta.proof_max_seq.entry(day).or_insert(seq);
-                *proof = (*proof).max(seq);
-                meta.proof_expires_at.insert(day, expires_at);
-                meta.seqbucket_max_seq = meta.seqbucket_max_seq.max(seq);
-                meta.source = SourcePosition::after_write(meta.source, group.source);
+                meta.record_insert(day, seq, expires_at, group.source);
                 commit.write_meta(slot, generation, epoch, &meta);
                 commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
                 if moving {

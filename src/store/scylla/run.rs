@@ -19,14 +19,14 @@
 
 use std::collections::BTreeMap;
 
-use super::append::{check_writer_user, GroupRows};
+use super::append::{check_writer_user, stores, GroupRows};
 use super::commit::Commit;
 use super::schema::event_bucket;
 use super::state::{stored, unsigned, Admission, ReadAt, Writer};
 use super::{digest, ttl_until, Attempt, ScyllaStore};
-use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep, FORMAT_VERSION};
+use crate::model::rules::{self, AppendStep, EpochStep};
 use crate::model::validate::validate_group;
-use crate::model::{AppendOutcome, Event, EventGroup, SourcePosition, StoreError};
+use crate::model::{AppendOutcome, Event, EventGroup, StoreError};
 use crate::store::ends_run;
 
 /// The answers of a chunk: a non-empty prefix of it.
@@ -233,18 +233,7 @@ impl ScyllaStore {
             }
 
             // 7-8. Trim, identity lookup.
-            let step = rules::append_step(
-                &self.policy,
-                &AppendFacts {
-                    seq,
-                    day,
-                    trim: meta.user_trim_seq,
-                    identity_expires_at: identity.map(|(e, _)| e),
-                    seqbucket_max_seq: meta.seqbucket_max_seq,
-                    active_days: meta.active_days(),
-                    now,
-                },
-            );
+            let step = meta.append_step(&self.policy, seq, day, identity.map(|(e, _)| e), now);
             match step {
                 Ok(AppendStep::Trimmed) => answers.push(Ok(AppendOutcome::Trimmed)),
                 Err(refusal) if refusal.is_final() => answers.push(Err(refusal)),
@@ -270,13 +259,7 @@ impl ScyllaStore {
                                 .await?;
                             let mut events: Vec<&Event> = group.events.iter().collect();
                             events.sort_by_key(|e| e.event_ordinal);
-                            stored_group.is_some_and(|(created_at, stored_events)| {
-                                created_at == stored(group.created_at)
-                                    && stored_events.len() == events.len()
-                                    && stored_events.iter().zip(&events).all(|((o, p), e)| {
-                                        *o == i64::from(e.event_ordinal) && p == e.payload.as_str()
-                                    })
-                            })
+                            stores(stored_group.as_ref(), group.created_at, &events)
                         }
                         (None, None) => false,
                     };
@@ -290,8 +273,7 @@ impl ScyllaStore {
                     }
                 }
                 Ok(AppendStep::ExpiredMerge) => {
-                    meta.format_version = Some(FORMAT_VERSION as i32);
-                    meta.expired_gap_boundary = meta.expired_gap_boundary.max(seq);
+                    meta.record_expired_merge(seq);
                     wrote = true;
                     answers.push(Ok(AppendOutcome::ExpiredMerged));
                 }
@@ -309,13 +291,7 @@ impl ScyllaStore {
                         ttl,
                     };
                     self.write_events(user, &rows, &events).await?;
-                    meta.format_version = Some(FORMAT_VERSION as i32);
-                    meta.days.insert(day, expires_at);
-                    let proof = meta.proof_max_seq.entry(day).or_insert(seq);
-                    *proof = (*proof).max(seq);
-                    meta.proof_expires_at.insert(day, expires_at);
-                    meta.seqbucket_max_seq = meta.seqbucket_max_seq.max(seq);
-                    meta.source = SourcePosition::after_write(meta.source, group.source);
+                    meta.record_insert(day, seq, expires_at, group.source);
                     commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
                     written.insert(seq, (expires_at, content, group));
                     wrote = true;

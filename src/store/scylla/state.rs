@@ -85,6 +85,55 @@ impl Meta {
         )
     }
 
+    /// What an insert of `seq` on `day` (expiring at `expires_at`, from `source`) records:
+    /// the format, the day, its proof, the largest seq and the log position.
+    pub(super) fn record_insert(
+        &mut self,
+        day: u64,
+        seq: u64,
+        expires_at: u64,
+        source: Option<SourcePosition>,
+    ) {
+        self.format_version = Some(rules::FORMAT_VERSION as i32);
+        self.days.insert(day, expires_at);
+        let proof = self.proof_max_seq.entry(day).or_insert(seq);
+        *proof = (*proof).max(seq);
+        self.proof_expires_at.insert(day, expires_at);
+        self.seqbucket_max_seq = self.seqbucket_max_seq.max(seq);
+        self.source = SourcePosition::after_write(self.source, source);
+    }
+
+    /// SPEC 4.2 steps 7-8 for a group of `seq` on `day` on this meta: `identity_expires_at` is
+    /// the live identity of the seq, if any.
+    pub(super) fn append_step(
+        &self,
+        policy: &crate::model::RetentionPolicy,
+        seq: u64,
+        day: u64,
+        identity_expires_at: Option<u64>,
+        now: u64,
+    ) -> Result<rules::AppendStep, StoreError> {
+        rules::append_step(
+            policy,
+            &rules::AppendFacts {
+                seq,
+                day,
+                trim: self.user_trim_seq,
+                identity_expires_at,
+                seqbucket_max_seq: self.seqbucket_max_seq,
+                active_days: self.active_days(),
+                now,
+            },
+        )
+    }
+
+    /// What an expired replay of `seq` records: no events, no identity; only the gap boundary
+    /// moves.
+    pub(super) fn record_expired_merge(&mut self, seq: u64) {
+        self.format_version = Some(rules::FORMAT_VERSION as i32);
+        self.expired_gap_boundary = self.expired_gap_boundary.max(seq);
+    }
+
     /// The first and last day of the day set.
     pub(super) fn active_days(&self) -> Option<(u64, u64)> {
         self.days
