@@ -3,13 +3,14 @@
 //!
 //! A record's path, whichever door it came through (the daemon, `replay`, `apply`):
 //!
-//! 1. [`Driver::admit`] puts it in its source's window ([`PartitionPipeline`]) and starts the
-//!    deliveries whose lane was free on the [`Runner`] (against [`Policy::target`], the live store
-//!    unless a repair stages the user elsewhere).
+//! 1. [`Driver::admit`] puts it in its source's window ([`PartitionPipeline`]); a lane with
+//!    nothing out becomes ready, and while the [`Runner`] wants more the driver forms runs from
+//!    ready lanes (one per window in turn) and starts them (against [`Policy::target`], the live
+//!    store unless a repair stages the user elsewhere).
 //! 2. [`Driver::next`] waits for a finished store call; [`Driver::handle`] reads its result
 //!    through [`Disposition`]:
-//!    - final by the table (advance, dead letter): the delivery completes, its lane's next
-//!      run starts once the whole current run is back, and a settled record with a refusal
+//!    - final by the table (advance, dead letter): the delivery completes, its lane is ready
+//!      again once the whole current run is back, and a settled record with a refusal
 //!      goes to [`Policy::dead_letter`];
 //!    - not reached (its run stopped at an earlier answer that is not final): it waits in its
 //!      lane and leads the next run;
