@@ -6,6 +6,9 @@ use super::*;
 /// The reply code of a write refused after its promote compacted days (`after_promote`).
 const REFUSED_AFTER_PROMOTE: i64 = 7;
 
+/// The ARGV entries of `lua/append.lua` before a group's members (ARGV[1..14]).
+const APPEND_FIXED_ARGS: usize = 14;
+
 /// The script error codes whose refusal is a delivery's final answer, as `lua/append_run.lua`
 /// reads them (`,-1,-2,-3,`): derived from [`StoreError::is_final`] through the one mapping
 /// of codes to errors, so the script holds no classification of its own.
@@ -38,9 +41,7 @@ impl RedisStore {
         let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
         let mut invocation = self.scripts.append.prepare_invoke();
         keys.bind(&mut invocation);
-        for arg in self.append_argv(&keys, holder, group) {
-            invocation.arg(arg);
-        }
+        self.push_append_args(&mut invocation, &keys, holder, group, false);
         invocation
     }
 
@@ -60,48 +61,54 @@ impl RedisStore {
         keys.bind(&mut invocation);
         invocation.arg(final_codes());
         for group in run {
-            let argv = self.append_argv(&keys, holder, group);
-            invocation.arg(argv.len());
-            for arg in argv {
-                invocation.arg(arg);
-            }
+            self.push_append_args(&mut invocation, &keys, holder, group, true);
         }
         invocation
     }
 
-    /// `lua/append.lua`'s ARGV for `group` on `keys`' copy, as its header lists them.
-    fn append_argv(&self, keys: &MailboxKeys, holder: &str, group: &EventGroup) -> Vec<String> {
+    /// Pushes `lua/append.lua`'s ARGV for `group` on `keys`' copy, as its header lists them,
+    /// straight onto `invocation` (no copy of the payloads on the way); `counted`: preceded by
+    /// their number, as each group of `lua/append_run.lua`.
+    fn push_append_args(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+        keys: &MailboxKeys,
+        holder: &str,
+        group: &EventGroup,
+        counted: bool,
+    ) {
         let day = group.day();
         let mut events: Vec<&Event> = group.events.iter().collect();
         events.sort_by_key(|e| e.event_ordinal);
-        let mut argv = Vec::with_capacity(14 + events.len());
-        argv.extend([
-            keys.stem.clone(),
-            keys::tag(&group.mailbox.user_id),
-            group.mailbox.epoch.to_string(),
-            group.mailbox_seq.to_string(),
-            format!("{:016}", group.mailbox_seq),
-            day.to_string(),
-            self.policy.expires_at(day).to_string(),
-            day.saturating_sub(u64::from(self.policy.future_window_days))
-                .saturating_mul(crate::model::DAY_SECS)
-                .to_string(),
-            self.policy.max_active_span_days.to_string(),
-            self.policy.retention_days.to_string(),
-            holder.to_owned(),
-            self.wait_flag().to_string(),
-            (events.len() + 1).to_string(),
-            group.source.map(|s| s.encode()).unwrap_or_default(),
-        ]);
+        if counted {
+            invocation.arg(APPEND_FIXED_ARGS + events.len());
+        }
+        invocation
+            .arg(&keys.stem)
+            .arg(keys::tag(&group.mailbox.user_id))
+            .arg(group.mailbox.epoch)
+            .arg(group.mailbox_seq)
+            .arg(format!("{:016}", group.mailbox_seq))
+            .arg(day)
+            .arg(self.policy.expires_at(day))
+            .arg(
+                day.saturating_sub(u64::from(self.policy.future_window_days))
+                    .saturating_mul(crate::model::DAY_SECS),
+            )
+            .arg(self.policy.max_active_span_days)
+            .arg(self.policy.retention_days)
+            .arg(holder)
+            .arg(self.wait_flag())
+            .arg(events.len() + 1)
+            .arg(group.source.map(|s| s.encode()).unwrap_or_default());
         for event in events {
-            argv.push(event_member(
+            invocation.arg(event_member(
                 group.mailbox_seq,
                 event.event_ordinal,
                 group.created_at,
                 event.payload.as_str(),
             ));
         }
-        argv
     }
 
     /// The answers of `lua/append_run.lua`'s reply for `run`: one per reply, a prefix of the

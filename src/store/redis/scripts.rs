@@ -26,11 +26,17 @@ pub struct Scripts {
     pub user_keys: Script,
 }
 
-/// A mailbox script: the shared helpers, the meta checks and promote, then its body. Each
-/// script carries only the includes it calls: every definition is a closure Redis builds on
-/// each call.
+const APPEND: &str = include_str!("../../../lua/append.lua");
+
+/// A mailbox script's source: the shared helpers, the meta checks and promote, then its body.
+/// Each script carries only the includes it calls: every definition is a closure Redis builds
+/// on each call.
+fn mailbox_source(body: &str) -> String {
+    format!("{COMMON}\n{META}\n{PROMOTE}\n{body}")
+}
+
 fn mailbox_script(body: &str) -> Script {
-    Script::new(&format!("{COMMON}\n{META}\n{PROMOTE}\n{body}"))
+    Script::new(&mailbox_source(body))
 }
 
 /// A repair script: the shared helpers and the copy helpers, then its body.
@@ -41,7 +47,7 @@ fn repair_script(body: &str) -> Script {
 impl Scripts {
     pub fn new() -> Self {
         Self {
-            append: mailbox_script(include_str!("../../../lua/append.lua")),
+            append: mailbox_script(APPEND),
             append_run: Script::new(&Self::append_run_source()),
             truncate: mailbox_script(include_str!("../../../lua/truncate.lua")),
             promote: mailbox_script(include_str!("../../../lua/promote.lua")),
@@ -59,24 +65,18 @@ impl Scripts {
 
     /// The full source of the append script, as loaded (for benchmarks that call it by hand).
     pub fn append_source() -> String {
-        format!(
-            "{COMMON}\n{META}\n{PROMOTE}\n{}",
-            include_str!("../../../lua/append.lua")
-        )
+        mailbox_source(APPEND)
     }
-}
 
-impl Scripts {
     /// The full source of the run script: the includes, `lua/append.lua`'s body as the local
     /// function `append_one(ARGV)` (its parameter shadows the script's ARGV, so the body reads
     /// one group's arguments unchanged), then `lua/append_run.lua`. One body, two scripts: a
     /// group is decided by the same lines alone or in a run.
     pub fn append_run_source() -> String {
-        format!(
-            "{COMMON}\n{META}\n{PROMOTE}\nlocal function append_one(ARGV)\n{}\nend\n{}",
-            include_str!("../../../lua/append.lua"),
+        mailbox_source(&format!(
+            "local function append_one(ARGV)\n{APPEND}\nend\n{}",
             include_str!("../../../lua/append_run.lua")
-        )
+        ))
     }
 }
 
