@@ -63,6 +63,13 @@ pub(crate) async fn append_one_by_one<S: MailboxStore + ?Sized>(
     answers
 }
 
+/// Whether every group of `run` is of one mailbox (user and epoch): the runs a backend decides
+/// in one call. Anything else is answered one by one ([`append_one_by_one`]).
+pub(crate) fn one_mailbox(run: &[&EventGroup]) -> bool {
+    run.first()
+        .is_some_and(|first| run.iter().all(|g| g.mailbox == first.mailbox))
+}
+
 /// A run the store answered with nothing (a backend's bug, never the contract): transient, so
 /// the delivery is tried again rather than lost.
 pub(crate) fn no_answer(backend: &'static str) -> StoreError {

@@ -255,16 +255,9 @@ impl MailboxStore for MemoryStore {
     /// The whole run under its user's shard lock, at one instant: nothing else touches the
     /// mailbox between two of its groups.
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        let Some(first) = run.first() else {
-            return Vec::new();
-        };
-        if run
-            .iter()
-            .any(|g| g.mailbox.user_id != first.mailbox.user_id)
-        {
-            // Several users live under several locks.
+        let Some(first) = run.first().filter(|_| crate::store::one_mailbox(run)) else {
             return crate::store::append_one_by_one(self, run).await;
-        }
+        };
         let now = self.clock.now_secs();
         let mut shard = self.shard(&first.mailbox.user_id);
         crate::store::answer_run(run, |group| {

@@ -5,8 +5,8 @@
 //! `truncate.lua`, `promote.lua`, `scan_begin.lua`, `scan_end.lua`, `inspect.lua`), the repair's
 //! (`repair_begin.lua`, `repair_renew.lua`, `repair_swap.lua`, `repair_abort.lua`,
 //! `repair_collect.lua`) and `user_keys.lua` (every key name of a user, for dumps). Batches of
-//! runs are pipelines, a script call per run, split by master on a cluster (`batch`). "Now" is only ever the server's
-//! `TIME`, so expiry decisions agree with Redis's own TTLs. A scan is a pre-read script, a
+//! runs are pipelines, a script call per run, split by master on a cluster (`batch`). "Now" is
+//! only ever the server's `TIME`, so expiry decisions agree with Redis's own TTLs. A scan is a pre-read script, a
 //! pipeline of `ZRANGE BYSCORE` reads over every active day, and a post-read script that refuses
 //! the page if expiry crossed the cursor meanwhile.
 //!
@@ -128,10 +128,7 @@ impl MailboxStore for RedisStore {
     }
 
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        let Some(first) = run.first() else {
-            return Vec::new();
-        };
-        if run.iter().any(|g| g.mailbox != first.mailbox) {
+        if !crate::store::one_mailbox(run) {
             // One script call holds one mailbox's keys.
             return crate::store::append_one_by_one(self, run).await;
         }
@@ -143,10 +140,7 @@ impl MailboxStore for RedisStore {
         &self,
         runs: &[&[&EventGroup]],
     ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
-        if runs.iter().all(|run| {
-            run.iter()
-                .all(|g| run.first().is_some_and(|f| f.mailbox == g.mailbox))
-        }) {
+        if runs.iter().all(|run| crate::store::one_mailbox(run)) {
             return self.append_runs_pipelined(runs).await;
         }
         futures::future::join_all(runs.iter().map(|run| self.append_run(run))).await

@@ -452,10 +452,7 @@ impl MailboxStore for ScyllaStore {
 
     /// One snapshot read and one conditional commit per run (`run.rs`).
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        let Some(first) = run.first() else {
-            return Vec::new();
-        };
-        if run.iter().any(|g| g.mailbox != first.mailbox) {
+        if !crate::store::one_mailbox(run) {
             return crate::store::append_one_by_one(self, run).await;
         }
         self.append_run_as(run, Writer::Live).await
