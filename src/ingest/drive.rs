@@ -407,12 +407,8 @@ where
     }
 
     /// Starts the first attempt of a run of `source`'s window (consecutive deliveries of one
-    /// lane, see `pipeline`), as one entry of the next batch, against the target of its first
-    /// delivery (a policy's target depends on the user alone, and a run is one user's).
+    /// lane, see `pipeline`), as one entry of the next batch.
     fn start_run<P: Policy<S, X>>(&mut self, source: S, run: Vec<DeliveryRef>, policy: &mut P) {
-        if run.is_empty() {
-            return;
-        }
         let Some(window) = self.windows.get_mut(&source).filter(|w| !w.closing) else {
             return;
         };
@@ -428,13 +424,15 @@ where
                 Some((key, delivery))
             })
             .collect();
-        let Some((_, first)) = deliveries.first() else {
-            return;
-        };
-        let target = policy.target(first).unwrap_or_else(|| self.store.clone());
-        window.calls += deliveries.len();
-        self.runner
-            .start_run(target, deliveries, window.cancel.clone());
+        Self::send(
+            &mut self.runner,
+            &self.store,
+            window,
+            deliveries,
+            0,
+            Duration::ZERO,
+            policy,
+        );
     }
 
     /// Starts another attempt of `delivery` unless its source is closing (or closed, or
@@ -458,29 +456,32 @@ where
             &mut self.runner,
             &self.store,
             window,
-            key,
-            delivery,
+            vec![(key, delivery)],
             attempt,
             delay,
             policy,
         );
     }
 
-    /// Hands an attempt of `window`'s delivery to the runner, against the policy's target.
+    /// Hands an attempt of a run of `window`'s deliveries to the runner, against the target of
+    /// its first delivery (a policy's target depends on the user alone, and a run is one
+    /// user's).
     #[allow(clippy::too_many_arguments)]
     fn send<P: Policy<S, X>>(
         runner: &mut Runner<Key<S>>,
         store: &Arc<dyn MailboxStore>,
         window: &mut Window<R, M, X>,
-        key: Key<S>,
-        delivery: Arc<Delivery>,
+        run: Vec<(Key<S>, Arc<Delivery>)>,
         attempt: u32,
         delay: Duration,
         policy: &mut P,
     ) {
-        window.calls += 1;
-        let target = policy.target(&delivery).unwrap_or_else(|| store.clone());
-        runner.start(key, target, delivery, attempt, delay, window.cancel.clone());
+        let Some((_, first)) = run.first() else {
+            return;
+        };
+        let target = policy.target(first).unwrap_or_else(|| store.clone());
+        window.calls += run.len();
+        runner.start_run(target, run, attempt, delay, window.cancel.clone());
     }
 }
 

@@ -16,7 +16,7 @@
 //!
 //! Each attempt is exactly one store call; what happens next (advance, retry, block) is the
 //! front end's decision through [`crate::disposition`], so a retry is just another
-//! [`Runner::start`] with a delay.
+//! [`Runner::start_run`] with a delay.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,24 +156,30 @@ impl<K> Default for Runner<K> {
 }
 
 impl<K: Send + Sync + 'static> Runner<K> {
-    /// Starts one attempt of `delivery` against `target` after `delay`. An attempt without delay
+    /// Starts an attempt of a run against `target` after `delay`: `deliveries` in their lane's
+    /// order, all of one mailbox (or one truncate), each at `attempt`. A run without delay
     /// joins the next batch to `target`; a delayed one (a retry) goes on its own.
-    pub(crate) fn start(
+    pub(crate) fn start_run(
         &mut self,
-        key: K,
         target: Arc<dyn MailboxStore>,
-        delivery: Arc<Delivery>,
+        deliveries: Vec<(K, Arc<Delivery>)>,
         attempt: u32,
         delay: Duration,
         cancel: Cancel,
     ) {
+        if deliveries.is_empty() {
+            return;
+        }
         let queued = Queued {
             target,
-            run: vec![Member {
-                key,
-                delivery,
-                attempt,
-            }],
+            run: deliveries
+                .into_iter()
+                .map(|(key, delivery)| Member {
+                    key,
+                    delivery,
+                    attempt,
+                })
+                .collect(),
             cancel,
         };
         if delay.is_zero() {
@@ -188,32 +194,6 @@ impl<K: Send + Sync + 'static> Runner<K> {
                 (None, run_batch(vec![queued]).await)
             }));
         }
-    }
-
-    /// Starts the first attempt of a run: `deliveries` in their lane's order, all of one
-    /// mailbox (or one truncate), sent together in the next batch to `target`.
-    pub(crate) fn start_run(
-        &mut self,
-        target: Arc<dyn MailboxStore>,
-        deliveries: Vec<(K, Arc<Delivery>)>,
-        cancel: Cancel,
-    ) {
-        if deliveries.is_empty() {
-            return;
-        }
-        self.queued_deliveries += deliveries.len();
-        self.queued.push(Queued {
-            target,
-            run: deliveries
-                .into_iter()
-                .map(|(key, delivery)| Member {
-                    key,
-                    delivery,
-                    attempt: 0,
-                })
-                .collect(),
-            cancel,
-        });
     }
 
     /// Sends what was started since the last flush: one batch per target, at most

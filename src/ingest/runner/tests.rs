@@ -94,6 +94,19 @@ fn delivery(i: usize) -> Arc<Delivery> {
     }))
 }
 
+/// The next finished attempt, which must be an insert: its key (its store calls go to `calls`).
+async fn next_inserted(runner: &mut Runner<usize>, calls: &mut Vec<StoreCall>) -> usize {
+    let mut attempt = runner.next().await;
+    calls.append(&mut attempt.calls);
+    assert_eq!(
+        attempt.result,
+        Some(Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))),
+        "delivery {}",
+        attempt.key
+    );
+    attempt.key
+}
+
 /// Starts `count` deliveries of distinct users at once and collects every attempt; answers the
 /// most appends the store held at once.
 async fn run(limit: Option<usize>, count: usize) -> usize {
@@ -101,10 +114,9 @@ async fn run(limit: Option<usize>, count: usize) -> usize {
     let target: Arc<dyn MailboxStore> = store.clone();
     let mut runner = Runner::default();
     for i in 0..count {
-        runner.start(
-            i,
+        runner.start_run(
             target.clone(),
-            delivery(i),
+            vec![(i, delivery(i))],
             0,
             Duration::ZERO,
             Cancel::default(),
@@ -113,15 +125,7 @@ async fn run(limit: Option<usize>, count: usize) -> usize {
     let mut keys = Vec::new();
     let mut calls = Vec::new();
     for _ in 0..count {
-        let mut attempt = runner.next().await;
-        calls.append(&mut attempt.calls);
-        assert_eq!(
-            attempt.result,
-            Some(Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))),
-            "delivery {}",
-            attempt.key
-        );
-        keys.push(attempt.key);
+        keys.push(next_inserted(&mut runner, &mut calls).await);
     }
     keys.sort_unstable();
     assert_eq!(keys, (0..count).collect::<Vec<_>>(), "each delivery once");
@@ -192,21 +196,16 @@ async fn runs_go_whole_in_batches_and_in_order() {
             runner.start_run(
                 target.clone(),
                 run_of(user, RUN_MAX_GROUPS),
+                0,
+                Duration::ZERO,
                 Cancel::default(),
             );
         }
         let mut calls = Vec::new();
         let mut order: Vec<Vec<usize>> = vec![Vec::new(); runs];
         for _ in 0..runs * RUN_MAX_GROUPS {
-            let mut attempt = runner.next().await;
-            calls.append(&mut attempt.calls);
-            assert_eq!(
-                attempt.result,
-                Some(Ok(DeliveryOutcome::Append(AppendOutcome::Inserted))),
-                "delivery {}",
-                attempt.key
-            );
-            order[attempt.key / 1_000].push(attempt.key % 1_000);
+            let key = next_inserted(&mut runner, &mut calls).await;
+            order[key / 1_000].push(key % 1_000);
         }
         for (user, seen) in order.iter().enumerate() {
             assert_eq!(
@@ -231,8 +230,20 @@ async fn a_stores_limit_counts_runs() {
     let store = limited(Some(1));
     let target: Arc<dyn MailboxStore> = store.clone();
     let mut runner = Runner::default();
-    runner.start_run(target.clone(), run_of(0, 5), Cancel::default());
-    runner.start_run(target.clone(), run_of(1, 2), Cancel::default());
+    runner.start_run(
+        target.clone(),
+        run_of(0, 5),
+        0,
+        Duration::ZERO,
+        Cancel::default(),
+    );
+    runner.start_run(
+        target.clone(),
+        run_of(1, 2),
+        0,
+        Duration::ZERO,
+        Cancel::default(),
+    );
     let mut keys = Vec::new();
     for _ in 0..7 {
         let attempt = runner.next().await;
