@@ -13,13 +13,25 @@ use crate::store::classify::cql;
 
 /// Where one copy of a group's event rows goes, and how long it lives.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct GroupRows {
+struct GroupRows {
+    generation: i64,
+    bucket: i64,
+    seq: i64,
+    digest: i64,
+    created_at: i64,
+    ttl: i32,
+}
+
+/// A group an append inserts: where (the slot and its generation), what (its events sorted by
+/// ordinal and their digest) and when.
+#[derive(Clone, Copy)]
+pub(super) struct Inserted<'a> {
+    pub slot: i32,
     pub generation: i64,
-    pub bucket: i64,
-    pub seq: i64,
-    pub digest: i64,
-    pub created_at: i64,
-    pub ttl: i32,
+    pub group: &'a EventGroup,
+    pub events: &'a [&'a Event],
+    pub content: i64,
+    pub now: u64,
 }
 
 /// A step the verdict above has already ruled out; reported, never panicked on.
@@ -229,19 +241,17 @@ impl ScyllaStore {
                 AppendOutcome::ExpiredMerged
             }
             AppendStep::Insert => {
-                // Event rows, then meta and identity in one commit.
-                let rows = GroupRows {
+                let inserted = Inserted {
+                    slot,
                     generation,
-                    bucket,
-                    seq: stored(seq),
-                    digest: content,
-                    created_at: stored(group.created_at),
-                    ttl,
+                    group,
+                    events: &events,
+                    content,
+                    now,
                 };
-                self.write_events(user, &rows, &events).await?;
-                meta.record_insert(day, seq, expires_at, group.source);
+                self.insert_group(user, &inserted, &mut meta, &mut commit)
+                    .await?;
                 commit.write_meta(slot, generation, epoch, &meta);
-                commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
                 if moving {
                     commit.delete_identities_except(slot, Some(stored(seq)));
                 }
@@ -256,6 +266,40 @@ impl ScyllaStore {
             self.drop_generation(user, current).await?;
         }
         Ok(Attempt::Done(Ok(outcome)))
+    }
+
+    /// An insert's writes (SPEC 4.2 step 8): the group's event rows now, and its meta changes
+    /// and identity into `commit`, which makes them visible at once.
+    pub(super) async fn insert_group(
+        &self,
+        user: &str,
+        inserted: &Inserted<'_>,
+        meta: &mut Meta,
+        commit: &mut Commit<'_>,
+    ) -> Result<(), StoreError> {
+        let Inserted {
+            slot,
+            generation,
+            group,
+            events,
+            content,
+            now,
+        } = *inserted;
+        let (seq, day) = (group.mailbox_seq, group.day());
+        let expires_at = self.policy.expires_at(day);
+        let ttl = ttl_until(expires_at, now);
+        let rows = GroupRows {
+            generation,
+            bucket: event_bucket(stored(day)),
+            seq: stored(seq),
+            digest: content,
+            created_at: stored(group.created_at),
+            ttl,
+        };
+        self.write_events(user, &rows, events).await?;
+        meta.record_insert(day, seq, expires_at, group.source);
+        commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
+        Ok(())
     }
 
     /// The stored copy of one group: (created_at, events by ordinal).
@@ -289,7 +333,7 @@ impl ScyllaStore {
         Ok(created.map(|c| (c, events)))
     }
 
-    pub(super) async fn write_events<'a>(
+    async fn write_events<'a>(
         &self,
         user: &'a str,
         rows: &GroupRows,

@@ -19,11 +19,11 @@
 
 use std::collections::BTreeMap;
 
-use super::append::{check_writer_user, stores, GroupRows};
+use super::append::{check_writer_user, stores, Inserted};
 use super::commit::Commit;
 use super::schema::event_bucket;
 use super::state::{stored, unsigned, Admission, ReadAt, Writer};
-use super::{digest, ttl_until, Attempt, ScyllaStore};
+use super::{digest, Attempt, ScyllaStore};
 use crate::model::rules::{self, AppendStep, EpochStep};
 use crate::model::validate::validate_group;
 use crate::model::{AppendOutcome, Event, EventGroup, StoreError};
@@ -281,18 +281,16 @@ impl ScyllaStore {
                     let mut events: Vec<&Event> = group.events.iter().collect();
                     events.sort_by_key(|e| e.event_ordinal);
                     let content = digest(group.created_at, &events);
-                    let ttl = ttl_until(expires_at, now);
-                    let rows = GroupRows {
+                    let inserted = Inserted {
+                        slot,
                         generation,
-                        bucket: event_bucket(stored(day)),
-                        seq: stored(seq),
-                        digest: content,
-                        created_at: stored(group.created_at),
-                        ttl,
+                        group,
+                        events: &events,
+                        content,
+                        now,
                     };
-                    self.write_events(user, &rows, &events).await?;
-                    meta.record_insert(day, seq, expires_at, group.source);
-                    commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
+                    self.insert_group(user, &inserted, &mut meta, &mut commit)
+                        .await?;
                     written.insert(seq, (expires_at, content, group));
                     wrote = true;
                     answers.push(Ok(AppendOutcome::Inserted));
