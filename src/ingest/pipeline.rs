@@ -41,19 +41,19 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::{DecodeError, Delivery, DeliveryOutcome, DispatchRecord};
+use crate::model::{StoreError, UserId};
+
 /// Most deliveries in one run: the groups one store call decides together (one Redis script
-/// call, one lock on memory). Bounds the server time of one call (a Redis script blocks the
-/// server while it runs: 64 warm appends take on the order of a few milliseconds) and what one
-/// retry re-sends.
+/// call, one commit on Scylla, one lock on memory). Bounds the server time of one call (a
+/// Redis script blocks the server while it runs: 64 warm appends take on the order of a few
+/// milliseconds) and what one retry re-sends.
 pub const RUN_MAX_GROUPS: usize = 64;
 
 /// Most payload bytes in one run (a run's first group is taken whatever its size, so a single
 /// group at the record limit still goes): keeps one call's request, and the script's work, near
 /// what one large group costs today.
 pub const RUN_MAX_BYTES: usize = 1 << 20;
-
-use super::{DecodeError, Delivery, DeliveryOutcome, DispatchRecord};
-use crate::model::{StoreError, UserId};
 
 /// A delivery's address inside the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -218,7 +218,6 @@ pub(crate) struct Admission {
     pub settled: Option<Settled>,
 }
 
-/// The window of one source.
 /// One user's deliveries in the window, in source order.
 #[derive(Debug, Default)]
 struct Lane {
@@ -230,6 +229,7 @@ struct Lane {
     ready: bool,
 }
 
+/// The window of one source.
 #[derive(Debug)]
 pub(crate) struct PartitionPipeline<R, M = ()> {
     max_records: usize,
