@@ -17,6 +17,11 @@
   applied, and the caller sends them again. Positive codes 1..6 are outcomes and final; a
   refusal after promote (7) is final when the refusal it carries is.
 
+  The groups share what the call already read or wrote of the mailbox (`known`, see
+  append.lua): the fence and epoch `MGET`, `TIME`, the meta `HMGET` and the identity index's
+  `EXPIRETIME` once per run, so a warm insert after the first costs its `ZSCORE`, the two `ZADD`s
+  and the meta `HSET`.
+
   Bound: the caller sends at most RUN_MAX_GROUPS (64) groups and RUN_MAX_BYTES (1 MiB) of
   payload per run, its first group whatever its size (src/ingest/pipeline.rs), so one call
   does at most 64 `append.lua` bodies' work over at most 1 MiB (or one group at the record

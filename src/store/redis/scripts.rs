@@ -28,6 +28,10 @@ pub struct Scripts {
 
 const APPEND: &str = include_str!("../../../lua/append.lua");
 
+/// What `lua/append.lua`'s body knows of the mailbox before its first group: nothing. Alone it
+/// starts every call; in a run it is defined once, before `append_one`, so the groups share it.
+const KNOWN: &str = "local known = {bucket_expiry = {}}";
+
 /// A mailbox script's source: the shared helpers, the meta checks and promote, then its body.
 /// Each script carries only the includes it calls: every definition is a closure Redis builds
 /// on each call.
@@ -47,7 +51,7 @@ fn repair_script(body: &str) -> Script {
 impl Scripts {
     pub fn new() -> Self {
         Self {
-            append: mailbox_script(APPEND),
+            append: Script::new(&Self::append_source()),
             append_run: Script::new(&Self::append_run_source()),
             truncate: mailbox_script(include_str!("../../../lua/truncate.lua")),
             promote: mailbox_script(include_str!("../../../lua/promote.lua")),
@@ -65,7 +69,7 @@ impl Scripts {
 
     /// The full source of the append script, as loaded (for benchmarks that call it by hand).
     pub fn append_source() -> String {
-        mailbox_source(APPEND)
+        mailbox_source(&format!("{KNOWN}\n{APPEND}"))
     }
 
     /// The full source of the run script: the includes, `lua/append.lua`'s body as the local
@@ -74,7 +78,7 @@ impl Scripts {
     /// group is decided by the same lines alone or in a run.
     pub fn append_run_source() -> String {
         mailbox_source(&format!(
-            "local function append_one(ARGV)\n{APPEND}\nend\n{}",
+            "{KNOWN}\nlocal function append_one(ARGV)\n{APPEND}\nend\n{}",
             include_str!("../../../lua/append_run.lua")
         ))
     }
