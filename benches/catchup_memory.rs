@@ -4,7 +4,9 @@
 //! mark of the process's resident set (`VmHWM`), so nothing between two samples is missed.
 //!
 //! Each row also gives the bound the README documents — fixed overhead + 1.25 × (budget +
-//! prefetch) — the records/s of the catch-up and the CPU of each process.
+//! prefetch) — the records/s of the catch-up, the CPU of each process, and the store calls per
+//! record: Redis's script calls (`INFO commandstats`), or the Paxos rounds a Cassandra started
+//! by `scripts/cassandra` coordinated (its JMX `CASWrite` count, `CASSANDRA_JMX_PORT`).
 //!
 //! Workload: 3 partitions, one delivery per record, its event padded so the whole record has
 //! about the given size (its padding text compresses like real text, see `text`). Into Redis and Scylla every record is a new group of its mailbox (about
@@ -349,7 +351,7 @@ async fn main() {
         mib(prefetch),
         mib(bound)
     );
-    println!("| backend | record size | records | backlog MiB | peak RSS MiB | within bound | peak charged MiB | records/s | EVALSHA/record | CPU (cores) |");
+    println!("| backend | record size | records | backlog MiB | peak RSS MiB | within bound | peak charged MiB | records/s | EVALSHA or Paxos rounds / record | CPU (cores) |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for backend in backends.split(',').map(str::trim) {
         for &size in &sizes {
@@ -366,10 +368,18 @@ async fn main() {
                 RedisServer::start(Clock::Real, Listen::Tcp(redis_server::free_port()), &[])
             });
             let (store_section, pids) = store(backend, redis.as_ref());
+            let cas_before = (backend == "scylla").then(cas_writes).flatten();
             let run = run_daemon(&backlog, &store_section, budget, &extra, &pids);
-            // Script calls the server ran (a run of one mailbox's groups is one call).
+            // Script calls the server ran (a run of one mailbox's groups is one call), or the
+            // Paxos rounds the CQL server coordinated (one per run).
             let evalsha = redis.as_ref().map_or_else(
-                || "-".to_owned(),
+                || match (cas_before, cas_writes()) {
+                    (Some(before), Some(after)) if backend == "scylla" => format!(
+                        "{:.2} Paxos",
+                        after.saturating_sub(before) as f64 / backlog.records as f64
+                    ),
+                    _ => "-".to_owned(),
+                },
                 |server| {
                     let stats = server.raw("INFO commandstats");
                     let calls: f64 = stats
@@ -405,6 +415,37 @@ async fn main() {
             );
         }
     }
+}
+
+/// The conditional writes (Paxos rounds) the Cassandra of `scripts/cassandra` has coordinated
+/// since it started, read over its local JMX port (`CASSANDRA_JMX_PORT`, 17199 by default) with
+/// the JMX client its own libraries carry; `None` when that is not reachable (ScyllaDB, another
+/// server), and the column then shows "-".
+fn cas_writes() -> Option<u64> {
+    let port = std::env::var("CASSANDRA_JMX_PORT").unwrap_or_else(|_| "17199".to_owned());
+    let out = Command::new("java")
+        .args([
+            "-cp",
+            "target/lib-cassandra/*",
+            "org.gridkit.jvmtool.SJK",
+            "mx",
+            "-s",
+            &format!("127.0.0.1:{port}"),
+            "-b",
+            "org.apache.cassandra.metrics:type=ClientRequest,scope=CASWrite,name=Latency",
+            "-mg",
+            "-f",
+            "Count",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The `[store]` section for `backend` and the store's processes (for their CPU).

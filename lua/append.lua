@@ -48,9 +48,9 @@
   the meta fields `load_meta` reads, the identity index's expiry and the expiry set on each day
   bucket. Every entry equals what the server holds: each write through this body updates it,
   and a promote that did more than look (it may rewrite the meta and empty the index) drops the
-  meta and index entries. Alone, `known` is a fresh table per call and changes nothing.
-
-  `known` is defined by the script around this body: `{bucket_expiry = {}}`.
+  meta and index entries. `known` is defined by the script around this body: a run's table
+  (`{bucket_expiry = {}}`), or false alone, where the body reads and writes as if it did not
+  exist: a single append (the steady state) builds no table it would not use.
 
   Nothing is written before the outcome is known: a rejected input for a cold user leaves no key,
   and an error leaves the mailbox as it was (apart from what promote compacted, which any
@@ -89,23 +89,43 @@ local function position_after(held, incoming)
   return incoming
 end
 
+-- `identity_expiry`, read once per run: `known` is the run's table, or false (see above).
+local function identity_expiry_known(seqbucket_key, known)
+  local expiry = known and known.index_expiry
+  if not expiry then
+    expiry = identity_expiry(seqbucket_key)
+    if known then known.index_expiry = expiry end
+  end
+  return expiry
+end
+
+-- HSET of meta fields (HSET arguments), kept in `held` too: the fields a run knows
+-- (`known.meta`), or false.
+local function hset_known(meta_key, fields, held)
+  redis.call('HSET', meta_key, unpack(fields))
+  if held then
+    for i = 1, #fields, 2 do held[fields[i]] = fields[i + 1] end
+    held.exists = true
+  end
+end
+
 -- The fence and the epoch in one read (once per run: nothing but this body writes them here).
-local gate = known.gate
+local gate = known and known.gate
 if not gate then
   gate = redis.call('MGET', KEYS[6], epoch_key)
-  known.gate = gate
+  if known then known.gate = gate end
 end
 local fenced = fence_verdict(gate[1], ARGV[11])
 if fenced then return fenced end
-if ARGV[12] == '1' and not known.propagated then
+if ARGV[12] == '1' and not (known and known.propagated) then
   propagate_for_wait(epoch_key, gate[2])
-  known.propagated = true
+  if known then known.propagated = true end
 end
 
-local now = known.now
+local now = known and known.now
 if not now then
   now = now_text()
-  known.now = now
+  if known then known.now = now end
 end
 
 -- 2. Future window, before anything is read or written: day > today + future_window_days
@@ -131,7 +151,7 @@ end
 -- or none when this run already knows those fields.
 local proof_field = 'bucket_max_seq:' .. day_text
 local m
-local fields_known = known.meta
+local fields_known = known and known.meta
 if fields_known and fields_known[proof_field] ~= nil then
   m = {key = meta_key, version = fields_known.retention_format_version,
     trim = fields_known.user_trim_seq, seqbucket_max = fields_known.seqbucket_max_seq,
@@ -139,47 +159,28 @@ if fields_known and fields_known[proof_field] ~= nil then
     extra2 = fields_known.source_position, exists = fields_known.exists}
 else
   m = load_meta(meta_key, proof_field, 'source_position')
-  known.meta = {retention_format_version = m.version, user_trim_seq = m.trim,
-    seqbucket_max_seq = m.seqbucket_max, next_expires_at = m.next_expiry,
-    [proof_field] = m.extra, source_position = m.extra2, exists = m.exists}
-end
-
--- HSET of meta fields, kept in `known` too.
-local function set_meta(fields)
-  redis.call('HSET', meta_key, unpack(fields))
-  local held = known.meta
-  if held then
-    for i = 1, #fields, 2 do held[fields[i]] = fields[i + 1] end
-    held.exists = true
+  if known then
+    known.meta = {retention_format_version = m.version, user_trim_seq = m.trim,
+      seqbucket_max_seq = m.seqbucket_max, next_expires_at = m.next_expiry,
+      [proof_field] = m.extra, source_position = m.extra2, exists = m.exists}
   end
 end
 
--- Promote only looks (and writes nothing) before the meta's first expiry.
-local promote_only_looks = not m.exists or (m.next_expiry
-  and string.match(m.next_expiry, '^[1-9]%d*$') and seq_less(now, m.next_expiry))
-local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
-if not promote_only_looks then
+-- Promote only looks (and writes nothing) before the meta's first expiry; past it, it may
+-- rewrite the meta and empty the index, which `known` then forgets.
+if known and m.exists and not (m.next_expiry and string.match(m.next_expiry, '^[1-9]%d*$')
+    and seq_less(now, m.next_expiry)) then
   known.meta, known.index_expiry = nil, nil
 end
+local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
 local function refused(reply) return after_promote(reply, promoted) end
 
 -- 6. Integrity. A live identity of this seq proves the index exists (the replay path needs
 -- no more); otherwise the index's expiry tells, and an index without one is repaired on the way.
 local existing = redis.call('ZSCORE', seqbucket_key, seq16)
-
--- The index's expiry (-2: no index), read once per run and repaired when it has none.
-local function index_expiry_known()
-  local expiry = known.index_expiry
-  if not expiry then
-    expiry = identity_expiry(seqbucket_key)
-    known.index_expiry = expiry
-  end
-  return expiry
-end
-
 local index_expiry = 0
-if not existing then index_expiry = index_expiry_known() end
+if not existing then index_expiry = identity_expiry_known(seqbucket_key, known) end
 err = check_integrity(m, existing or index_expiry ~= -2, now)
 if err then return refused(err) end
 
@@ -198,7 +199,7 @@ if existing then
   end
   -- A TTL-less identity index (SPEC 5) is repaired to its max score by every path that meets
   -- it, the identical replay included: one EXPIRETIME, and the repair only when it is -1.
-  index_expiry_known()
+  identity_expiry_known(seqbucket_key, known)
   -- Same day: compare the stored group with the incoming one, reading at most one member more
   -- than the incoming group has.
   local old
@@ -230,9 +231,9 @@ if existing then
   end
   zadd_argv(day_key, seq, members_from, ARGV)
   redis.call('EXPIREAT', day_key, expires_text)
-  known.bucket_expiry[day_key] = expires_text
+  if known then known.bucket_expiry[day_key] = expires_text end
   local kept = position_after(m.extra2, incoming_position)
-  if kept then set_meta({'source_position', kept}) end
+  if kept then hset_known(meta_key, {'source_position', kept}, known and known.meta) end
   return {3, promoted}
 end
 
@@ -241,7 +242,7 @@ local function establish_epoch()
   if move_from then delete_epoch(epoch_keys(ARGV[1], ARGV[2], move_from)) end
   if move_from or not current then
     redis.call('SET', epoch_key, ARGV[3])
-    known.gate = {gate[1], ARGV[3]}
+    if known then known.gate = {gate[1], ARGV[3]} end
   end
 end
 
@@ -254,7 +255,7 @@ if not seq_less(now, expires_text) then
   if not m.exists then fields = new_meta_fields() end
   fields[#fields + 1] = 'expired_gap_boundary'
   fields[#fields + 1] = seq_max(m.boundary, seq)
-  set_meta(fields)
+  hset_known(meta_key, fields, known and known.meta)
   return {4, promoted}
 end
 
@@ -282,7 +283,9 @@ end
 -- range, count, first expiry, seqbucket_max_seq.
 establish_epoch()
 zadd_argv(day_key, seq, members_from, ARGV)
-if known.bucket_expiry[day_key] ~= expires_text then
+if not known then
+  redis.call('EXPIREAT', day_key, expires_text)
+elseif known.bucket_expiry[day_key] ~= expires_text then
   redis.call('EXPIREAT', day_key, expires_text)
   known.bucket_expiry[day_key] = expires_text
 end
@@ -291,7 +294,7 @@ if index_expiry == -2 or index_expiry < tonumber(expires_text) then
   -- A new index (its only member is this one), or a later day than any before: the key's expiry
   -- is the largest score, only ever raised.
   redis.call('EXPIREAT', seqbucket_key, expires_text)
-  known.index_expiry = tonumber(expires_text)
+  if known then known.index_expiry = tonumber(expires_text) end
 end
 local fields = {}
 if not m.exists then fields = new_meta_fields() end
@@ -324,5 +327,5 @@ else
     fields[#fields + 1] = string.format('%d', next_expiry)
   end
 end
-set_meta(fields)
+hset_known(meta_key, fields, known and known.meta)
 return {1, promoted}

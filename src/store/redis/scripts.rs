@@ -28,9 +28,10 @@ pub struct Scripts {
 
 const APPEND: &str = include_str!("../../../lua/append.lua");
 
-/// What `lua/append.lua`'s body knows of the mailbox before its first group: nothing. Alone it
-/// starts every call; in a run it is defined once, before `append_one`, so the groups share it.
+/// What a run's groups share of the mailbox (`known` in `lua/append.lua`): defined once, before
+/// `append_one`. A single append has none (`false`), so it builds no table it would not use.
 const KNOWN: &str = "local known = {bucket_expiry = {}}";
+const KNOWN_ALONE: &str = "local known = false";
 
 /// A mailbox script's source: the shared helpers, the meta checks and promote, then its body.
 /// Each script carries only the includes it calls: every definition is a closure Redis builds
@@ -69,7 +70,7 @@ impl Scripts {
 
     /// The full source of the append script, as loaded (for benchmarks that call it by hand).
     pub fn append_source() -> String {
-        mailbox_source(&format!("{KNOWN}\n{APPEND}"))
+        mailbox_source(&format!("{KNOWN_ALONE}\n{APPEND}"))
     }
 
     /// The full source of the run script: the includes, `lua/append.lua`'s body as the local
