@@ -51,9 +51,23 @@ pub(crate) async fn append_one_by_one<S: MailboxStore + ?Sized>(
     store: &S,
     run: &[&EventGroup],
 ) -> Vec<Result<AppendOutcome, StoreError>> {
+    each_in_order(run, |group| store.append(group)).await
+}
+
+/// `call` on each group of `run` in order, answering as a run does: a prefix, stopping after
+/// the first answer that is not final ([`ends_run`]). The one-by-one form of every run: live
+/// ([`append_one_by_one`]) and a repair's staging copy alike.
+pub(crate) async fn each_in_order<'g, F, Fut>(
+    run: &[&'g EventGroup],
+    mut call: F,
+) -> Vec<Result<AppendOutcome, StoreError>>
+where
+    F: FnMut(&'g EventGroup) -> Fut,
+    Fut: std::future::Future<Output = Result<AppendOutcome, StoreError>>,
+{
     let mut answers = Vec::with_capacity(run.len());
     for group in run {
-        let answer = store.append(group).await;
+        let answer = call(group).await;
         let stop = ends_run(&answer);
         answers.push(answer);
         if stop {
@@ -269,6 +283,22 @@ pub trait MailboxStore: Send + Sync {
     ) -> Result<AppendOutcome, StoreError> {
         let _ = (token, group);
         Err(self.repair_unsupported())
+    }
+
+    /// Appends a run (consecutive groups of one mailbox, [`append_run`]) to the repair's
+    /// staging copy, each group exactly as [`repair_append`] would, answered as [`append_run`]
+    /// answers: a prefix, stopping after an answer that is not final. A repair rebuilds one
+    /// mailbox from its whole log, so its groups come as long runs; Redis sends a run as one
+    /// script call.
+    ///
+    /// [`append_run`]: MailboxStore::append_run
+    /// [`repair_append`]: MailboxStore::repair_append
+    async fn repair_append_run(
+        &self,
+        token: &RepairToken,
+        run: &[&EventGroup],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
+        each_in_order(run, |group| self.repair_append(token, group)).await
     }
 
     /// [`truncate_before`](MailboxStore::truncate_before) on the staging copy, under the same

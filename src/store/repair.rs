@@ -156,6 +156,18 @@ impl MailboxStore for StagingView {
         self.store.repair_append(&self.token, group).await
     }
 
+    /// A run of the repair's user goes to the store as one ([`MailboxStore::repair_append_run`]);
+    /// a group of another user is refused on its own, as [`append`](Self::append) refuses it.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        if run
+            .iter()
+            .any(|g| self.check_user(&g.mailbox.user_id).is_err())
+        {
+            return crate::store::append_one_by_one(self, run).await;
+        }
+        self.store.repair_append_run(&self.token, run).await
+    }
+
     async fn truncate_before(
         &self,
         mailbox: &MailboxId,

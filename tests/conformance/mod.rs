@@ -121,6 +121,7 @@ macro_rules! conformance_tests {
             repair_rebuilds_epoch_moves_and_replaces_every_epoch,
             repair_staging_follows_the_append_rules,
             repair_garbage_of_a_crashed_repair_is_collected,
+            repair_runs_answer_each_group_like_repair_append,
             append_many_answers_each_group_like_append,
             append_run_answers_each_group_like_append,
             append_runs_spread_over_many_users_answer_each,

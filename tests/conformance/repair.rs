@@ -507,3 +507,101 @@ pub async fn append_many_answers_each_group_like_append(h: &H) {
     );
     assert!(store.append_many(&[]).await.is_empty());
 }
+
+/// A repair rebuilds one mailbox from its whole log, so its groups reach the staging copy as
+/// runs (`StagingView::append_run`, one script call on Redis). Each group is answered exactly
+/// as `repair_append` alone answers it, and the swapped-in mailbox is the one one-by-one
+/// staging builds; a run whose fence was lost stops at its first group, nothing staged.
+pub async fn repair_runs_answer_each_group_like_repair_append(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let in_runs = mailbox("r-runs", 1);
+    let one_by_one = mailbox("r-one-by-one", 1);
+    // insert, identical replay, replace, cross-day conflict (final: the run goes on), a second
+    // day, a later seq, and its identical replay.
+    let shapes: [(u64, u64, u32, &str); 7] = [
+        (1, TODAY0, 2, "a"),
+        (1, TODAY0, 2, "a"),
+        (1, TODAY0, 2, "b"),
+        (1, TODAY0 - 1, 2, "b"),
+        (2, TODAY0 - 1, 1, "c"),
+        (3, TODAY0, 3, "d"),
+        (2, TODAY0 - 1, 1, "c"),
+    ];
+    let run_token = store
+        .repair_begin(&in_runs.user_id, LEASE)
+        .await
+        .expect("fence");
+    let single_token = store
+        .repair_begin(&one_by_one.user_id, LEASE)
+        .await
+        .expect("fence");
+    let run: Vec<_> = shapes
+        .iter()
+        .map(|&(seq, day, events, text)| group(&in_runs, seq, day, events, text))
+        .collect();
+    let view = mailbox_materializer::store::StagingView::new(store.clone(), run_token.clone());
+    let answers = view.append_run(&run.iter().collect::<Vec<_>>()).await;
+    let mut expected = Vec::new();
+    for &(seq, day, events, text) in &shapes {
+        expected.push(
+            store
+                .repair_append(&single_token, &group(&one_by_one, seq, day, events, text))
+                .await,
+        );
+    }
+    assert_eq!(answers, expected, "a staged run answers as one by one");
+    assert_eq!(
+        answers.iter().filter(|a| a.is_err()).count(),
+        1,
+        "{answers:?}"
+    );
+    store
+        .repair_swap(&run_token)
+        .await
+        .expect("swap the run's copy");
+    store
+        .repair_swap(&single_token)
+        .await
+        .expect("swap the one-by-one copy");
+    let runs_seqs = stored_seqs(store.as_ref(), &in_runs).await;
+    assert_eq!(runs_seqs, stored_seqs(store.as_ref(), &one_by_one).await);
+    assert_eq!(runs_seqs, vec![1, 2, 3]);
+
+    // A lost fence: the run stops at its first group and stages nothing.
+    let token = store
+        .repair_begin(&in_runs.user_id, LEASE)
+        .await
+        .expect("fence");
+    store.repair_abort(&token).await.expect("abort");
+    let view = mailbox_materializer::store::StagingView::new(store.clone(), token);
+    let late: Vec<_> = (4..=6)
+        .map(|seq| group(&in_runs, seq, TODAY0, 1, "late"))
+        .collect();
+    let answers = view.append_run(&late.iter().collect::<Vec<_>>()).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(fence_lost(&answers[0]), "{answers:?}");
+    assert_eq!(stored_seqs(store.as_ref(), &in_runs).await, vec![1, 2, 3]);
+}
+
+/// The seqs a full scan of `mb` returns, in order.
+async fn stored_seqs(
+    store: &dyn MailboxStore,
+    mb: &mailbox_materializer::model::MailboxId,
+) -> Vec<u64> {
+    store
+        .range_scan(
+            mb,
+            mailbox_materializer::model::ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 1000,
+            },
+        )
+        .await
+        .expect("scan")
+        .groups
+        .iter()
+        .map(|g| g.mailbox_seq)
+        .collect()
+}

@@ -109,17 +109,20 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
 }
 
 impl RedisStore {
-    /// Live appends of several runs (each of one mailbox, [`MailboxStore::append_run`]): one
-    /// pipeline on a single server; on a cluster one pipeline per master, all sent at once.
-    /// Answers each run in the order given.
+    /// Appends of several runs (each of one mailbox, [`MailboxStore::append_run`]) to the
+    /// `copy` a write of `holder` reaches (live: `""`; a repair's staging copy: its holder id),
+    /// as `lua/append.lua` names them: one pipeline on a single server; on a cluster one
+    /// pipeline per master, all sent at once. Answers each run in the order given.
     ///
     /// [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
     pub(super) async fn append_runs_pipelined(
         &self,
+        copy: KeySet,
+        holder: &str,
         runs: &[&[&EventGroup]],
     ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
         if !self.settings.cluster {
-            return self.append_pipeline(runs, None).await;
+            return self.append_pipeline(copy, holder, runs, None).await;
         }
         let slots: Vec<u16> = runs
             .iter()
@@ -142,7 +145,10 @@ impl RedisStore {
             let part_runs: Vec<&[&EventGroup]> = part.iter().map(|i| runs[*i]).collect();
             // Routed to the master of its first user's slot, which serves all of them.
             let route = Route::new(slots[part[0]], SlotAddr::Master);
-            async move { self.append_pipeline(&part_runs, Some(route)).await }
+            async move {
+                self.append_pipeline(copy, holder, &part_runs, Some(route))
+                    .await
+            }
         }))
         .await;
         let mut results: Vec<Vec<Result<AppendOutcome, StoreError>>> =
@@ -223,12 +229,14 @@ impl RedisStore {
         }
     }
 
-    /// Live appends of several runs as ONE pipeline: a script call per run (`lua/append.lua`
+    /// Appends of several runs to `copy` as ONE pipeline: a script call per run (`lua/append.lua`
     /// for a run of one group, `lua/append_run.lua` for more), then (with `wait_replicas > 0`)
     /// one `WAIT` that covers all of them, on one connection in one round trip. Each script
     /// stays atomic on its own; a script's error answers its own run only.
     async fn append_pipeline(
         &self,
+        copy: KeySet,
+        holder: &str,
         runs: &[&[&EventGroup]],
         route: Option<Route>,
     ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
@@ -253,7 +261,7 @@ impl RedisStore {
         let mut scripted: Vec<Vec<Result<AppendOutcome, StoreError>>> =
             (0..runs.len()).map(|_| Vec::new()).collect();
         if !sent.is_empty() {
-            for (i, answers) in self.send_runs(&valid, &sent, route).await {
+            for (i, answers) in self.send_runs(copy, holder, &valid, &sent, route).await {
                 scripted[i] = answers;
             }
             // A run script the server refused as a whole (a Lua runtime error) names no
@@ -263,7 +271,10 @@ impl RedisStore {
                 if valid[*i].len() > 1
                     && matches!(scripted[*i].as_slice(), [Err(StoreError::Refused { .. })])
                 {
-                    scripted[*i] = crate::store::append_one_by_one(self, &valid[*i]).await;
+                    scripted[*i] = crate::store::each_in_order(&valid[*i], |group| {
+                        self.append_to(copy, holder, group)
+                    })
+                    .await;
                 }
             }
         }
@@ -300,11 +311,13 @@ impl RedisStore {
     /// (twice would answer `unchanged` for what was `inserted`).
     async fn send_runs(
         &self,
+        copy: KeySet,
+        holder: &str,
         runs: &[Vec<&EventGroup>],
         sent: &[usize],
         route: Option<Route>,
     ) -> Vec<(usize, Vec<Result<AppendOutcome, StoreError>>)> {
-        let mut answered = self.send_runs_once(runs, sent, route).await;
+        let mut answered = self.send_runs_once(copy, holder, runs, sent, route).await;
         let missing: Vec<usize> = answered
             .iter()
             .filter(|(_, a)| a.is_none())
@@ -320,7 +333,10 @@ impl RedisStore {
                 }
             }
             let again = match loaded {
-                Ok(()) => self.send_runs_once(runs, &missing, route).await,
+                Ok(()) => {
+                    self.send_runs_once(copy, holder, runs, &missing, route)
+                        .await
+                }
                 Err(error) => missing
                     .iter()
                     .map(|i| (*i, Some(vec![Err(error.clone())])))
@@ -353,6 +369,8 @@ impl RedisStore {
     /// nothing of it ran).
     async fn send_runs_once(
         &self,
+        copy: KeySet,
+        holder: &str,
         runs: &[Vec<&EventGroup>],
         sent: &[usize],
         route: Option<Route>,
@@ -367,8 +385,8 @@ impl RedisStore {
         pipe.ignore_errors();
         for i in sent {
             match runs[*i].as_slice() {
-                [group] => pipe.invoke_script(&self.append_invocation(KeySet::Live, "", group)),
-                run => pipe.invoke_script(&self.append_run_invocation(KeySet::Live, "", run)),
+                [group] => pipe.invoke_script(&self.append_invocation(copy, holder, group)),
+                run => pipe.invoke_script(&self.append_run_invocation(copy, holder, run)),
             };
         }
         if wanted > 0 {

@@ -132,7 +132,7 @@ impl MailboxStore for RedisStore {
             // One script call holds one mailbox's keys.
             return crate::store::append_one_by_one(self, run).await;
         }
-        let mut answers = self.append_runs_pipelined(&[run]).await;
+        let mut answers = self.append_runs_pipelined(KeySet::Live, "", &[run]).await;
         answers.pop().unwrap_or_default()
     }
 
@@ -141,7 +141,7 @@ impl MailboxStore for RedisStore {
         runs: &[&[&EventGroup]],
     ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
         if runs.iter().all(|run| crate::store::one_mailbox(run)) {
-            return self.append_runs_pipelined(runs).await;
+            return self.append_runs_pipelined(KeySet::Live, "", runs).await;
         }
         futures::future::join_all(runs.iter().map(|run| self.append_run(run))).await
     }
@@ -367,6 +367,25 @@ impl MailboxStore for RedisStore {
     ) -> Result<AppendOutcome, StoreError> {
         token.check_user(&group.mailbox.user_id, BACKEND)?;
         self.append_to(KeySet::Staging, &token.holder, group).await
+    }
+
+    /// One script call for the run, on the staging copy (`append_run.lua` with the holder).
+    async fn repair_append_run(
+        &self,
+        token: &RepairToken,
+        run: &[&EventGroup],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
+        let others = run
+            .iter()
+            .any(|g| token.check_user(&g.mailbox.user_id, BACKEND).is_err());
+        if others || !crate::store::one_mailbox(run) {
+            return crate::store::each_in_order(run, |group| self.repair_append(token, group))
+                .await;
+        }
+        let mut answers = self
+            .append_runs_pipelined(KeySet::Staging, &token.holder, &[run])
+            .await;
+        answers.pop().unwrap_or_default()
     }
 
     async fn repair_truncate(
