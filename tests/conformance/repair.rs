@@ -564,8 +564,8 @@ pub async fn repair_runs_answer_each_group_like_repair_append(h: &H) {
         .repair_swap(&single_token)
         .await
         .expect("swap the one-by-one copy");
-    let runs_seqs = stored_seqs(store.as_ref(), &in_runs).await;
-    assert_eq!(runs_seqs, stored_seqs(store.as_ref(), &one_by_one).await);
+    let runs_seqs = seqs_of(store.as_ref(), &in_runs).await;
+    assert_eq!(runs_seqs, seqs_of(store.as_ref(), &one_by_one).await);
     assert_eq!(runs_seqs, vec![1, 2, 3]);
 
     // A lost fence: the run stops at its first group and stages nothing.
@@ -581,27 +581,5 @@ pub async fn repair_runs_answer_each_group_like_repair_append(h: &H) {
     let answers = view.append_run(&late.iter().collect::<Vec<_>>()).await;
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert!(fence_lost(&answers[0]), "{answers:?}");
-    assert_eq!(stored_seqs(store.as_ref(), &in_runs).await, vec![1, 2, 3]);
-}
-
-/// The seqs a full scan of `mb` returns, in order.
-async fn stored_seqs(
-    store: &dyn MailboxStore,
-    mb: &mailbox_materializer::model::MailboxId,
-) -> Vec<u64> {
-    store
-        .range_scan(
-            mb,
-            mailbox_materializer::model::ScanRequest {
-                after_seq: 0,
-                until_seq: None,
-                limit_groups: 1000,
-            },
-        )
-        .await
-        .expect("scan")
-        .groups
-        .iter()
-        .map(|g| g.mailbox_seq)
-        .collect()
+    assert_eq!(seqs_of(store.as_ref(), &in_runs).await, vec![1, 2, 3]);
 }
