@@ -11,11 +11,8 @@
 //! - `replay` of ranges of the same sizes around the store batch, and the daemon with record
 //!   counts around the intake batch (512 records): every record counted once, every group stored.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
+use crate::support;
 
 use std::path::Path;
 use std::process::Output;

@@ -2,10 +2,7 @@
 //! shared Kafka broker and the CQL server at `SCYLLA_NODES`. One line per check, exit 1 when any
 //! fails, and each failure says what is wrong.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Output;

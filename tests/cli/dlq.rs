@@ -4,10 +4,7 @@
 //! fixed, the re-drive lands every record (the mailboxes equal the memory reference), a second
 //! re-drive finds nothing new, and one from the beginning answers `unchanged` throughout.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Output;

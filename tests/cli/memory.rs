@@ -2,10 +2,7 @@
 //! exit statuses. The memory store is shared between invocations through a snapshot file and
 //! pinned to a fixed clock so the days are reproducible.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

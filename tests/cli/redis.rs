@@ -1,9 +1,6 @@
 //! The store commands of SPEC 8.1 against a real redis-server (`--store redis`).
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::process::Output;
 use std::time::{SystemTime, UNIX_EPOCH};

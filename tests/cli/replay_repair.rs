@@ -3,10 +3,7 @@
 //! live mailbox as it was and a rerun converges to the log, a lost lease aborts without swapping,
 //! and `apply` on a fenced user exits 2 without printing a success for it.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,10 +1,7 @@
 //! The store commands of SPEC 8.1 against a real CQL server (`--store scylla`, `SCYLLA_NODES`).
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
+use crate::support;
 
 use std::process::Output;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -3,10 +3,7 @@
 //! the screen read back), shows every replica and partition, answers its keys, and shows a
 //! frozen replica as down instead of dropping it.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

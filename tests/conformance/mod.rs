@@ -26,9 +26,10 @@
 //! | 7.1 repair | `repair_*` (`repair.rs`) |
 //! | 7.2 zombies | `late_write_of_an_older_position_is_fenced` |
 //!
-//! Outside this suite: the Redis layout of SPEC 5 and identity TTLs (`tests/store_redis.rs`),
-//! batch boundaries of `apply`, `replay` and the daemon (`tests/batches.rs`), the daemon's
-//! section 7 (`tests/daemon_*.rs`) and the CLI's section 8 (`tests/cli*.rs`).
+//! The suite runs in the `store` test binary (`tests/store/`), one module per backend and
+//! topology. Outside it: the Redis layout of SPEC 5 and identity TTLs (`tests/store/redis.rs`),
+//! batch boundaries of `apply`, `replay` and the daemon (`tests/cli/batches.rs`), the daemon's
+//! section 7 (`tests/daemon/`) and the CLI's sections 7.1 and 8 (`tests/cli/`).
 #![allow(dead_code)]
 
 pub mod cases;

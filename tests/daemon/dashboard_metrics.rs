@@ -3,10 +3,7 @@
 //! and every `materializer_*` name in `deploy/grafana/*.json` and `deploy/prometheus/rules.yaml`
 //! must be in its scrape (which promtool must accept).
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -1,10 +1,7 @@
 //! `materializer demo` prints a metrics address only when it keeps serving it (`--serve`), and
 //! that address answers with a valid Prometheus scrape.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

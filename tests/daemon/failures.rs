@@ -1,10 +1,7 @@
 //! The daemon's failure paths on real servers (a Kafka broker, redis-server): inputs and events
 //! that must never hold a partition forever, or commit what was not final.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

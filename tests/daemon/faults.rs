@@ -1,10 +1,7 @@
 //! Faults while the daemon runs, on real servers: each ends in the memory reference's state,
 //! with nothing lost, no group twice, and nothing dead-lettered that the reference does not.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

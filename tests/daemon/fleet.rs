@@ -14,10 +14,7 @@
 //!   revokes of partitions that came straight back to the same replica (pauses of partitions the
 //!   rebalance did not move).
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -3,10 +3,7 @@
 //! consumer groups. The expected state is always the memory reference fed the same records in
 //! the same per-partition order.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

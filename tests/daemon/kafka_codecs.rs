@@ -3,10 +3,7 @@
 //! Debian's own librdkafka) to the real broker, then consumed by a `materializer run` process into
 //! its memory store, which is read back from the snapshot it saves on SIGTERM.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;

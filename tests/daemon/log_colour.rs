@@ -2,10 +2,7 @@
 //! container runtime, systemd, `> daemon.log`) writes plain text that log shippers and `grep` can
 //! read. The pseudo-terminal case (`script`) shows the check can see colour at all.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::net::TcpListener;
 use std::path::Path;

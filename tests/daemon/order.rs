@@ -2,10 +2,7 @@
 //! deliveries sent to the store in batches, and one user's lane stalled by transient errors — every
 //! user's groups still reach the store in source order, each exactly once.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

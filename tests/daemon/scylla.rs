@@ -2,10 +2,7 @@
 //! CQL server stopped and started mid-stream loses nothing, and a repair heals a corrupt mailbox
 //! while the daemon runs.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,10 +2,7 @@
 //! adding `trace_id` must not send the stream to the dead-letter topic); `ingest.strict_fields =
 //! true` makes them malformed (`unknown_field`).
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,10 +1,7 @@
 //! The conformance suite on the memory store, the executable reference.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
+use crate::conformance_tests;
 
 use conformance::memory::MemoryHarness;
 

@@ -4,11 +4,9 @@
 //! Every fixture starts its own server on a private unix socket, so tests that move time never
 //! disturb each other.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
+use crate::conformance_tests;
+use crate::support;
 
 use std::sync::Arc;
 

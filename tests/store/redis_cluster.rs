@@ -2,11 +2,7 @@
 //! Cluster on loopback (`redis-cli --cluster create`). Every key of a mailbox shares the user's
 //! hash tag, so every script runs on one node whichever master owns the user.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
 
 use std::sync::Arc;
 

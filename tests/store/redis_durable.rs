@@ -6,11 +6,8 @@
 //! fresh connection; and after the master dies (`kill -9`) and the replica is promoted, every
 //! append that answered `Ok` is there.
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
+use crate::support;
 
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -2,11 +2,9 @@
 //! randomized comparison, on a real CQL server (`SCYLLA_NODES`; `scripts/test` starts Apache
 //! Cassandra when no ScyllaDB is given).
 
-// Test harness items are shared between this crate's modules, not exported.
-#![allow(unreachable_pub)]
-
-mod conformance;
-mod support;
+use crate::conformance;
+use crate::conformance_tests;
+use crate::support;
 
 use std::sync::Arc;
 

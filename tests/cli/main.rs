@@ -1,0 +1,27 @@
+//! The operator commands as a user runs them (SPEC 7.1 and 8): the built binary, JSON on stdout,
+//! exit statuses, against real servers.
+//!
+//! - `memory`, `redis`, `scylla`: the store commands of SPEC 8.1 on each backend.
+//! - `batches`: `apply`, `replay` and the daemon at their batch and run boundaries on every
+//!   topology (SPEC 7.2 "Batches are invisible").
+//! - `replay_repair`: `replay --reset-mailboxes`, every refusal, kill -9 at each step.
+//! - `dlq`: dead letters listed, shown and re-driven after their cause is fixed.
+//! - `top`: the live view of running replicas, `--once --json` and the UI under tmux.
+//! - `check_config`: `check-config --connect` against the real servers.
+
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
+#[path = "../conformance/mod.rs"]
+mod conformance;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod batches;
+mod check_config;
+mod dlq;
+mod memory;
+mod redis;
+mod replay_repair;
+mod scylla;
+mod top;

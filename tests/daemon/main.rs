@@ -1,0 +1,35 @@
+//! The daemon (`materializer run`) against a real Kafka broker, redis-server and CQL server:
+//! SPEC 7 and 9. The expected state is always the memory reference fed the same records in the
+//! same per-partition order.
+//!
+//! - `kafka`: end to end, kill -9, rebalances, pauses, dead letters, memory during a catch-up.
+//! - `failures` and `faults`: inputs and server faults that must never hold a partition forever
+//!   or commit what was not final.
+//! - `fleet`: SPEC 7.2, zombies fenced on every topology and three replicas per rebalance
+//!   protocol under churn.
+//! - `order`: per-mailbox source order under the batched core (the daemon in this process).
+//! - `scylla`: a CQL server stopped mid-stream, a repair while the daemon runs.
+//! - `dashboard_metrics`, `demo_serve`: every metric the dashboard and rules name is scraped live.
+//! - `kafka_codecs`, `unknown_fields`, `log_colour`: what real producers and log shippers see.
+//!
+//! Two daemon tests change their process and have binaries of their own:
+//! `daemon_promote_metric.rs` installs the process's metrics recorder, and
+//! `daemon_broker_restart.rs` points the Kafka helpers at a broker of its own.
+
+// Test harness items are shared between this crate's modules, not exported.
+#![allow(unreachable_pub)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod dashboard_metrics;
+mod demo_serve;
+mod failures;
+mod faults;
+mod fleet;
+mod kafka;
+mod kafka_codecs;
+mod log_colour;
+mod order;
+mod scylla;
+mod unknown_fields;
