@@ -1,8 +1,10 @@
 //! The daemon's loop: records in, store calls and dead letters out, offsets stored.
 //!
 //! One task owns the drive loop ([`Driver`]: every assigned partition's window and the store
-//! calls in flight) and polls, in one `select!`, the poll thread's batches, the store calls'
-//! answers, the dead letters in flight, and a one-second housekeeping tick. What a finished
+//! calls in flight) and polls, in one `select!`, the shutdown signal, the poll thread's batches,
+//! the store calls' answers, the dead letters in flight, the revokes handed over by the
+//! rebalance callback and their deadlines, the drain deadline, and a one-second housekeeping
+//! tick. What a finished
 //! store call means is the drive loop's, with the daemon's [`DaemonPolicy`] (wait for
 //! everything); each record that leaves a window final moves the partition's watermark, which
 //! is stored for librdkafka to commit. Nothing here waits on the store or the
@@ -13,8 +15,9 @@
 //! each record charged its raw bytes plus its decoded form and store request
 //! ([`DispatchRecord::in_flight_bytes`]).
 //! Beyond that, a paused partition may still receive what was already in transit from the poll
-//! thread (at most 4 batches of 256 KiB, see `intake`). Store calls in flight are at most one per
-//! lane, so at most the records in the windows.
+//! thread (at most 4 batches of 256 KiB, see `intake`). The runner holds at most one run per
+//! lane, so at most the deliveries in the windows, in at most its `MAX_BATCHES_IN_FLIGHT`
+//! batches (`ingest::runner`).
 //!
 //! Beside this file: `letters` (dead letters in flight), `housekeeping` (the one-second tick:
 //! gauges and stalled partitions) and `handover` (revokes waiting for the calls already sent).

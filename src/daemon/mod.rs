@@ -1,34 +1,45 @@
 //! The daemon (SPEC section 7): a consumer group on the dispatch topic, materializing every
 //! record into the store in per-mailbox source order, committing only what is final and durable.
 //!
-//! The path of one record, one file per step:
+//! The path of one record:
 //!
 //! 1. [`intake`] — the poll thread copies it out of librdkafka, decodes it, and hands it to the
-//!    engine in a batch, after the rebalance events that came before it.
-//! 2. [`engine`] — admits it into its partition's window
-//!    ([`crate::ingest::pipeline`]); its deliveries join their users' lanes and run as store calls
-//!    ([`crate::ingest::runner`]); each result becomes an action through
-//!    [`crate::disposition`] (advance, dead-letter, block, retry).
-//! 3. [`dead_letter`] — a refused or malformed record is copied to the dead-letter topic, built to
-//!    fit the producer's limit; the record is final when the broker acknowledges it.
+//!    engine in a batch (a channel of two), after the rebalance events that came before it.
+//! 2. [`engine`] — charges it against the partition's byte budget and hands it to the drive loop
+//!    ([`crate::ingest::drive`], shared with `apply`, `replay` and `dlq redrive`): admitted into
+//!    its partition's window ([`crate::ingest::pipeline`]), its deliveries join their users'
+//!    lanes, each lane's waiting appends of one mailbox go out as one run in a batch of store
+//!    calls ([`crate::ingest::runner`]), and each answer becomes an action through
+//!    [`crate::disposition`] (advance, dead-letter, block, retry, abort a repair). What the
+//!    table leaves open (block, retry) the daemon's policy answers: retry after a backoff.
+//! 3. [`dead_letter`] builds the dead letter of a refused or malformed record to fit the
+//!    producer's limit; `engine/letters.rs` sends it without blocking the loop and retries while
+//!    the producer refuses; the record is final when the broker acknowledges it.
 //! 4. [`engine`] again — final records leave the window in source order; the watermark (the first
-//!    record not yet final) is stored, and librdkafka commits it ([`kafka`]).
+//!    record not yet final) is stored, and librdkafka's auto-commit commits it ([`kafka`]); a
+//!    revoke and the shutdown commit it synchronously.
 //! 5. [`telemetry`] — each of these events is counted, logged and shown in `/metrics`
 //!    ([`metrics`], [`http`]); [`health`] probes the store and the broker for `/readyz`.
 //!
 //! [`run`] is the composition root: it builds the consumer, the producer, the poll thread, the
 //! probes and the engine from the configuration, once.
 //!
-//! - **Order.** A user's deliveries run one at a time in offset order; users run concurrently.
+//! - **Order.** A user's deliveries run in offset order, one run at a time (up to
+//!   [`crate::ingest::RUN_MAX_GROUPS`] consecutive appends of one mailbox in one store call,
+//!   answered one by one); users run concurrently.
 //! - **Offsets.** The committed offset of a partition is its contiguous watermark: every record
 //!   below it has every delivery written durably (or dead-lettered with an acknowledged dead
 //!   letter).
 //! - **Retries.** Transient store errors and repair fences are retried with jittered, capped
 //!   exponential backoff ([`crate::retry`]); a corrupt mailbox is retried the same way until an
 //!   operator repairs it, and only that user's lane waits. Neither is ever skipped.
-//! - **Rebalance.** On revoke librdkafka commits the stored watermark; the partition's work is
-//!   abandoned (pending retries cancelled); a write already sent may still land, which idempotent
-//!   replay makes harmless for the next owner. A newly assigned partition always starts resumed.
+//! - **Rebalance.** On revoke the rebalance callback hands the partitions to the engine
+//!   (`engine/handover.rs`): what is not yet sent is cancelled, the store calls and dead letters
+//!   already sent are served until they finish or the hand-over deadline passes, and the callback
+//!   then commits the final watermarks synchronously. A lost assignment abandons the work and
+//!   commits nothing; a write already sent may still land, which idempotent replay and the
+//!   zombie fence (SPEC 7.2) make harmless for the next owner. A newly assigned partition always
+//!   starts resumed.
 //! - **Shutdown.** SIGTERM/SIGINT: stop fetching, drain until the deadline, commit, leave.
 
 pub(crate) mod dead_letter;

@@ -1,7 +1,8 @@
 //! The drive loop: what happens to a record between its source and its final result, written
 //! once for every front end.
 //!
-//! A record's path, whichever door it came through (the daemon, `replay`, `apply`):
+//! A record's path, whichever door it came through (the daemon, `replay`, `apply`, `dlq
+//! redrive`):
 //!
 //! 1. [`Driver::admit`] puts it in its source's window ([`PartitionPipeline`]); a lane with
 //!    nothing out becomes ready, and while the [`Runner`] wants more the driver forms runs from

@@ -11,9 +11,9 @@
 //!   [`crate::disposition`], retry or complete, dead-letter, final — with each front end's
 //!   [`drive::Policy`] deciding only what the table leaves to it (wait, report, give up).
 //!
-//! The daemon, `materializer apply` and `materializer replay` decode their records through
-//! [`decode`] and run them through [`drive`], so a record has one meaning whichever door it
-//! comes through.
+//! The daemon, `materializer apply`, `materializer replay` and `materializer dlq redrive` decode
+//! their records through [`decode`] and run them through [`drive`], so a record has one meaning
+//! whichever door it comes through.
 
 pub mod apply;
 pub mod decode;

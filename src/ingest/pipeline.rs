@@ -239,8 +239,9 @@ pub(crate) struct PartitionPipeline<R, M = ()> {
     ready: VecDeque<UserId>,
     /// One past the highest admitted offset.
     next_offset: Option<i64>,
-    /// Bytes of the records in the window (their raw size, which also stands for their decoded
-    /// deliveries), counted from admission until they leave the window.
+    /// Bytes of the records in the window, as the caller charged each at admission (the daemon:
+    /// raw size plus [`crate::ingest::DispatchRecord::in_flight_bytes`]), counted until they
+    /// leave the window.
     bytes: usize,
 }
 
