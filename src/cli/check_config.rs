@@ -18,6 +18,9 @@
 //! - `kafka brokers`, `kafka topic`, `kafka dead-letter topic`: cluster metadata fetched with the
 //!   configured properties (TLS, SASL); each topic must exist, with its partition count shown.
 //!   Nothing is produced, consumed or committed.
+//! - `kafka topic cleanup.policy`: the dispatch topic's effective `cleanup.policy`, read with
+//!   DescribeConfigs (SPEC 7.1): a compacted topic FAILs, because it removes the only recovery
+//!   path (a repair from the log), and so does a policy that cannot be read.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -89,8 +92,15 @@ pub(super) async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
     print_line(checks.last());
     checks.push(check_store(config).await);
     print_line(checks.last());
+    let topic_line = format!("kafka topic {}", config.kafka.topic);
+    let mut topic_ok = false;
     for check in check_kafka(config).await {
+        topic_ok |= check.name == topic_line && check.result.is_ok();
         checks.push(check);
+        print_line(checks.last());
+    }
+    if topic_ok {
+        checks.push(check_policy(config).await);
         print_line(checks.last());
     }
     let failed = checks.iter().filter(|c| c.result.is_err()).count();
@@ -316,6 +326,27 @@ fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
         "dead letters could not be written and records would wait",
     );
     vec![brokers, topic, dlq]
+}
+
+/// The dispatch topic's `cleanup.policy`: compacted (or unreadable) FAILs, see
+/// [`crate::daemon::topic_policy`].
+async fn check_policy(config: &Config) -> Check {
+    use crate::daemon::topic_policy;
+    let topic = &config.kafka.topic;
+    let result = match topic_policy::read(&config.kafka, topic, KAFKA_TIMEOUT).await {
+        Ok(policy) if policy.is_compacted() => Err(policy.consequence(topic)),
+        Ok(policy) => Ok(format!(
+            "{}: records leave the log only by retention, so a repair can rebuild a mailbox from it",
+            policy.value()
+        )),
+        Err(e) => Err(format!(
+            "{e}; without it nobody can tell whether the topic is compacted, and repairs are refused"
+        )),
+    };
+    Check {
+        name: format!("kafka topic {} {topic}", topic_policy::CLEANUP_POLICY),
+        result,
+    }
 }
 
 fn broker_failure(e: &KafkaError) -> String {

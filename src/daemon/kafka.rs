@@ -38,6 +38,10 @@ pub(crate) enum ClientRole {
     /// membership ones (a `group.instance.id` of the daemon's pod must never be claimed by a
     /// second client).
     Standalone,
+    /// The admin client that reads the topic's configuration (`daemon::topic_policy`): a
+    /// producer-type handle that neither fetches nor produces, so it takes neither kind's
+    /// properties (an `enable.idempotence` would make it ask for a producer id it never uses).
+    Admin,
 }
 
 /// librdkafka's consumer-only properties (`C` in its CONFIGURATION.md, librdkafka 2.12) besides
@@ -116,6 +120,11 @@ pub(crate) fn applies_to(key: &str, role: ClientRole) -> bool {
         ClientRole::GroupConsumer => !PRODUCER_ONLY.contains(&key),
         ClientRole::Producer => !CONSUMER_ONLY.contains(&key) && !GROUP_MEMBERSHIP.contains(&key),
         ClientRole::Standalone => !PRODUCER_ONLY.contains(&key) && !GROUP_MEMBERSHIP.contains(&key),
+        ClientRole::Admin => {
+            !PRODUCER_ONLY.contains(&key)
+                && !CONSUMER_ONLY.contains(&key)
+                && !GROUP_MEMBERSHIP.contains(&key)
+        }
     }
 }
 
@@ -325,6 +334,9 @@ pub struct DaemonContext {
     /// waits for the answer; `None` until the engine runs.
     pub handover: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Handover>>>,
     pub handover_wait: std::time::Duration,
+    /// Woken on every assignment: the topic's cleanup policy is read again then
+    /// ([`super::topic_policy::watch`]).
+    pub assigned_notify: Arc<tokio::sync::Notify>,
 }
 
 impl DaemonContext {
@@ -339,6 +351,7 @@ impl DaemonContext {
             health,
             handover: Mutex::default(),
             handover_wait,
+            assigned_notify: Arc::default(),
         }
     }
 
@@ -503,6 +516,7 @@ impl ConsumerContext for DaemonContext {
             tracing::info!(partitions = ?assigned, "partitions assigned");
             lock(&self.assigned).extend(assigned.iter().copied());
             lock(&self.group_events).push(GroupEvent::Assigned(assigned));
+            self.assigned_notify.notify_one();
         }
     }
 
@@ -570,5 +584,14 @@ mod tests {
         assert_eq!(standalone.get("session.timeout.ms"), None);
         assert_eq!(standalone.get("linger.ms"), None);
         assert_eq!(standalone.get("security.protocol"), Some("ssl"));
+
+        kafka
+            .properties
+            .insert("fetch.max.bytes".to_owned(), "1048576".to_owned());
+        let admin = base_config(&kafka, ClientRole::Admin);
+        assert_eq!(admin.get("group.instance.id"), None);
+        assert_eq!(admin.get("linger.ms"), None);
+        assert_eq!(admin.get("fetch.max.bytes"), None);
+        assert_eq!(admin.get("security.protocol"), Some("ssl"));
     }
 }

@@ -43,6 +43,7 @@ pub(crate) const CONSUMER_ERRORS_TOTAL: &str = "materializer_consumer_errors_tot
 pub(crate) const IN_FLIGHT_BYTES: &str = "materializer_in_flight_bytes";
 pub(crate) const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_bytes";
 pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
+pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -239,6 +240,10 @@ fn describe() {
         metrics::Unit::Bytes,
         "The process's cgroup memory limit, 0 without one"
     );
+    describe_gauge!(
+        TOPIC_COMPACTED,
+        "1 when the dispatch topic's cleanup.policy contains compact (repairs are refused), 0 when it does not, -1 when it could not be read"
+    );
     describe_counter!(
         CONSUMER_ERRORS_TOTAL,
         "Errors the Kafka consumer returned instead of a record, by librdkafka error code"
@@ -274,6 +279,17 @@ pub(crate) fn in_flight_bytes(bytes: usize) {
 /// The process's cgroup memory limit, 0 without one (the RSS alert compares with it).
 pub fn memory_limit(bytes: u64) {
     gauge!(MEMORY_LIMIT_BYTES).set(bytes as f64);
+}
+
+/// The dispatch topic's cleanup policy as [`TOPIC_COMPACTED`] exports it: `Some(true)`
+/// compacted, `Some(false)` not, `None` unknown (-1).
+pub(crate) fn topic_compacted(compacted: Option<bool>) {
+    let value = match compacted {
+        Some(true) => 1.0,
+        Some(false) => 0.0,
+        None => -1.0,
+    };
+    gauge!(TOPIC_COMPACTED).set(value);
 }
 
 /// The registered handle, if [`install`] ran.

@@ -19,7 +19,8 @@
 //!    record not yet final) is stored, and librdkafka's auto-commit commits it ([`kafka`]); a
 //!    revoke and the shutdown commit it synchronously.
 //! 5. [`telemetry`] — each of these events is counted, logged and shown in `/metrics`
-//!    ([`metrics`], [`http`]); [`health`] probes the store and the broker for `/readyz`.
+//!    ([`metrics`], [`http`]); [`health`] probes the store and the broker for `/readyz`;
+//!    [`topic_policy`] warns while the topic is compacted (no repair could rebuild from it).
 //!
 //! [`run`] is the composition root: it builds the consumer, the producer, the poll thread, the
 //! probes and the engine from the configuration, once.
@@ -55,6 +56,7 @@ pub mod memory_limit;
 pub mod metrics;
 pub mod replay;
 pub(crate) mod telemetry;
+pub mod topic_policy;
 
 use std::sync::Arc;
 
@@ -133,6 +135,7 @@ pub async fn run(
         options.health.clone(),
         Engine::handover_wait(settings.shutdown_deadline),
     );
+    let assigned_notify = context.assigned_notify.clone();
     let (handover, handovers) = tokio::sync::mpsc::unbounded_channel();
     *kafka::lock(&context.handover) = Some(handover);
     let consumer: Arc<BaseConsumer<DaemonContext>> = Arc::new(
@@ -158,6 +161,7 @@ pub async fn run(
         topic.clone(),
         options.health.clone(),
     );
+    let policy_watch = topic_policy::watch(config.kafka.clone(), assigned_notify);
     let engine = Engine::new(
         settings,
         consumer.clone(),
@@ -167,6 +171,7 @@ pub async fn run(
     );
     let report = engine.run(records, handovers, options.shutdown).await;
     probes.abort();
+    policy_watch.abort();
 
     // The poll thread stops (its hand-over channel is gone), the stored watermarks are committed,
     // and the consumer leaves the group — all blocking librdkafka calls, off the async workers.

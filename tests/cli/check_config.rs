@@ -75,7 +75,7 @@ async fn every_check_passes_on_the_memory_store_and_a_live_broker() {
     let config = config("cc-ok", &bootstrap(), &topic, &dlq);
     let (code, lines) = check(&config, &[]);
     assert_eq!(code, 0, "{lines:#?}");
-    assert_eq!(lines.len(), 7, "six checks and a summary: {lines:#?}");
+    assert_eq!(lines.len(), 8, "seven checks and a summary: {lines:#?}");
     assert!(line(&lines, "config").starts_with("ok "));
     // No cgroup memory limit here: the check says what a catch-up may take (README "Memory").
     assert!(line(&lines, "memory").starts_with("ok "));
@@ -84,9 +84,15 @@ async fn every_check_passes_on_the_memory_store_and_a_live_broker() {
     assert!(line(&lines, "kafka brokers").contains("1 broker(s)"));
     assert!(line(&lines, &format!("kafka topic {topic}")).ends_with("3 partition(s)"));
     assert!(line(&lines, &format!("kafka dead-letter topic {dlq}")).ends_with("1 partition(s)"));
+    // The broker's default policy: records leave only by retention, a repair can rebuild.
+    let policy = line(&lines, &format!("kafka topic cleanup.policy {topic}"));
+    assert!(
+        policy.starts_with("ok    ") && policy.contains("delete"),
+        "{policy}"
+    );
     assert_eq!(
         lines.last().map(String::as_str),
-        Some("6 of 6 checks passed")
+        Some("7 of 7 checks passed")
     );
 }
 

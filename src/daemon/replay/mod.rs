@@ -10,7 +10,10 @@
 //!    the end, a log start above the requested start (retention deleted records) or a named user
 //!    with records between the log start and the requested start (both would leave the rebuilt
 //!    mailbox without groups; unless `--allow-partial-history`), an end below the consumer
-//!    group's committed offset (the rebuild would miss records the daemon already committed).
+//!    group's committed offset (the rebuild would miss records the daemon already committed), a
+//!    compacted topic (`cleanup.policy` contains `compact`: the log keeps only the newest record
+//!    of each user, so the rebuilt mailbox would lose its history; see
+//!    [`crate::daemon::topic_policy`]) or one whose policy cannot be read. No flag overrides it.
 //! 2. **Fence** each named user ([`crate::store::MailboxStore::repair_begin`]): the daemon's writes
 //!    to them wait. The end is read again *after* the fences are up, so every record the daemon
 //!    wrote before them is inside the range, and every record after them waits for the swap.
@@ -18,7 +21,8 @@
 //!    task of their own ([`Renewal`]). The live mailboxes are untouched (a corrupt one keeps
 //!    failing closed).
 //! 4. **Check** that every named user had a record in the range (unless `--allow-empty`).
-//! 5. **Swap** each user in one atomic step. Any error, a lost fence, SIGINT/SIGTERM or a crash
+//! 5. **Swap** each user in one atomic step, after the topic's policy is read once more (a topic
+//!    turned compacted during the rebuild is refused before anything is swapped). Any error, a lost fence, SIGINT/SIGTERM or a crash
 //!    before it leaves the live mailboxes exactly as they were; the staging copies are removed
 //!    (or collected later by the next repair or `patrol`), and a rerun starts over.
 //!
@@ -33,6 +37,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::daemon::topic_policy;
 use crate::disposition::Disposition;
 use crate::ingest::drive::Driver;
 use crate::model::UserId;
@@ -57,6 +62,8 @@ const MAX_TRANSIENT_ATTEMPTS: u32 = 12;
 const WINDOW: usize = 2_000;
 /// No record for this long while offsets remain: the broker is unreachable.
 const STALL: Duration = Duration::from_secs(60);
+/// How long the broker may take to describe the topic's configuration.
+const POLICY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a replay starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +99,8 @@ pub struct ReplayRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Refusal {
     /// `empty_range`, `from_time_in_future`, `from_time_past_end`, `log_start_above_start`,
-    /// `user_before_start`, `end_below_committed`, `user_not_in_range`, `reset_without_user`.
+    /// `user_before_start`, `end_below_committed`, `end_below_log_end`, `user_not_in_range`,
+    /// `reset_without_user`, `compacted_topic`, `topic_policy_unknown`.
     pub reason: &'static str,
     pub detail: String,
 }
@@ -105,6 +113,9 @@ pub struct ReplaySummary {
     /// One past the last offset replayed.
     pub end_offset: i64,
     pub records: u64,
+    /// Offsets of the range read that held no record: removed by compaction, or taken by
+    /// transaction markers and aborted transactions. 0 until the whole range was read.
+    pub offsets_without_record: u64,
     /// Record outcomes: applied, dead_lettered, malformed, skipped (no delivery to the named
     /// users), corrupt, planned (dry run).
     pub outcomes: BTreeMap<&'static str, u64>,
@@ -213,6 +224,19 @@ pub async fn replay(
             return summary;
         }
     };
+    if request.reset_mailboxes {
+        match compaction_refusal(config).await {
+            Ok(None) => {}
+            Ok(Some(refusal)) => {
+                summary.refused = Some(refusal);
+                return summary;
+            }
+            Err(reason) => {
+                summary.abort(reason, true);
+                return summary;
+            }
+        }
+    }
     let range = match clients.resolve(request).await {
         Ok(Ok(range)) => range,
         Ok(Err(refusal)) => {
@@ -371,6 +395,9 @@ pub async fn replay(
         summary.abort(reason, retryable);
         return summary;
     }
+    summary.offsets_without_record = u64::try_from(range.end - range.from)
+        .unwrap_or(0)
+        .saturating_sub(summary.records);
     if !fenced {
         return summary;
     }
@@ -401,6 +428,24 @@ pub async fn replay(
                 .to_owned(),
             false,
         );
+        return summary;
+    }
+    // The policy again: a topic turned compacted while the range was read may have lost records
+    // of it. Nothing is swapped then.
+    let refused = match compaction_refusal(config).await {
+        Ok(None) => None,
+        Ok(Some(refusal)) => Some((Some(refusal), None)),
+        Err(reason) => Some((None, Some(reason))),
+    };
+    if let Some((refusal, unreachable)) = refused {
+        if let Some(renewal) = renewal.take() {
+            renewal.stop();
+        }
+        abort_all(store.as_ref(), &tokens).await;
+        summary.refused = refusal;
+        if let Some(reason) = unreachable {
+            summary.abort(reason, true);
+        }
         return summary;
     }
     if let Some(reason) = renewal.as_ref().and_then(Renewal::is_lost) {
@@ -441,6 +486,28 @@ pub async fn replay(
         renewal.stop();
     }
     summary
+}
+
+/// SPEC 7.1: a repair rebuilds a mailbox from the whole history in the log, which a compacted
+/// topic no longer holds. `Ok(Some)` refuses (`compacted_topic`, or `topic_policy_unknown` when
+/// the broker refuses to describe the topic: a policy that cannot be read is never taken as
+/// safe); `Err` is a broker that did not answer (retry).
+async fn compaction_refusal(config: &Config) -> Result<Option<Refusal>, String> {
+    let topic = config.kafka.topic.as_str();
+    match topic_policy::read(&config.kafka, topic, POLICY_TIMEOUT).await {
+        Ok(policy) if policy.is_compacted() => Ok(Some(Refusal {
+            reason: "compacted_topic",
+            detail: policy.consequence(topic),
+        })),
+        Ok(_) => Ok(None),
+        Err(e) if e.is_transient() => Err(format!("kafka: {e}")),
+        Err(e) => Ok(Some(Refusal {
+            reason: "topic_policy_unknown",
+            detail: format!(
+                "{e}; a repair must know that the topic keeps every record (is not compacted) before it touches a mailbox"
+            ),
+        })),
+    }
 }
 
 /// The detail of a `user_not_in_range` refusal.
