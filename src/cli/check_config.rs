@@ -362,22 +362,22 @@ fn topic_check(
     consequence: &str,
 ) -> Check {
     let name = format!("{what} {topic}");
+    use crate::daemon::health::TopicView;
     let result = match metadata {
         Err(e) => Err(broker_failure(e)),
-        Ok(metadata) => match metadata.topics().iter().find(|t| t.name() == topic) {
-            None => Err(format!(
-                "not in the brokers' metadata; create it ({consequence})"
+        // The same reading of the metadata as the daemon's readiness probe.
+        Ok(metadata) => match TopicView::of(metadata, topic) {
+            TopicView::Missing => Err(format!(
+                "UnknownTopicOrPartition (Broker: Unknown topic or partition): it does not exist; create it ({consequence})"
             )),
-            Some(found) => match found.error() {
-                Some(code) => Err(format!(
-                    "{}; create it or grant access to it ({consequence})",
-                    rdkafka::types::RDKafkaErrorCode::from(code)
-                )),
-                None if found.partitions().is_empty() => {
-                    Err(format!("has no partitions ({consequence})"))
-                }
-                None => Ok(format!("{} partition(s)", found.partitions().len())),
-            },
+            TopicView::Error(code) if code.starts_with("TopicAuthorizationFailed") => Err(format!(
+                "{code}: the client may not describe or read it; grant Describe and Read on it ({consequence})"
+            )),
+            TopicView::Error(code) => Err(format!(
+                "{code}; create it or grant access to it ({consequence})"
+            )),
+            TopicView::Partitions(0) => Err(format!("has no partitions ({consequence})")),
+            TopicView::Partitions(n) => Ok(format!("{n} partition(s)")),
         },
     };
     Check { name, result }

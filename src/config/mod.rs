@@ -423,6 +423,9 @@ pub struct KafkaConfig {
     /// A partition with records waiting of which none could be read for this long is reported
     /// unreadable (`partition_unreadable`, an error log) and the daemon turns not ready.
     pub stalled_after_ms: u64,
+    /// A replica that joined its group and got no partition assignment at all (not even an
+    /// empty one) for this long while the topic has partitions turns not ready, saying so.
+    pub assignment_timeout_ms: u64,
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
@@ -467,6 +470,7 @@ impl Default for KafkaConfig {
             shutdown_deadline_ms: 25_000,
             statistics_interval_ms: 2000,
             stalled_after_ms: 30_000,
+            assignment_timeout_ms: 120_000,
             properties: BTreeMap::new(),
         }
     }

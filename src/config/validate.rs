@@ -293,6 +293,12 @@ impl Config {
                 1000,
                 3_600_000,
             ),
+            (
+                "kafka.assignment_timeout_ms",
+                kafka.assignment_timeout_ms,
+                1000,
+                3_600_000,
+            ),
         ] {
             if !(low..=high).contains(&value) {
                 return Err(invalid(key, format!("{value} is outside {low}..={high}")));

@@ -301,6 +301,18 @@ impl Engine {
                 }
                 self.drain_finished();
             }
+            IntakeEvent::Positions(positions) => {
+                for (partition, position) in positions {
+                    if let Some(window) = self
+                        .driver
+                        .window_mut(&partition)
+                        .filter(|w| !w.is_closing())
+                    {
+                        window.pipeline.skip_to(position);
+                    }
+                }
+                self.advance();
+            }
             IntakeEvent::Error(error) => {
                 let code = error
                     .rdkafka_error_code()

@@ -4,27 +4,49 @@
 //! that failed fatally), dead letters that keep failing (or a dead-letter producer that failed
 //! fatally), and a transient store write failure in the last few seconds (a store that answers
 //! pings but refuses writes).
+//!
+//! The same metadata answer says whether the replica can consume anything at all
+//! ([`subscription`]): a subscribed topic that does not exist, cannot be read or has no
+//! partitions, or a group that gave this replica no assignment (not even an empty one) within
+//! `kafka.assignment_timeout_ms`, turns readiness false with the reason and the topic named; it
+//! turns true again by itself when the cause goes away. A replica assigned nothing because the
+//! group has more members than partitions is idle, which is normal: ready, and `/readyz` says so.
+//! The gauges `assigned_partitions`, `topic_partitions` and `subscription_available` carry the
+//! same facts to the alert rules.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::metadata::Metadata;
+use rdkafka::types::RDKafkaErrorCode;
 
 use super::http::Health;
-use super::kafka::DaemonContext;
+use super::kafka::{lock, DaemonContext};
+use super::metrics;
 use crate::store::MailboxStore;
 
 /// How often the probes run, and how long each may take.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
+/// What the probes need to know besides the clients.
+#[derive(Debug, Clone)]
+pub struct ProbeSettings {
+    pub topic: String,
+    pub group: String,
+    /// `kafka.assignment_timeout_ms`.
+    pub assignment_timeout: Duration,
+}
+
 /// Runs the probes until aborted.
 pub fn spawn(
     store: Arc<dyn MailboxStore>,
     consumer: Arc<BaseConsumer<DaemonContext>>,
-    topic: String,
+    settings: ProbeSettings,
     health: Arc<Health>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut last_line: Option<(bool, Option<String>)> = None;
         loop {
             let store_ok = matches!(
                 tokio::time::timeout(PROBE_INTERVAL, store.ping()).await,
@@ -34,20 +56,203 @@ pub fn spawn(
                 tracing::info!(store_ok, "store readiness changed");
             }
             health.set_store(store_ok);
-            let consumer = consumer.clone();
-            let topic = topic.clone();
-            let broker_ok = tokio::task::spawn_blocking(move || {
-                consumer
-                    .fetch_metadata(Some(&topic), PROBE_INTERVAL)
-                    .is_ok()
-            })
-            .await
-            .unwrap_or(false);
+            let metadata = {
+                let consumer = consumer.clone();
+                let topic = settings.topic.clone();
+                tokio::task::spawn_blocking(move || {
+                    consumer.fetch_metadata(Some(&topic), PROBE_INTERVAL).ok()
+                })
+                .await
+                .ok()
+                .flatten()
+            };
+            let broker_ok = metadata.is_some();
             if broker_ok != health.broker_ok() {
                 tracing::info!(broker_ok, "broker readiness changed");
             }
             health.set_broker(broker_ok);
+            // An unreachable broker says nothing about the topic: the last verdict stands.
+            if let Some(metadata) = metadata {
+                let context = consumer.context();
+                let assigned = lock(&context.assigned).len();
+                let waiting_for = lock(&context.waiting_since).map(|since| since.elapsed());
+                let topic = TopicView::of(&metadata, &settings.topic);
+                let verdict = subscription(&settings, &topic, assigned, waiting_for);
+                metrics::subscription(!verdict.failing, topic.partitions(), assigned);
+                let now = (verdict.failing, verdict.line.clone());
+                if last_line.as_ref() != Some(&now) {
+                    match (&verdict.line, verdict.failing) {
+                        (Some(line), true) => {
+                            tracing::error!(topic = %settings.topic, "subscription unavailable: {line}")
+                        }
+                        (Some(line), false) => tracing::info!(topic = %settings.topic, "{line}"),
+                        (None, _) if last_line.is_some() => {
+                            tracing::info!(topic = %settings.topic, assigned, "subscription ok: partitions assigned")
+                        }
+                        (None, _) => {}
+                    }
+                    last_line = Some(now);
+                }
+                health.set_subscription(verdict.failing, verdict.line);
+            }
             tokio::time::sleep(PROBE_INTERVAL).await;
         }
     })
+}
+
+/// What the brokers' metadata says of the subscribed topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TopicView {
+    /// Not in the metadata, or `UnknownTopicOrPartition`.
+    Missing,
+    /// Another error for the topic (e.g. `TopicAuthorizationFailed`).
+    Error(String),
+    Partitions(usize),
+}
+
+impl TopicView {
+    pub(crate) fn of(metadata: &Metadata, topic: &str) -> Self {
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Self::Missing;
+        };
+        match found.error().map(RDKafkaErrorCode::from) {
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Self::Missing,
+            Some(code) => Self::Error(format!("{code:?}: {code}")),
+            None => Self::Partitions(found.partitions().len()),
+        }
+    }
+
+    fn partitions(&self) -> usize {
+        match self {
+            Self::Partitions(n) => *n,
+            _ => 0,
+        }
+    }
+}
+
+/// The subscription's verdict: whether readiness fails, and the `/readyz` line when it is not
+/// plain `ok`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub failing: bool,
+    pub line: Option<String>,
+}
+
+/// Decides the `subscription:` line of `/readyz` from the topic's metadata, how many partitions
+/// this replica holds, and how long it has waited for an assignment (`None`: it holds one,
+/// possibly empty).
+pub(crate) fn subscription(
+    settings: &ProbeSettings,
+    topic: &TopicView,
+    assigned: usize,
+    waiting_for: Option<Duration>,
+) -> Verdict {
+    let name = &settings.topic;
+    let failing = |line: String| Verdict {
+        failing: true,
+        line: Some(line),
+    };
+    match topic {
+        TopicView::Missing => failing(format!(
+            "topic {name} does not exist: nothing is consumed; create it or correct kafka.topic (consuming starts within seconds of its creation)"
+        )),
+        TopicView::Error(code) => failing(format!(
+            "topic {name} cannot be consumed: {code} (check the Read and Describe permissions on it)"
+        )),
+        TopicView::Partitions(0) => failing(format!(
+            "topic {name} has no partitions: nothing is consumed"
+        )),
+        TopicView::Partitions(n) => match waiting_for {
+            Some(waited) if waited >= settings.assignment_timeout => failing(format!(
+                "no partition assignment {} s after joining group {} while topic {name} has {n} partition(s): the group's rebalance does not complete (see the consumer's errors in the log)",
+                waited.as_secs(),
+                settings.group
+            )),
+            None if assigned == 0 => Verdict {
+                failing: false,
+                line: Some(format!(
+                    "idle: none of topic {name}'s {n} partition(s) is assigned here (the group has more members than partitions)"
+                )),
+            },
+            _ => Verdict {
+                failing: false,
+                line: None,
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ProbeSettings {
+        ProbeSettings {
+            topic: "dispatch".to_owned(),
+            group: "mm".to_owned(),
+            assignment_timeout: Duration::from_secs(120),
+        }
+    }
+
+    #[test]
+    fn a_missing_unreadable_or_empty_topic_fails_and_names_the_topic() {
+        for (view, words) in [
+            (TopicView::Missing, "does not exist"),
+            (
+                TopicView::Error(
+                    "TopicAuthorizationFailed: Broker: Topic authorization failed".to_owned(),
+                ),
+                "TopicAuthorizationFailed",
+            ),
+            (TopicView::Partitions(0), "has no partitions"),
+        ] {
+            // Whatever the assignment says: the topic decides first.
+            for (assigned, waiting) in [(0, None), (2, None), (0, Some(Duration::ZERO))] {
+                let verdict = subscription(&settings(), &view, assigned, waiting);
+                assert!(verdict.failing, "{view:?}");
+                let line = verdict.line.unwrap_or_default();
+                assert!(
+                    line.contains("topic dispatch") && line.contains(words),
+                    "{line}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_assignment_fails_only_after_the_timeout() {
+        let topic = TopicView::Partitions(3);
+        let before = subscription(&settings(), &topic, 0, Some(Duration::from_secs(119)));
+        assert_eq!(
+            before,
+            Verdict {
+                failing: false,
+                line: None
+            }
+        );
+        let after = subscription(&settings(), &topic, 0, Some(Duration::from_secs(120)));
+        assert!(after.failing);
+        let line = after.line.unwrap_or_default();
+        assert!(
+            line.contains("group mm") && line.contains("3 partition(s)"),
+            "{line}"
+        );
+    }
+
+    /// More members than partitions: this replica holds an empty assignment. Normal, so ready,
+    /// and `/readyz` says why it does nothing.
+    #[test]
+    fn an_empty_assignment_is_idle_and_ready() {
+        let verdict = subscription(&settings(), &TopicView::Partitions(3), 0, None);
+        assert!(!verdict.failing);
+        assert!(verdict.line.unwrap_or_default().starts_with("idle: "));
+        let holding = subscription(&settings(), &TopicView::Partitions(3), 1, None);
+        assert_eq!(
+            holding,
+            Verdict {
+                failing: false,
+                line: None
+            }
+        );
+    }
 }

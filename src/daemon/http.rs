@@ -25,6 +25,12 @@ pub struct Health {
     /// When a store write last failed transiently (ms since the Unix epoch; 0: never). A store
     /// that answers pings but refuses writes (too few replica acknowledgements) is not ready.
     write_failed_at_ms: std::sync::atomic::AtomicU64,
+    /// True while the subscribed topic cannot be consumed (missing, unauthorized, without
+    /// partitions) or no assignment arrived in time (`health::subscription`).
+    subscription_failing: AtomicBool,
+    /// The `subscription:` line of `/readyz` when it is not plain `ok`: the problem, or why a
+    /// ready replica is idle.
+    subscription_line: std::sync::Mutex<Option<String>>,
 }
 
 /// How long after a transient write failure the store counts as not ready.
@@ -59,6 +65,17 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// The subscription's state: `failing` turns readiness false; `line` (the problem, or a
+    /// note such as idle) replaces `ok` on `/readyz`.
+    pub(crate) fn set_subscription(&self, failing: bool, line: Option<String>) {
+        self.subscription_failing.store(failing, Ordering::Relaxed);
+        *self
+            .subscription_line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = line;
+        super::metrics::ready(self.ready());
+    }
+
     /// A store write failed transiently just now.
     pub(crate) fn write_failed(&self) {
         self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
@@ -84,8 +101,14 @@ impl Health {
         let recent_write_failure = now_ms()
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
+        let subscription = self
+            .subscription_line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "ok".to_owned());
         format!(
-            "store: {}\nstore writes: {}\nbroker: {}\npartitions: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nbroker: {}\nsubscription: {subscription}\npartitions: {}\ndead letters: {}\n",
             word(self.store_ok(), "unreachable"),
             word(!recent_write_failure, "failing"),
             word(self.broker_ok(), "unreachable"),
@@ -106,6 +129,7 @@ impl Health {
             && !self.consumer_stalled.load(Ordering::Relaxed)
             && !self.dead_letters_failing.load(Ordering::Relaxed)
             && !recent_write_failure
+            && !self.subscription_failing.load(Ordering::Relaxed)
     }
 }
 

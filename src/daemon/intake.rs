@@ -18,6 +18,7 @@
 //! falls behind, the channel fills and this thread blocks, which is the backpressure librdkafka
 //! sees (its own prefetch queue is bounded by `queued.max.messages.kbytes`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::Offset;
 use tokio::sync::mpsc;
 
 use super::kafka::{DaemonContext, GroupEvent};
@@ -72,6 +74,11 @@ pub(crate) enum IntakeEvent {
     Records(Vec<Polled>),
     /// A consumer error (a broker down, a record librdkafka cannot read).
     Error(KafkaError),
+    /// The consumer's position of partitions whose position moved, sent when nothing else is
+    /// ready: every record below it was handed over before this event. It can be past the last
+    /// record handed over: transaction markers and aborted transactions take offsets but are
+    /// never delivered, and only the position says they were read.
+    Positions(Vec<(i32, i64)>),
 }
 
 /// The running poll thread.
@@ -148,6 +155,8 @@ fn poll_loop(
 ) {
     let flush = |tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch| flush(tx, batch, options);
     let mut batch = Batch::default();
+    // The positions last sent, so an idle partition's position is sent once, not every poll.
+    let mut sent: HashMap<i32, i64> = HashMap::new();
     while !stop.load(Ordering::Acquire) {
         // Block for the first record of a batch, then take whatever else is ready.
         let timeout = if batch.is_empty() {
@@ -159,6 +168,8 @@ fn poll_loop(
         // Rebalance events raised inside this poll come after the records polled before it.
         let group_events = consumer.context().take_group_events();
         if !group_events.is_empty() {
+            // A partition assigned again starts a new window, which must be told its position.
+            sent.clear();
             if !flush(tx, &mut batch) {
                 return;
             }
@@ -192,9 +203,36 @@ fn poll_loop(
                 if !flush(tx, &mut batch) {
                     return;
                 }
+                let moved = moved_positions(consumer, &mut sent);
+                if !moved.is_empty() && tx.blocking_send(IntakeEvent::Positions(moved)).is_err() {
+                    return;
+                }
             }
         }
     }
+}
+
+/// The positions of the assigned partitions of the topic that moved since `sent`.
+fn moved_positions(
+    consumer: &BaseConsumer<DaemonContext>,
+    sent: &mut HashMap<i32, i64>,
+) -> Vec<(i32, i64)> {
+    let Ok(positions) = consumer.position() else {
+        return Vec::new();
+    };
+    let topic = consumer.context().topic.as_str();
+    let mut moved = Vec::new();
+    for element in positions.elements() {
+        if element.topic() != topic {
+            continue;
+        }
+        if let Offset::Offset(position) = element.offset() {
+            if sent.insert(element.partition(), position) != Some(position) {
+                moved.push((element.partition(), position));
+            }
+        }
+    }
+    moved
 }
 
 /// Decodes the batch and hands it over; false when the engine is gone.

@@ -337,6 +337,10 @@ pub struct DaemonContext {
     /// Woken on every assignment: the topic's cleanup policy is read again then
     /// ([`super::topic_policy::watch`]).
     pub assigned_notify: Arc<tokio::sync::Notify>,
+    /// Since when this replica has been waiting for an assignment: set at start and when an
+    /// assignment is lost, cleared by any assignment (an empty one too). Readiness
+    /// (`health::subscription`) turns false when the wait exceeds `kafka.assignment_timeout_ms`.
+    pub waiting_since: Mutex<Option<std::time::Instant>>,
 }
 
 impl DaemonContext {
@@ -352,6 +356,7 @@ impl DaemonContext {
             handover: Mutex::default(),
             handover_wait,
             assigned_notify: Arc::default(),
+            waiting_since: Mutex::new(Some(std::time::Instant::now())),
         }
     }
 
@@ -373,6 +378,17 @@ impl ClientContext for DaemonContext {
             .values()
             .any(|b| b.nodeid >= 0 && b.state == "UP");
         self.health.set_broker(broker_up);
+        // The group's own word on whether this member holds its (possibly empty) assignment:
+        // the rebalance callback is not called for an empty incremental assignment under every
+        // protocol, the statistics' join state always says `steady` once the member is settled.
+        if let Some(group) = &statistics.cgrp {
+            let mut waiting = lock(&self.waiting_since);
+            if group.state == "up" && group.join_state == "steady" {
+                *waiting = None;
+            } else if waiting.is_none() {
+                *waiting = Some(std::time::Instant::now());
+            }
+        }
         if let Some(topic) = statistics.topics.get(&self.topic) {
             let mut highs = lock(&self.high_watermarks);
             for (partition, stats) in &topic.partitions {
@@ -495,6 +511,7 @@ impl ConsumerContext for DaemonContext {
                 // the engine must drop every partition's state too.
                 tracing::error!(error = %e, "rebalance error: the assignment is dropped");
                 lock(&self.assigned).clear();
+                *lock(&self.waiting_since) = Some(std::time::Instant::now());
                 lock(&self.group_events).push(GroupEvent::Lost);
             }
         }
@@ -516,6 +533,7 @@ impl ConsumerContext for DaemonContext {
             tracing::info!(partitions = ?assigned, "partitions assigned");
             lock(&self.assigned).extend(assigned.iter().copied());
             lock(&self.group_events).push(GroupEvent::Assigned(assigned));
+            *lock(&self.waiting_since) = None;
             self.assigned_notify.notify_one();
         }
     }

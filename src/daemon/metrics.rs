@@ -44,6 +44,9 @@ pub(crate) const IN_FLIGHT_BYTES: &str = "materializer_in_flight_bytes";
 pub(crate) const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_bytes";
 pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
+pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
+pub const TOPIC_PARTITIONS: &str = "materializer_topic_partitions";
+pub const SUBSCRIPTION_AVAILABLE: &str = "materializer_subscription_available";
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -241,6 +244,18 @@ fn describe() {
         "The process's cgroup memory limit, 0 without one"
     );
     describe_gauge!(
+        ASSIGNED_PARTITIONS,
+        "Partitions of the dispatch topic assigned to this replica (0 when idle or unassigned)"
+    );
+    describe_gauge!(
+        TOPIC_PARTITIONS,
+        "Partitions of the dispatch topic in the brokers' metadata (0 when it is missing or unreadable)"
+    );
+    describe_gauge!(
+        SUBSCRIPTION_AVAILABLE,
+        "1 while the dispatch topic exists, can be read and has partitions, and an assignment arrived within kafka.assignment_timeout_ms; 0 otherwise"
+    );
+    describe_gauge!(
         TOPIC_COMPACTED,
         "1 when the dispatch topic's cleanup.policy contains compact (repairs are refused), 0 when it does not, -1 when it could not be read"
     );
@@ -279,6 +294,13 @@ pub(crate) fn in_flight_bytes(bytes: usize) {
 /// The process's cgroup memory limit, 0 without one (the RSS alert compares with it).
 pub fn memory_limit(bytes: u64) {
     gauge!(MEMORY_LIMIT_BYTES).set(bytes as f64);
+}
+
+/// What the readiness probe learned of the subscription (`daemon::health`).
+pub(crate) fn subscription(available: bool, topic_partitions: usize, assigned: usize) {
+    gauge!(SUBSCRIPTION_AVAILABLE).set(if available { 1.0 } else { 0.0 });
+    gauge!(TOPIC_PARTITIONS).set(topic_partitions as f64);
+    gauge!(ASSIGNED_PARTITIONS).set(assigned as f64);
 }
 
 /// The dispatch topic's cleanup policy as [`TOPIC_COMPACTED`] exports it: `Some(true)`

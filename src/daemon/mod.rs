@@ -158,7 +158,13 @@ pub async fn run(
     let probes = health::spawn(
         store.clone(),
         consumer.clone(),
-        topic.clone(),
+        health::ProbeSettings {
+            topic: topic.clone(),
+            group: config.kafka.group_id.clone(),
+            assignment_timeout: std::time::Duration::from_millis(
+                config.kafka.assignment_timeout_ms,
+            ),
+        },
         options.health.clone(),
     );
     let policy_watch = topic_policy::watch(config.kafka.clone(), assigned_notify);

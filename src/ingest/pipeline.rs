@@ -288,6 +288,17 @@ impl<R, M> PartitionPipeline<R, M> {
         self.slots.keys().next().copied().or(self.next_offset)
     }
 
+    /// The source says no record below `offset` is still to come: the offsets between the last
+    /// admitted record and `offset` hold none (transaction markers, aborted transactions, records
+    /// compacted away). Once every record in the window is final the watermark is `offset`, so the
+    /// committed offset reaches the log end and the lag is 0 on an idle transactional partition.
+    /// An `offset` at or below what was admitted changes nothing.
+    pub(crate) fn skip_to(&mut self, offset: i64) {
+        if self.next_offset.is_none_or(|next| offset > next) {
+            self.next_offset = Some(offset);
+        }
+    }
+
     /// Admits the record at `offset`, strictly after every admitted one (an older offset is a
     /// redelivery: ignored, `None`). `raw` (of `raw_bytes` bytes) is kept until the record is
     /// final, for a possible dead letter; `meta` travels with the record to [`Self::pop_final`].

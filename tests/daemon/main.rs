@@ -11,6 +11,8 @@
 //! - `scylla`: a CQL server stopped mid-stream, a repair while the daemon runs.
 //! - `dashboard_metrics`, `demo_serve`: every metric the dashboard and rules name is scraped live.
 //! - `kafka_codecs`, `unknown_fields`, `log_colour`: what real producers and log shippers see.
+//! - `subscription`: readiness of a replica that consumes nothing (a missing topic, an idle
+//!   replica) and the committed offset of a transactional partition.
 //!
 //! Two daemon tests change their process and have binaries of their own:
 //! `daemon_promote_metric.rs` installs the process's metrics recorder, and
@@ -32,4 +34,5 @@ mod kafka_codecs;
 mod log_colour;
 mod order;
 mod scylla;
+mod subscription;
 mod unknown_fields;

@@ -264,3 +264,37 @@ fn what_a_stopped_run_did_not_reach_leads_the_next_run() {
     assert_eq!(p.pop_final().len(), 3);
     assert_eq!(p.watermark(), Some(3), "the unreached ones hold the commit");
 }
+
+/// A transactional partition's last offsets are markers, never delivered: once the source says
+/// its position is past them, the watermark follows as soon as every record before is final,
+/// never while one still waits, and an older position changes nothing.
+#[test]
+fn the_watermark_skips_offsets_the_source_says_hold_no_record() {
+    let mut p = P::new(10);
+    p.skip_to(4);
+    assert_eq!(
+        p.watermark(),
+        Some(4),
+        "an empty window starts at the position"
+    );
+    let ready = admit(&mut p, 4, &[("a", 1)]).ready;
+    // Offset 5 is a commit marker: the source's position is 6 while offset 4 waits.
+    p.skip_to(6);
+    assert_eq!(
+        p.watermark(),
+        Some(4),
+        "never past a record that is not final"
+    );
+    complete(&mut p, ready[0], ok());
+    p.pop_final();
+    assert_eq!(p.watermark(), Some(6), "past the marker once 4 is final");
+    p.skip_to(5);
+    assert_eq!(p.watermark(), Some(6), "an older position changes nothing");
+    assert!(
+        p.admit(5, vec![0; 10], 10, 5, Ok(record(&[("a", 2)])))
+            .is_none(),
+        "an offset below the position is a redelivery"
+    );
+    assert_eq!(admit(&mut p, 6, &[("a", 2)]).ready.len(), 1);
+    assert_eq!(p.watermark(), Some(6));
+}
