@@ -60,7 +60,8 @@
   TIME, one HMGET of the meta, ZSCORE, EXPIRETIME of the identity index (a TTL-less index is
   repaired), and one ZRANGE bounded by the incoming group's size; a
   warm insert (a day already active) the same up to ZSCORE, then EXPIRETIME of the identity
-  index, ZADD + EXPIREAT of the bucket, ZADD of the identity and one HSET of the meta (a new day
+  index, EXPIREAT + ZADD of the bucket (the EXPIREAT first: its answer says the bucket of an active
+  day still exists), ZADD of the identity and one HSET of the meta (a new day
   adds one HMGET of the range, ZADD of the day set and EXPIREAT of the index). Promote reads the
   day set only once its first expiry has passed (`next_expires_at`).
 ]]
@@ -166,6 +167,11 @@ else
   end
 end
 
+-- The epoch key and the meta of its epoch are written together and never apart: a user whose
+-- current epoch has no meta lost it (an evicting Redis, a stray DEL), with whatever else went.
+-- Writing on would start the mailbox afresh over the loss.
+if current == ARGV[3] and not m.exists then return {ERR_META_LOST} end
+
 -- Promote only looks (and writes nothing) before the meta's first expiry; past it, it may
 -- rewrite the meta and empty the index, which `known` then forgets.
 if known and m.exists and not (m.next_expiry and string.match(m.next_expiry, '^[1-9]%d*$')
@@ -210,6 +216,13 @@ if existing then
     for _, member in ipairs(redis.call('ZRANGE', day_key, seq, seq, 'BYSCORE')) do
       if string.sub(member, 1, 17) == seq16 .. '|' then old[#old + 1] = member end
     end
+  end
+  -- A live identity whose group is gone from its live day: the events were lost (an evicting
+  -- Redis, a stray DEL, a partial restore). Damage, never `replaced` over it (SPEC 4.2 step 8).
+  if #old == 0 then
+    return refused({ERR_BAD_PROOF, 'day ' .. day_text .. ': the events of seq ' .. seq ..
+      ' are missing from its live bucket although the identity index holds it (evicted, ' ..
+      'deleted or not restored)'})
   end
   local same = #old == #ARGV - members_from + 1
   if same then
@@ -267,6 +280,13 @@ end
 -- the span. A new day is checked against the range kept in the meta.
 local had_proof = is_seq(m.extra)
 local low, high
+if not had_proof and redis.call('EXISTS', day_key) == 1 then
+  -- A day the meta knows nothing of has no bucket yet; one that exists is what is left of a
+  -- mailbox whose meta (and epoch) were lost: writing into it would serve the leftovers as if
+  -- whole. One EXISTS on the first write of a day only.
+  return refused({ERR_BAD_PROOF, 'day ' .. day_text .. ': a bucket exists although the meta ' ..
+    'proves no group there (left from a mailbox whose keys were lost)'})
+end
 if not had_proof then
   load_range(m)
   local day = tonumber(day_text)
@@ -279,15 +299,28 @@ if not had_proof then
   end
 end
 
+-- A day with a proof of live groups must still have its bucket: adding to a bucket that was
+-- lost would make it look whole again. Its expiry is set before the write (EXPIREAT answers 0
+-- for a missing key), so the check costs no command. A bucket of a day wholly below the trim may
+-- be gone (truncate emptied it): it is written anew.
+local bucket_expiry_set = known and known.bucket_expiry[day_key] == expires_text
+if had_proof and not bucket_expiry_set then
+  local alive = redis.call('EXPIREAT', day_key, expires_text) == 1
+  if not alive and not seq_less(m.extra, m.trim) then
+    return refused({ERR_BAD_PROOF, 'day ' .. day_text .. ': its bucket is missing although ' ..
+      'the meta proves groups up to seq ' .. m.extra .. ' there (evicted, deleted or not restored)'})
+  end
+  bucket_expiry_set = alive
+  if known and alive then known.bucket_expiry[day_key] = expires_text end
+end
+
 -- Insert: events, identity (its TTL never below the largest live expiry), day member, proofs,
 -- range, count, first expiry, seqbucket_max_seq.
 establish_epoch()
 zadd_argv(day_key, seq, members_from, ARGV)
-if not known then
+if not bucket_expiry_set then
   redis.call('EXPIREAT', day_key, expires_text)
-elseif known.bucket_expiry[day_key] ~= expires_text then
-  redis.call('EXPIREAT', day_key, expires_text)
-  known.bucket_expiry[day_key] = expires_text
+  if known then known.bucket_expiry[day_key] = expires_text end
 end
 redis.call('ZADD', seqbucket_key, expires_text, seq16)
 if index_expiry == -2 or index_expiry < tonumber(expires_text) then

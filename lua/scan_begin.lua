@@ -9,12 +9,18 @@
   KEYS[6]  P:repair:{user}           (unused; every script takes the same six keys)
   ARGV[1]  epoch   ARGV[2]  after_seq   ARGV[3]  after_seq + 1 (plain decimals)
 
-  Returns {1} when there is nothing to read (user never written, or no meta),
+  Returns {1} when there is nothing to read (user never written), ERR_META_LOST when the user's
+  epoch has no meta (the two are written together: the meta was lost),
   {0, seqbucket_max_seq, day, day, ...} with every active day to read (the whole day set: the
   true min_day to max_day), or ERR_EPOCH_MISMATCH current, ERR_UNSUPPORTED_FORMAT found,
   ERR_BAD_PROOF detail, ERR_CURSOR_TRIMMED user_trim_seq, ERR_CURSOR_GAP boundary.
 
-  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set.
+  A live day whose bucket is gone while its proof covers live groups is ERR_BAD_PROOF
+  (`check_buckets_present`), and so is an empty day set while the meta proves a live day (read
+  only when the day set is empty): a page must never claim coverage of groups that were not read.
+
+  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set, one
+  EXISTS of every active day's bucket.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local current = redis.call('GET', epoch_key)
@@ -23,15 +29,37 @@ if current ~= ARGV[1] then return {ERR_EPOCH_MISMATCH, current} end
 local m = load_meta(meta_key, 'expired_gap_boundary')
 local err = check_format(m)
 if err then return err end
-if not m.exists then return {1} end
+-- The epoch key and its meta are written together: an epoch without its meta lost it.
+if not m.exists then return {ERR_META_LOST} end
 err = meta_seqs(m)
 if err then return err end
 m.boundary, err = seq_value(m.extra, 'expired_gap_boundary')
 if err then return err end
-local _, perr = promote(m, days_key, seqbucket_key, now_text())
+local now = now_text()
+local _, perr = promote(m, days_key, seqbucket_key, now)
 if perr then return perr end
 err = check_cursor(m, ARGV[2], ARGV[3])
 if err then return err end
+local days = redis.call('ZRANGE', days_key, 0, -1)
+if #days == 0 then
+  -- An empty day set is the rare path (a mailbox without live days): make sure the meta proves
+  -- no live day either, or the page would claim coverage up to seqbucket_max_seq of groups it
+  -- never looked for (a lost day set).
+  local fields = redis.call('HGETALL', meta_key)
+  local proofs = {}
+  for i = 1, #fields, 2 do proofs[fields[i]] = fields[i + 1] end
+  for field, expires_at in pairs(proofs) do
+    local day = string.match(field, '^bucket_expires_at:(%d+)$')
+    local max_seq = day and proofs['bucket_max_seq:' .. day]
+    if max_seq and is_seq(max_seq) and not seq_less(max_seq, m.trim)
+        and string.match(expires_at, '^%d+$') and seq_less(now, expires_at) then
+      return {ERR_BAD_PROOF, 'the day set is missing although the meta proves groups up to seq ' ..
+        max_seq .. ' on live day ' .. day .. ' (evicted, deleted or not restored)'}
+    end
+  end
+end
+err = check_buckets_present(m, KEYS[5], days)
+if err then return err end
 local reply = {0, m.seqbucket_max}
-for _, day in ipairs(redis.call('ZRANGE', days_key, 0, -1)) do reply[#reply + 1] = day end
+for _, day in ipairs(days) do reply[#reply + 1] = day end
 return reply

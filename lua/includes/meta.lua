@@ -105,6 +105,28 @@ local function identity_expiry(seqbucket_key)
   return expiry
 end
 
+-- SPEC 4.4 step 7 (amended): nil when every live day of `days` (the day set after promote) still
+-- has its bucket, else the ERR_BAD_PROOF reply naming the first that lost it. A day whose bucket
+-- is gone while its proof covers a seq at or above the trim lost its groups (an evicting Redis, a
+-- stray DEL, a partial restore); a day wholly below the trim may be empty (truncate removed its
+-- members, and Redis deletes an empty sorted set). One EXISTS of every bucket on the common path.
+local function check_buckets_present(m, day_prefix, days)
+  if #days == 0 then return nil end
+  local keys = {}
+  for i, day in ipairs(days) do keys[i] = day_prefix .. day end
+  if redis.call('EXISTS', unpack(keys)) == #keys then return nil end
+  for i, day in ipairs(days) do
+    if redis.call('EXISTS', keys[i]) == 0 then
+      local proof = redis.call('HGET', m.key, 'bucket_max_seq:' .. day)
+      if is_seq(proof) and not seq_less(proof, m.trim) then
+        return {-14 --[[bad_proof]], 'day ' .. day .. ': its bucket is missing although the ' ..
+          'meta proves groups up to seq ' .. proof .. ' there (evicted, deleted or not restored)'}
+      end
+    end
+  end
+  return nil
+end
+
 -- SPEC 4.2.6: nil when the meta and the identity index agree, else the error reply. `now` is
 -- the TIME second as text.
 local function check_integrity(m, index_exists, now)

@@ -90,8 +90,10 @@ pub(super) async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
     print_line(checks.last());
     checks.push(memory);
     print_line(checks.last());
-    checks.push(check_store(config).await);
-    print_line(checks.last());
+    for check in check_store(config).await {
+        checks.push(check);
+        print_line(checks.last());
+    }
     let topic_line = format!("kafka topic {}", config.kafka.topic);
     let mut topic_ok = false;
     for check in check_kafka(config).await {
@@ -150,7 +152,7 @@ fn print_line(check: Option<&Check>) {
     }
 }
 
-async fn check_store(config: &Config) -> Check {
+async fn check_store(config: &Config) -> Vec<Check> {
     let backend = config.store.backend;
     let name = format!("store ({})", backend.as_str());
     let target = match backend {
@@ -175,16 +177,16 @@ async fn check_store(config: &Config) -> Check {
     let opened = match tokio::time::timeout(limit, open_store(config)).await {
         Ok(Ok(opened)) => opened,
         Ok(Err(e)) => {
-            return Check {
+            return vec![Check {
                 name,
                 result: Err(format!("{target}: {e}")),
-            }
+            }]
         }
         Err(_) => {
-            return Check {
+            return vec![Check {
                 name,
                 result: Err(format!("{target}: no answer within {limit:?}")),
-            }
+            }]
         }
     };
     let result = match backend {
@@ -207,7 +209,31 @@ async fn check_store(config: &Config) -> Check {
             started.elapsed().as_millis()
         )),
     };
-    Check { name, result }
+    let mut checks = vec![Check { name, result }];
+    if let Some(redis) = opened.redis() {
+        checks.push(check_eviction(redis, config.store.redis.allow_eviction).await);
+    }
+    checks
+}
+
+/// Every master's `maxmemory-policy` (SPEC 5): anything but `noeviction` FAILs unless
+/// `store.redis.allow_eviction` accepts it.
+async fn check_eviction(redis: &RedisStore, allow_eviction: bool) -> Check {
+    use crate::store::redis::eviction::{verdict, Verdict, NO_EVICTION};
+    let result = match redis.eviction_policies().await {
+        Err(e) => Err(format!("cannot read maxmemory-policy: {e}")),
+        Ok(policies) => match verdict(&policies, allow_eviction) {
+            Verdict::Safe { masters } => Ok(format!(
+                "maxmemory-policy {NO_EVICTION} on {masters} master(s): no key is ever evicted"
+            )),
+            Verdict::Allowed(warning) => Ok(format!("WARNING {warning}")),
+            Verdict::Refused(refusal) => Err(refusal),
+        },
+    };
+    Check {
+        name: "store eviction (redis)".to_owned(),
+        result,
+    }
 }
 
 /// PING (already answered by the connect), the server version, and every script loaded.

@@ -177,12 +177,14 @@ pub(super) async fn run(config: &Config, args: &DlqArgs) -> ExitCode {
         DlqCommand::List(args) => list(config, args).await,
         DlqCommand::Show(args) => show(config, args).await,
         DlqCommand::Redrive(args) => {
-            let opened = match super::open_store(config).await {
-                Ok(opened) => opened,
-                Err(message) => {
-                    eprintln!("error: {message}");
-                    return ExitCode::from(EXIT_UNAVAILABLE);
+            let opened = match super::open_store_to_write(config).await {
+                Ok((opened, warning)) => {
+                    if let Some(warning) = warning {
+                        eprintln!("warning: {warning}");
+                    }
+                    opened
                 }
+                Err(failure) => return failure.report(),
             };
             let code = redrive(opened.store.clone(), config, args).await;
             if let Err(e) = opened.persist() {

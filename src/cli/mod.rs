@@ -213,11 +213,27 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Top(args) => return top::run(&config, args).await,
         _ => {}
     }
-    let opened = match open_store(&config).await {
-        Ok(opened) => opened,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+    let writes = matches!(
+        command,
+        Command::Apply(_) | Command::Truncate(_) | Command::Promote(_) | Command::Patrol(_)
+    );
+    let opened = if writes {
+        match open_store_to_write(&config).await {
+            Ok((opened, warning)) => {
+                if let Some(warning) = warning {
+                    eprintln!("warning: {warning}");
+                }
+                opened
+            }
+            Err(failure) => return failure.report(),
+        }
+    } else {
+        match open_store(&config).await {
+            Ok(opened) => opened,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_UNAVAILABLE);
+            }
         }
     };
     if let Command::Patrol(args) = &command {
@@ -248,6 +264,56 @@ async fn run(command: Command, config: Config) -> ExitCode {
         }
     }
     code
+}
+
+/// Why a store could not be opened for writing.
+#[derive(Debug)]
+pub(crate) enum OpenFailure {
+    /// Not reachable (retry; exit 2).
+    Unavailable(String),
+    /// Reachable but refused: a Redis that evicts keys (exit 1).
+    Refused(String),
+}
+
+impl OpenFailure {
+    /// Prints the error on stderr and answers the exit status.
+    pub(crate) fn report(&self) -> ExitCode {
+        match self {
+            Self::Unavailable(message) => {
+                eprintln!("error: {message}");
+                ExitCode::from(EXIT_UNAVAILABLE)
+            }
+            Self::Refused(message) => {
+                eprintln!("error: refused: {message}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// [`open_store`] for the daemon and every command that writes: a Redis that evicts keys is
+/// refused before anything is written (SPEC 5; the decision is
+/// [`crate::store::redis::eviction::verdict`]). `Ok` carries the warning to show when
+/// `store.redis.allow_eviction` accepts an evicting Redis.
+pub(crate) async fn open_store_to_write(
+    config: &Config,
+) -> Result<(OpenedStore, Option<String>), OpenFailure> {
+    use crate::store::redis::eviction::{verdict, Verdict};
+    let opened = open_store(config).await.map_err(OpenFailure::Unavailable)?;
+    let Some(redis) = opened.redis() else {
+        return Ok((opened, None));
+    };
+    let policies = redis
+        .eviction_policies()
+        .await
+        .map_err(|e| OpenFailure::Unavailable(format!("reading Redis's maxmemory-policy: {e}")))?;
+    let verdict = verdict(&policies, config.store.redis.allow_eviction);
+    crate::daemon::metrics::store_evicting(verdict.evicting());
+    match verdict {
+        Verdict::Safe { .. } => Ok((opened, None)),
+        Verdict::Allowed(warning) => Ok((opened, Some(warning))),
+        Verdict::Refused(refusal) => Err(OpenFailure::Refused(refusal)),
+    }
 }
 
 /// Builds the configured backend ([`crate::store::open`]), naming it in `build_info` first so a

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio::sync::watch;
 
-use super::{open_store, print_json, OpenedStore, EXIT_UNAVAILABLE};
+use super::{open_store_to_write, print_json, OpenFailure, OpenedStore, EXIT_UNAVAILABLE};
 use crate::config::{Backend, Config};
 use crate::daemon::http::{self, Health};
 use crate::daemon::replay::{parse_time_ms, ProgressMode, ReplayRequest, ReplayStart};
@@ -103,20 +103,30 @@ async fn termination() {
 }
 
 /// Connects to the store, retrying with backoff until it answers or a signal arrives: a daemon
-/// started before its store comes up waits (not ready) instead of crash-looping.
-async fn connect_store(config: &Config) -> Option<OpenedStore> {
+/// started before its store comes up waits (not ready) instead of crash-looping. `Err` is the
+/// exit status: 0 after a signal, 1 for a store refused (a Redis that evicts keys).
+async fn connect_store(config: &Config) -> Result<OpenedStore, ExitCode> {
     let retry = config.kafka.backoff();
     let mut attempt = 0;
     let signal = termination();
     tokio::pin!(signal);
     loop {
-        match open_store(config).await {
-            Ok(opened) => return Some(opened),
-            Err(e) => {
+        match open_store_to_write(config).await {
+            Ok((opened, warning)) => {
+                if let Some(warning) = warning {
+                    tracing::warn!("{warning}");
+                }
+                return Ok(opened);
+            }
+            Err(OpenFailure::Refused(refusal)) => {
+                tracing::error!("refused to start: {refusal}");
+                return Err(ExitCode::FAILURE);
+            }
+            Err(OpenFailure::Unavailable(e)) => {
                 tracing::warn!(error = %e, attempt, "store unreachable; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(retry.delay(attempt)) => {}
-                    _ = &mut signal => return None,
+                    _ = &mut signal => return Err(ExitCode::SUCCESS),
                 }
                 attempt += 1;
             }
@@ -143,9 +153,17 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let Some(opened) = connect_store(config).await else {
-        return ExitCode::SUCCESS;
+    let opened = match connect_store(config).await {
+        Ok(opened) => opened,
+        Err(code) => return code,
     };
+    let eviction_watch = opened.redis().map(|redis| {
+        crate::daemon::health::watch_eviction(
+            redis.clone(),
+            config.store.redis.allow_eviction,
+            health.clone(),
+        )
+    });
     let commit_offsets = config.store.backend != Backend::Memory;
     if !commit_offsets {
         tracing::warn!(
@@ -167,6 +185,9 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         on_producer: None,
     };
     let result = daemon::run(config, opened.store.clone(), options).await;
+    if let Some(watch) = eviction_watch {
+        watch.abort();
+    }
     if let Err(e) = opened.persist() {
         tracing::error!(error = %e, "memory snapshot not saved");
     }
@@ -205,17 +226,33 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    let opened = match tokio::time::timeout(Duration::from_secs(30), open_store(config)).await {
-        Ok(Ok(opened)) => opened,
-        Ok(Err(e)) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
-        }
-        Err(_) => {
-            eprintln!("error: the store did not answer within 30 s");
-            return ExitCode::from(EXIT_UNAVAILABLE);
-        }
-    };
+    let opened =
+        match tokio::time::timeout(Duration::from_secs(30), open_store_to_write(config)).await {
+            Ok(Ok((opened, warning))) => {
+                if let Some(warning) = warning {
+                    eprintln!("warning: {warning}");
+                }
+                opened
+            }
+            Ok(Err(OpenFailure::Refused(refusal))) => {
+                let summary = daemon::replay::ReplaySummary {
+                    partition: args.partition,
+                    refused: Some(daemon::replay::Refusal {
+                        reason: "store_evicting",
+                        detail: refusal.clone(),
+                    }),
+                    ..Default::default()
+                };
+                print_json(&summary);
+                eprintln!("error: replay refused (store_evicting): {refusal}");
+                return ExitCode::from(summary.exit_status());
+            }
+            Ok(Err(failure)) => return failure.report(),
+            Err(_) => {
+                eprintln!("error: the store did not answer within 30 s");
+                return ExitCode::from(EXIT_UNAVAILABLE);
+            }
+        };
     let request = ReplayRequest {
         partition: args.partition,
         start,

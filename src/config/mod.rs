@@ -173,6 +173,10 @@ pub struct RedisConfig {
     /// How long one `WAIT` may block, in milliseconds; fewer acknowledgements by then is a
     /// transient error. Must stay below `command_timeout_ms`.
     pub wait_timeout_ms: u64,
+    /// Run on a Redis whose `maxmemory-policy` evicts keys (anything but `noeviction`, on any
+    /// master). Refused by default: an evicted key takes mailbox groups with it. When true the
+    /// daemon warns at start and exports `materializer_store_evicting` 1.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisConfig {
@@ -187,6 +191,7 @@ impl Default for RedisConfig {
             patrol_rate_per_second: 200,
             wait_replicas: 0,
             wait_timeout_ms: 1_000,
+            allow_eviction: false,
         }
     }
 }
@@ -207,6 +212,7 @@ impl fmt::Debug for RedisConfig {
             .field("patrol_rate_per_second", &self.patrol_rate_per_second)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }

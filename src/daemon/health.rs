@@ -100,6 +100,55 @@ pub fn spawn(
     })
 }
 
+/// How often the daemon reads Redis's eviction policy again.
+const EVICTION_RECHECK: Duration = Duration::from_secs(10);
+
+/// Re-reads the `maxmemory-policy` of every Redis master every [`EVICTION_RECHECK`] (SPEC 5): a
+/// policy changed to an evicting one while the daemon runs turns readiness false (`store policy:`
+/// names the policy and the master), or, under `store.redis.allow_eviction`, keeps warning; and
+/// `materializer_store_evicting` follows. A read that fails changes nothing (the store probe
+/// reports an unreachable store).
+pub fn watch_eviction(
+    store: Arc<crate::store::redis::RedisStore>,
+    allow_eviction: bool,
+    health: Arc<Health>,
+) -> tokio::task::JoinHandle<()> {
+    use crate::store::redis::eviction::{verdict, Verdict};
+    tokio::spawn(async move {
+        let mut last: Option<Verdict> = None;
+        loop {
+            if let Ok(policies) = store.eviction_policies().await {
+                let now = verdict(&policies, allow_eviction);
+                metrics::store_evicting(now.evicting());
+                let changed = last.as_ref() != Some(&now);
+                match &now {
+                    Verdict::Safe { .. } => {
+                        if changed && last.is_some() {
+                            tracing::info!("Redis evicts no keys any more (maxmemory-policy noeviction on every master)");
+                        }
+                        health.set_store_policy(false, None);
+                    }
+                    Verdict::Allowed(warning) => {
+                        if changed {
+                            tracing::warn!("{warning}");
+                        }
+                        health
+                            .set_store_policy(false, Some(format!("evicting, allowed: {warning}")));
+                    }
+                    Verdict::Refused(refusal) => {
+                        if changed {
+                            tracing::error!("not ready: {refusal}");
+                        }
+                        health.set_store_policy(true, Some(refusal.clone()));
+                    }
+                }
+                last = Some(now);
+            }
+            tokio::time::sleep(EVICTION_RECHECK).await;
+        }
+    })
+}
+
 /// What the brokers' metadata says of the subscribed topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TopicView {

@@ -31,6 +31,10 @@ pub struct Health {
     /// The `subscription:` line of `/readyz` when it is not plain `ok`: the problem, or why a
     /// ready replica is idle.
     subscription_line: std::sync::Mutex<Option<String>>,
+    /// True while a Redis master evicts keys without `store.redis.allow_eviction`.
+    store_policy_failing: AtomicBool,
+    /// The `store policy:` line when it is not plain `ok`.
+    store_policy_line: std::sync::Mutex<Option<String>>,
 }
 
 /// How long after a transient write failure the store counts as not ready.
@@ -76,6 +80,16 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// The store's eviction policy as the periodic re-check found it (`health::watch_eviction`).
+    pub(crate) fn set_store_policy(&self, failing: bool, line: Option<String>) {
+        self.store_policy_failing.store(failing, Ordering::Relaxed);
+        *self
+            .store_policy_line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = line;
+        super::metrics::ready(self.ready());
+    }
+
     /// A store write failed transiently just now.
     pub(crate) fn write_failed(&self) {
         self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
@@ -107,8 +121,14 @@ impl Health {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
             .unwrap_or_else(|| "ok".to_owned());
+        let store_policy = self
+            .store_policy_line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "ok".to_owned());
         format!(
-            "store: {}\nstore writes: {}\nbroker: {}\nsubscription: {subscription}\npartitions: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {store_policy}\nbroker: {}\nsubscription: {subscription}\npartitions: {}\ndead letters: {}\n",
             word(self.store_ok(), "unreachable"),
             word(!recent_write_failure, "failing"),
             word(self.broker_ok(), "unreachable"),
@@ -130,6 +150,7 @@ impl Health {
             && !self.dead_letters_failing.load(Ordering::Relaxed)
             && !recent_write_failure
             && !self.subscription_failing.load(Ordering::Relaxed)
+            && !self.store_policy_failing.load(Ordering::Relaxed)
     }
 }
 

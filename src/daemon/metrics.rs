@@ -44,6 +44,7 @@ pub(crate) const IN_FLIGHT_BYTES: &str = "materializer_in_flight_bytes";
 pub(crate) const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_bytes";
 pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
+pub const STORE_EVICTING: &str = "materializer_store_evicting";
 pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
 pub const TOPIC_PARTITIONS: &str = "materializer_topic_partitions";
 pub const SUBSCRIPTION_AVAILABLE: &str = "materializer_subscription_available";
@@ -256,6 +257,10 @@ fn describe() {
         "1 while the dispatch topic exists, can be read and has partitions, and an assignment arrived within kafka.assignment_timeout_ms; 0 otherwise"
     );
     describe_gauge!(
+        STORE_EVICTING,
+        "1 when a Redis master's maxmemory-policy evicts keys (only run with store.redis.allow_eviction = true), 0 otherwise"
+    );
+    describe_gauge!(
         TOPIC_COMPACTED,
         "1 when the dispatch topic's cleanup.policy contains compact (repairs are refused), 0 when it does not, -1 when it could not be read"
     );
@@ -294,6 +299,11 @@ pub(crate) fn in_flight_bytes(bytes: usize) {
 /// The process's cgroup memory limit, 0 without one (the RSS alert compares with it).
 pub fn memory_limit(bytes: u64) {
     gauge!(MEMORY_LIMIT_BYTES).set(bytes as f64);
+}
+
+/// Whether the store may evict the mailboxes' keys ([`STORE_EVICTING`]).
+pub(crate) fn store_evicting(evicting: bool) {
+    gauge!(STORE_EVICTING).set(if evicting { 1.0 } else { 0.0 });
 }
 
 /// What the readiness probe learned of the subscription (`daemon::health`).

@@ -286,6 +286,33 @@ pub(crate) fn append_step(
     Ok(AppendStep::Insert)
 }
 
+/// How close to its day's expiry a missing stored group is not taken as damage: a store whose
+/// rows expire by the server's clock (Scylla's TTL) while the caller decides with its own may
+/// see the rows of a day gone a little before the identity, by the clocks' skew.
+pub(crate) const STORED_GROUP_GRACE_SECS: u64 = 300;
+
+/// SPEC 4.2 step 8 (amended): a live identity with the same `expires_at(day)` whose stored group
+/// is missing — its events gone from a live day (an evicted or deleted key, lost rows, a partial
+/// restore) — is `Corrupt(BadProof)`, never `Replaced` over the damage. `present`: whether the
+/// store found the group's events.
+#[inline]
+pub(crate) fn check_stored_group(
+    present: bool,
+    seq: u64,
+    day: u64,
+    expires_at: u64,
+    now: u64,
+) -> Result<(), StoreError> {
+    if present || expires_at <= now.saturating_add(STORED_GROUP_GRACE_SECS) {
+        return Ok(());
+    }
+    Err(StoreError::corrupt(CorruptKind::BadProof {
+        detail: format!(
+            "day {day}: the events of seq {seq} are missing although its identity is live (deleted, lost or not restored)"
+        ),
+    }))
+}
+
 /// Zombie fencing (SPEC 7.2): a same-day replace with different content is **superseded** when
 /// the mailbox already took a write from a later position of the same partition. Writes to one
 /// mailbox reach the store in source order (lanes), and a new owner reads a partition from its

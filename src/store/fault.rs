@@ -19,4 +19,9 @@ pub enum Corruption {
     /// Only a layout whose index is one key with one expiry can lose it (Redis); memory and
     /// Scylla keep each identity's expiry with the identity itself and answer false.
     LoseIdentityTtl,
+    /// Lose every event of one live day, as an evicted or deleted Redis day bucket, lost Scylla
+    /// rows or a partial restore would; the meta's proof, the day set and the identities stay.
+    /// The memory store keeps a mailbox in one structure, which cannot lose a part of itself:
+    /// it answers false.
+    LoseDayEvents(u64),
 }

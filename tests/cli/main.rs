@@ -8,6 +8,7 @@
 //! - `dlq`: dead letters listed, shown and re-driven after their cause is fixed.
 //! - `top`: the live view of running replicas, `--once --json` and the UI under tmux.
 //! - `check_config`: `check-config --connect` against the real servers.
+//! - `eviction`: a Redis that evicts keys refused, and scans that never claim what they did not read.
 //! - `compacted_repair`: a repair refused on a compacted topic whose cleaner ran (SPEC 7.1).
 
 // Test harness items are shared between this crate's modules, not exported.
@@ -22,6 +23,7 @@ mod batches;
 mod check_config;
 mod compacted_repair;
 mod dlq;
+mod eviction;
 mod memory;
 mod redis;
 mod replay_repair;

@@ -648,6 +648,56 @@ pub async fn index_lost_is_corrupt(h: &H) {
     assert_eq!(f.fingerprint(&mb.user_id).await, before);
 }
 
+/// SPEC 4.2 step 8 and 4.4 step 7 (amended): a live day whose events are gone from storage (an
+/// evicted or deleted Redis day bucket, lost Scylla rows, a partial restore) is damage. A scan of
+/// the mailbox answers `corrupt`, never a short page with an `up_to` over groups it did not
+/// read; a same-day replay of one of its seqs, identical or not, answers `corrupt`, never
+/// `replaced` over the damage; nothing is written. The memory store keeps a mailbox in one
+/// structure and cannot lose a part of it: the case has nothing to damage there.
+pub async fn a_live_day_that_lost_its_events_is_corrupt(h: &H) {
+    let f = fixture(h).await;
+    let s = f.store();
+    let mb = mailbox("u-lostday", 1);
+    for seq in 1..=2 {
+        append_ok(&*s, &mb, seq, TODAY0 - 1, "a").await;
+    }
+    for seq in 3..=5 {
+        append_ok(&*s, &mb, seq, TODAY0, "a").await;
+    }
+    if !f.corrupt(&mb, Corruption::LoseDayEvents(TODAY0)).await {
+        return;
+    }
+    let before = f.fingerprint(&mb.user_id).await;
+    for after_seq in [0, 2, 4] {
+        let scanned = s
+            .range_scan(
+                &mb,
+                ScanRequest {
+                    after_seq,
+                    until_seq: None,
+                    limit_groups: 100,
+                },
+            )
+            .await;
+        assert_eq!(
+            corrupt_kind(&scanned),
+            "bad_proof",
+            "scan after {after_seq}"
+        );
+    }
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 4, TODAY0, 2, "a")).await),
+        "bad_proof",
+        "an identical replay into the lost day"
+    );
+    assert_eq!(
+        corrupt_kind(&s.append(&group(&mb, 4, TODAY0, 1, "other")).await),
+        "bad_proof",
+        "a replace into the lost day"
+    );
+    assert_eq!(f.fingerprint(&mb.user_id).await, before, "nothing written");
+}
+
 pub async fn meta_lost_is_corrupt(h: &H) {
     let f = fixture(h).await;
     let s = f.store();

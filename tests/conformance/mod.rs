@@ -19,7 +19,7 @@
 //! | 4.2 steps 7-8, identity and span | `identity_missing_below_seqbucket_max_seq_is_corrupt`, `span_exceeded_rejects_and_changes_nothing` |
 //! | 4.2 under concurrency and in batches | `concurrent_appends_to_one_mailbox`, `append_many_answers_each_group_like_append`, `append_many_spread_over_many_users_answers_each`, `append_run_answers_each_group_like_append`, `append_runs_spread_over_many_users_answer_each` |
 //! | 4.3 truncate | `trim_outcome_and_trim_never_lowers`, `truncate_removes_whole_groups_and_keeps_empty_day_proofs`, `truncate_on_unknown_user_is_durable`, `natural_ttl_kept_apart_from_explicit_trim` |
-//! | 4.4 scan | `memory_epoch_check_and_reverse_range`, `scan_epoch_check_comes_before_the_reverse_range`, `scan_pages_whole_groups_in_seq_order`, `expired_cursor_gap`, `expiry_between_check_and_read`, `scan_reads_buckets_older_than_max_day_minus_retention`, `scans_beside_same_day_replaces_never_skip_a_group`, `index_lost_is_corrupt`, `meta_lost_is_corrupt` |
+//! | 4.4 scan | `memory_epoch_check_and_reverse_range`, `scan_epoch_check_comes_before_the_reverse_range`, `scan_pages_whole_groups_in_seq_order`, `expired_cursor_gap`, `expiry_between_check_and_read`, `scan_reads_buckets_older_than_max_day_minus_retention`, `scans_beside_same_day_replaces_never_skip_a_group`, `index_lost_is_corrupt`, `meta_lost_is_corrupt`, `a_live_day_that_lost_its_events_is_corrupt` |
 //! | 4.5 promote | `active_proof_compaction`, `compacted_days_are_counted_by_the_store`, `bad_proof_two_phase_promote_changes_nothing`, `thirty_two_consecutive_day_buckets`, `long_offline_recovery` |
 //! | 4.6 boundedness | `metadata_stays_bounded_over_a_year` |
 //! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference), `randomized_histories_agree_in_runs_and_one_by_one` (each history one by one and in runs) |
@@ -102,6 +102,7 @@ macro_rules! conformance_tests {
             v3_meta_rejected_with_nothing_modified,
             index_lost_is_corrupt,
             meta_lost_is_corrupt,
+            a_live_day_that_lost_its_events_is_corrupt,
             identity_missing_below_seqbucket_max_seq_is_corrupt,
             bad_proof_two_phase_promote_changes_nothing,
             scan_reads_buckets_older_than_max_day_minus_retention,

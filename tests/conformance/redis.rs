@@ -142,6 +142,9 @@ impl Fixture for RedisFixture {
                     .await
                     == 1
             }
+            Corruption::LoseDayEvents(day) => {
+                self.cmd::<i64>(redis::cmd("DEL").arg(keys.day(day))).await == 1
+            }
             Corruption::BreakProof(day) => {
                 self.cmd::<i64>(
                     redis::cmd("HDEL")

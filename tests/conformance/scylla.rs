@@ -89,6 +89,25 @@ impl ScyllaFixture {
             .and_then(|r| r.0)
     }
 
+    /// The first column of every row, as far as it is a bigint.
+    async fn i64s(&self, cql: String) -> Vec<i64> {
+        let result = self
+            .store
+            .session()
+            .query_unpaged(cql, ())
+            .await
+            .expect("admin query");
+        let Ok(rows) = result.into_rows_result() else {
+            return Vec::new();
+        };
+        let Ok(typed) = rows.rows::<(Option<i64>,)>() else {
+            return Vec::new();
+        };
+        typed
+            .filter_map(|row| row.ok().and_then(|(v,)| v))
+            .collect()
+    }
+
     async fn has_rows(&self, cql: String) -> bool {
         let result = self
             .store
@@ -241,6 +260,39 @@ impl Fixture for ScyllaFixture {
                 ))
                 .await;
                 had
+            }
+            Corruption::LoseDayEvents(day) => {
+                // The day's seqs are the identities expiring with it; their rows go.
+                let inspected = self.store.inspect(mb).await.expect("inspect");
+                let Some(expires_at) = inspected.active_days.get(&day).map(|d| d.expires_at) else {
+                    return false;
+                };
+                let generation = self
+                    .i64s(format!(
+                        "SELECT generation FROM {ks}.user_mailbox WHERE {meta_row}"
+                    ))
+                    .await;
+                let seqs = self
+                    .i64s(format!(
+                        "SELECT seq FROM {ks}.user_mailbox WHERE {slot} AND seq > 0 \
+                         AND expires_at = {expires_at} ALLOW FILTERING"
+                    ))
+                    .await;
+                let (Some(generation), false) = (generation.first(), seqs.is_empty()) else {
+                    return false;
+                };
+                let bucket = mailbox_materializer::store::scylla::schema::event_bucket(day as i64);
+                let list = seqs
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.cql(format!(
+                    "DELETE FROM {ks}.mailbox_events WHERE user_id = '{user}' \
+                     AND generation = {generation} AND bucket = {bucket} AND seq IN ({list})"
+                ))
+                .await;
+                true
             }
             // Each identity row is written with its own TTL in the same statement: no index
             // key whose expiry could be lost on its own.

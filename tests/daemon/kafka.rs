@@ -250,8 +250,24 @@ fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
 /// --reset-mailboxes heals it while the daemon runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
+    // Lose the victim's identity index: its next append must fail closed (index_lost).
+    corrupt_victim_blocks_only_itself("corrupt", "mm:mbseqbucket:{victim}:1").await;
+}
+
+/// SPEC 4.2 step 8 (amended): a day bucket deleted under a live proof (an evicting Redis, a
+/// stray DEL) is damage too: the victim's next write into that day fails closed (bad_proof)
+/// instead of making the bucket look whole again, only the victim waits, and a repair heals it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_day_bucket_blocks_only_its_mailbox_and_replay_heals_it_live() {
+    let today = support::reference::now_ms() / 86_400_000;
+    corrupt_victim_blocks_only_itself("lost-day", &format!("mm:mbday:{{victim}}:1:{today}")).await;
+}
+
+/// The victim gets seqs 1 and 2, `damage` (a key of it) is deleted, then its seq 3 must block it
+/// alone until `replay --reset-mailboxes` rebuilds it while the daemon runs.
+async fn corrupt_victim_blocks_only_itself(name: &str, damage: &str) {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
-    let setup = DaemonSetup::new("corrupt", Some(redis.url()));
+    let setup = DaemonSetup::new(name, Some(redis.url()));
     create_topic(&setup.topic, 1).await;
     create_topic(&setup.dlq_topic, 1).await;
     let store = redis_store(&redis.url()).await;
@@ -270,9 +286,8 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
         || committed(&setup.group, &setup.topic, 1) == [4],
         || daemon.log(),
     );
-    // Lose the victim's identity index: its next append must fail closed (index_lost).
-    let deleted = redis.raw("DEL mm:mbseqbucket:{victim}:1");
-    assert!(deleted.contains(":1"), "index deleted: {deleted}");
+    let deleted = redis.raw(&format!("DEL {damage}"));
+    assert!(deleted.contains(":1"), "{damage} deleted: {deleted}");
 
     let second: Vec<(i32, Vec<u8>)> = vec![
         (0, group_record("victim", 3, "c")),

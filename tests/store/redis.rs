@@ -757,3 +757,67 @@ async fn refused_connections_are_transient() {
     .await;
     assert!(is_transient(&fresh), "{fresh:?}");
 }
+
+/// SPEC 4.2 and 4.4 as amended, the Redis keys one by one: a new seq written into a live day
+/// whose bucket was lost is `corrupt` (it would make the bucket look whole again), and so is a
+/// scan of a mailbox whose day set was lost (its page would claim coverage up to
+/// `seqbucket_max_seq` of groups it never looked for); a bucket emptied by a truncate is no
+/// damage, and a new seq goes into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_bucket_or_day_set_is_corrupt_and_a_truncated_day_is_not() {
+    use mailbox_materializer::model::{ScanRequest, StoreError};
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let s = f.store.clone();
+    let all = ScanRequest {
+        after_seq: 0,
+        until_seq: None,
+        limit_groups: 100,
+    };
+    fn corrupt<T>(r: &Result<T, StoreError>) -> bool {
+        matches!(r, Err(StoreError::Corrupt { .. }))
+    }
+
+    let lost = mailbox("u-lost-bucket", 1);
+    let keys = MailboxKeys::new("mm", &lost);
+    for seq in 1..=3 {
+        assert_eq!(
+            s.append(&group(&lost, seq, TODAY0, 1, "a")).await,
+            Ok(AppendOutcome::Inserted)
+        );
+    }
+    let _: i64 = f.cmd(redis::cmd("DEL").arg(keys.day(TODAY0))).await;
+    let inserted = s.append(&group(&lost, 4, TODAY0, 1, "a")).await;
+    assert!(corrupt(&inserted), "{inserted:?}");
+    let exists: i64 = f.cmd(redis::cmd("EXISTS").arg(keys.day(TODAY0))).await;
+    assert_eq!(exists, 0, "the lost bucket was not written anew");
+
+    let no_days = mailbox("u-lost-days", 1);
+    let keys = MailboxKeys::new("mm", &no_days);
+    for seq in 1..=3 {
+        s.append(&group(&no_days, seq, TODAY0, 1, "a"))
+            .await
+            .expect("append");
+    }
+    let _: i64 = f.cmd(redis::cmd("DEL").arg(&keys.days)).await;
+    let scanned = s.range_scan(&no_days, all).await;
+    assert!(corrupt(&scanned), "{scanned:?}");
+
+    let trimmed = mailbox("u-trimmed-day", 1);
+    for seq in 1..=3 {
+        s.append(&group(&trimmed, seq, TODAY0 - 1, 1, "a"))
+            .await
+            .expect("append");
+    }
+    s.truncate_before(&trimmed, 4).await.expect("truncate");
+    let after_trim = ScanRequest {
+        after_seq: 3,
+        ..all
+    };
+    let page = s.range_scan(&trimmed, after_trim).await.expect("no damage");
+    assert!(page.groups.is_empty());
+    assert_eq!(
+        s.append(&group(&trimmed, 4, TODAY0 - 1, 1, "a")).await,
+        Ok(AppendOutcome::Inserted),
+        "a day emptied by a truncate takes new seqs"
+    );
+}

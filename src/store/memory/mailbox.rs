@@ -325,7 +325,7 @@ impl UserState {
                 .map(|p| p.max_seq.take().is_some())
                 .unwrap_or(false),
             // Each identity carries its own expiry here; there is no key TTL to lose.
-            Corruption::LoseIdentityTtl => false,
+            Corruption::LoseIdentityTtl | Corruption::LoseDayEvents(_) => false,
         }
     }
 }

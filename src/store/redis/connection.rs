@@ -138,8 +138,21 @@ impl RedisStore {
 
     /// The connections SCAN must walk: the one server, or every master of the cluster.
     pub(super) async fn scan_targets(&self) -> Result<Vec<Connection>, StoreError> {
+        Ok(self
+            .masters()
+            .await?
+            .into_iter()
+            .map(|(_, connection)| connection)
+            .collect())
+    }
+
+    /// Every master with its address (the configured URL, redacted, for a standalone server).
+    pub(super) async fn masters(&self) -> Result<Vec<(String, Connection)>, StoreError> {
         if !self.settings.cluster {
-            return Ok(vec![self.conn()]);
+            return Ok(vec![(
+                crate::config::redact_url(&self.settings.url),
+                self.conn(),
+            )]);
         }
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
@@ -166,7 +179,7 @@ impl RedisStore {
                 )
                 .await
                 .map_err(classified)?;
-            targets.push(Connection::Single(manager));
+            targets.push((address.to_owned(), Connection::Single(manager)));
         }
         Ok(targets)
     }

@@ -25,6 +25,7 @@ mod append;
 mod batch;
 mod connection;
 mod dump;
+pub mod eviction;
 mod invoke;
 pub mod keys;
 mod patrol;
@@ -208,6 +209,10 @@ impl MailboxStore for RedisStore {
         }
         let mut end = self.scripts.scan_end.prepare_invoke();
         cursor_args(&mut end);
+        // The days read: a bucket that disappeared meanwhile fails the page.
+        for day in &days {
+            end.arg(*day);
+        }
         let reply = self.invoke(end).await?;
         if reply.first().and_then(int) != Some(0) {
             return Err(self.script_error(&reply));

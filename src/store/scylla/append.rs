@@ -196,6 +196,16 @@ impl ScyllaStore {
                 let stored_group = self
                     .read_group(user, generation, bucket, stored(seq), existing_digest)
                     .await?;
+                if let Err(damage) =
+                    rules::check_stored_group(stored_group.is_some(), seq, day, expires_at, now)
+                {
+                    // A replace that committed meanwhile deletes the rows it replaced: only
+                    // an unchanged mailbox proves them lost.
+                    if !self.unchanged_since(user, expected).await? {
+                        return Ok(Attempt::Retry);
+                    }
+                    return Ok(Attempt::Done(Err(damage)));
+                }
                 let same = stores(stored_group.as_ref(), group.created_at, &events);
                 // Different content from an older log position than the mailbox took: a
                 // zombie's late write or a replay of a superseded record (SPEC 7.2). A write that

@@ -257,6 +257,21 @@ impl ScyllaStore {
                                     existing_digest,
                                 )
                                 .await?;
+                            if let Err(damage) = rules::check_stored_group(
+                                stored_group.is_some(),
+                                seq,
+                                day,
+                                self.policy.expires_at(day),
+                                now,
+                            ) {
+                                // Confirmed at the serial read: a replace that committed
+                                // meanwhile deletes the rows it replaced.
+                                if read == ReadAt::Quorum {
+                                    return Ok(Attempt::Retry);
+                                }
+                                answers.push(Err(damage));
+                                break;
+                            }
                             let mut events: Vec<&Event> = group.events.iter().collect();
                             events.sort_by_key(|e| e.event_ordinal);
                             stores(stored_group.as_ref(), group.created_at, &events)

@@ -1,0 +1,166 @@
+//! Redis must not evict the mailboxes' keys (SPEC 5 as amended).
+//!
+//! Under any `maxmemory-policy` but `noeviction` Redis deletes keys on its own once `maxmemory`
+//! is reached, and a mailbox that lost a key has lost groups (the scripts then fail it closed,
+//! but the groups are gone until a repair). Several managed Redis offerings default to an
+//! evicting policy. So the policy of every master is read (`CONFIG GET maxmemory-policy`, or
+//! `INFO memory` where `CONFIG` is not granted) and [`verdict`] decides, in one place, for the
+//! daemon's start and its periodic re-check, every command that writes, and `check-config
+//! --connect`: anything but `noeviction` is refused unless `store.redis.allow_eviction = true`,
+//! which turns the refusal into a warning (and `materializer_store_evicting` 1).
+
+use super::*;
+
+/// One master's policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePolicy {
+    /// The master's address (the redacted URL of a standalone server).
+    pub node: String,
+    pub policy: String,
+}
+
+/// The policy that never evicts.
+pub const NO_EVICTION: &str = "noeviction";
+
+/// What the masters' policies mean for the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every master is `noeviction`.
+    Safe { masters: usize },
+    /// A master evicts, and `store.redis.allow_eviction` accepts it: the warning to log.
+    Allowed(String),
+    /// A master evicts: the refusal, naming the policy, the master and the fix.
+    Refused(String),
+}
+
+impl Verdict {
+    /// Whether a master may evict keys (refused or allowed).
+    pub fn evicting(&self) -> bool {
+        !matches!(self, Self::Safe { .. })
+    }
+}
+
+/// The one decision on the masters' policies.
+pub fn verdict(policies: &[NodePolicy], allow_eviction: bool) -> Verdict {
+    let evicting: Vec<&NodePolicy> = policies
+        .iter()
+        .filter(|p| !p.policy.eq_ignore_ascii_case(NO_EVICTION))
+        .collect();
+    if evicting.is_empty() {
+        return Verdict::Safe {
+            masters: policies.len(),
+        };
+    }
+    let which = evicting
+        .iter()
+        .map(|p| format!("maxmemory-policy {} on {}", p.policy, p.node))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if allow_eviction {
+        Verdict::Allowed(format!(
+            "Redis evicts keys ({which}) and store.redis.allow_eviction = true accepts it: a mailbox that loses a key to eviction fails closed (corrupt) and must be rebuilt with replay --reset-mailboxes"
+        ))
+    } else {
+        Verdict::Refused(format!(
+            "Redis evicts keys ({which}): an evicted key silently takes mailbox groups with it; set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction and in redis.conf, or the managed service's parameter), or set store.redis.allow_eviction = true to run anyway"
+        ))
+    }
+}
+
+impl RedisStore {
+    /// The `maxmemory-policy` of every master.
+    pub async fn eviction_policies(&self) -> Result<Vec<NodePolicy>, StoreError> {
+        let mut policies = Vec::new();
+        for (node, mut connection) in self.masters().await? {
+            let policy = policy_of(&mut connection).await?;
+            policies.push(NodePolicy { node, policy });
+        }
+        Ok(policies)
+    }
+}
+
+/// `CONFIG GET maxmemory-policy`, falling back to `INFO memory` (a user without `CONFIG`, a
+/// managed service that renames it).
+async fn policy_of(connection: &mut Connection) -> Result<String, StoreError> {
+    let config: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(connection)
+        .await;
+    if let Ok(reply) = &config {
+        if let Some(policy) = reply.get(1) {
+            return Ok(policy.clone());
+        }
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(connection)
+        .await
+        .map_err(classified)?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+        .map(|p| p.trim().to_owned())
+        .ok_or_else(|| StoreError::Unavailable {
+            backend: BACKEND,
+            detail: format!(
+                "neither CONFIG GET maxmemory-policy ({}) nor INFO memory tells the eviction policy",
+                config.err().map_or_else(|| "no value".to_owned(), |e| e.to_string())
+            ),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(node: &str, policy: &str) -> NodePolicy {
+        NodePolicy {
+            node: node.to_owned(),
+            policy: policy.to_owned(),
+        }
+    }
+
+    #[test]
+    fn only_noeviction_everywhere_is_safe() {
+        let all = [node("a:1", "noeviction"), node("b:1", "noeviction")];
+        assert_eq!(verdict(&all, false), Verdict::Safe { masters: 2 });
+        assert_eq!(verdict(&all, true), Verdict::Safe { masters: 2 });
+    }
+
+    /// One evicting master of three is enough to refuse, and the refusal names it, its policy
+    /// and the fix; the override turns it into a warning.
+    #[test]
+    fn one_evicting_master_is_refused_unless_allowed() {
+        let masters = [
+            node("a:1", "noeviction"),
+            node("b:1", "allkeys-lru"),
+            node("c:1", "noeviction"),
+        ];
+        let Verdict::Refused(text) = verdict(&masters, false) else {
+            panic!("not refused");
+        };
+        assert!(
+            text.contains("maxmemory-policy allkeys-lru on b:1"),
+            "{text}"
+        );
+        assert!(!text.contains("a:1"), "{text}");
+        assert!(
+            text.contains("noeviction") && text.contains("allow_eviction"),
+            "{text}"
+        );
+        let allowed = verdict(&masters, true);
+        assert!(matches!(&allowed, Verdict::Allowed(t) if t.contains("allkeys-lru on b:1")));
+        assert!(allowed.evicting());
+        for policy in [
+            "volatile-lru",
+            "allkeys-lfu",
+            "volatile-ttl",
+            "allkeys-random",
+        ] {
+            assert!(
+                verdict(&[node("a:1", policy)], false).evicting(),
+                "{policy}"
+            );
+        }
+    }
+}
