@@ -284,6 +284,8 @@ fn zero_counters() {
         counter!(REPLAY_RECORDS_TOTAL, "outcome" => *outcome).absolute(0);
     }
     counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).absolute(0);
+    // Only a Redis store can evict; every other store exports 0 from the start.
+    gauge!(STORE_EVICTING).set(0.0);
 }
 
 /// The in-flight byte budget (`kafka.max_in_flight_bytes`), beside [`in_flight_bytes`].
