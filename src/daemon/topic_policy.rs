@@ -82,7 +82,9 @@ pub enum PolicyError {
         topic: String,
         code: RDKafkaErrorCode,
     },
-    #[error("the broker described topic {topic} without a {CLEANUP_POLICY}")]
+    #[error(
+        "the broker described topic {topic} without a {CLEANUP_POLICY} (does the topic exist?)"
+    )]
     Missing { topic: String },
 }
 

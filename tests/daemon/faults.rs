@@ -81,3 +81,84 @@ async fn a_slow_store_makes_the_daemon_not_ready_and_dead_letters_nothing() {
         "the timeouts were counted"
     );
 }
+
+/// SPEC 7, error classes: a server that keeps losing its scripts (`SCRIPT FLUSH` in a loop,
+/// as a restart or an operator's flush would, between a batch's NOSCRIPT and its resend) during
+/// a catch-up costs retries, never a dead letter: a valid record is never refused for the
+/// server's state, whether it came alone or in a batch. Every outcome, every dead letter and
+/// the final state equal the reference's.
+#[tokio::test(flavor = "multi_thread")]
+async fn scripts_flushed_in_a_loop_during_a_catch_up_dead_letter_nothing_extra() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("noscript", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(60, 10, 23);
+    let offsets = produce(&setup.topic, &records).await;
+    let reference = reference(&records, &offsets).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flushes = Arc::new(AtomicU64::new(0));
+    let flusher = {
+        let (stop, flushes) = (stop.clone(), flushes.clone());
+        let socket = redis.socket();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut s) = std::os::unix::net::UnixStream::connect(&socket) {
+                    let mut reply = [0u8; 64];
+                    if s.write_all(b"SCRIPT FLUSH\r\n").is_ok() && s.read(&mut reply).is_ok() {
+                        flushes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        })
+    };
+    let daemon = Daemon::start(&setup);
+    let total = records.len() as f64;
+    wait_for(
+        "every record final",
+        Duration::from_secs(120),
+        || daemon.metrics().sum("materializer_records_total") >= total,
+        || daemon.log(),
+    );
+    stop.store(true, Ordering::Relaxed);
+    flusher.join().expect("flusher");
+    assert!(
+        flushes.load(Ordering::Relaxed) > 10,
+        "the scripts were flushed"
+    );
+
+    let metrics = daemon.metrics();
+    assert_eq!(
+        metrics.get("materializer_store_errors_total{backend=\"redis\",kind=\"store_refused\"}"),
+        0.0,
+        "nothing refused for the server's state"
+    );
+    for (word, count) in &reference.groups {
+        assert_eq!(
+            metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}")),
+            *count as f64,
+            "groups_total{{outcome={word}}}"
+        );
+    }
+    for (word, count) in &reference.records {
+        assert_eq!(
+            metrics.get(&format!("materializer_records_total{{outcome=\"{word}\"}}")),
+            *count as f64,
+            "records_total{{outcome={word}}}"
+        );
+    }
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(60));
+    assert_eq!(
+        read_all(&setup.dlq_topic).len(),
+        reference.dead_letters.len(),
+        "only the reference's dead letters"
+    );
+    assert_same_state(&reference, &redis_store(&redis.url()).await).await;
+}

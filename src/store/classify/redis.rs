@@ -133,6 +133,15 @@ pub(crate) fn unexpected_reply(detail: String) -> StoreError {
     refused(BACKEND, format!("unexpected script reply: {detail}"))
 }
 
+/// A batch whose command found no script even after the scripts were loaded again (a `SCRIPT
+/// FLUSH` or a restart between the load and the resend), or whose pipeline answered fewer
+/// replies than it sent: the server's state, never the record's, so transient — whether the
+/// record came alone or in a batch (SPEC 7: no outcome depends on batching). Nothing of such
+/// a command ran; the retry is an idempotent replay.
+pub(crate) fn lost_in_flight(detail: &str) -> StoreError {
+    transient(BACKEND, detail.to_owned())
+}
+
 /// A write that fewer replicas acknowledged (`WAIT`) than `store.redis.wait_replicas` asks for:
 /// transient. The write may or may not survive a failover, so it never counts as final; the
 /// retry is an idempotent replay.

@@ -355,8 +355,8 @@ impl RedisStore {
                 (
                     i,
                     answers.unwrap_or_else(|| {
-                        vec![Err(protocol(
-                            "the script is still missing after loading it",
+                        vec![Err(crate::store::classify::redis::lost_in_flight(
+                            "NOSCRIPT: the script is still missing after loading it (flushed again?)",
                         ))]
                     }),
                 )
@@ -421,7 +421,9 @@ impl RedisStore {
                 (Some(Ok(Value::Array(items))), run) => Some(self.append_run_reply(items, run)),
                 (Some(Ok(other)), _) => Some(vec![Err(protocol(format!("{other:?}")))]),
                 (Some(Err(e)), _) => Some(vec![Err(classified(e))]),
-                (None, _) => Some(vec![Err(protocol("a pipeline reply is missing"))]),
+                (None, _) => Some(vec![Err(crate::store::classify::redis::lost_in_flight(
+                    "a pipeline reply is missing",
+                ))]),
             };
             answered.push((*i, answers));
         }
