@@ -251,7 +251,9 @@ fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
     // Lose the victim's identity index: its next append must fail closed (index_lost).
-    corrupt_victim_blocks_only_itself("corrupt", "mm:mbseqbucket:{victim}:1").await;
+    // Its groups stay readable: the buckets are whole.
+    corrupt_victim_blocks_only_itself("corrupt", "mm:mbseqbucket:{victim}:1", Some(vec![1, 2]))
+        .await;
 }
 
 /// SPEC 4.2 step 8 (amended): a day bucket deleted under a live proof (an evicting Redis, a
@@ -260,12 +262,15 @@ async fn corrupt_mailbox_blocks_only_itself_and_replay_heals_it_live() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_day_bucket_blocks_only_its_mailbox_and_replay_heals_it_live() {
     let today = support::reference::now_ms() / 86_400_000;
-    corrupt_victim_blocks_only_itself("lost-day", &format!("mm:mbday:{{victim}}:1:{today}")).await;
+    // A scan of it fails closed too: its page would miss groups it claims.
+    corrupt_victim_blocks_only_itself("lost-day", &format!("mm:mbday:{{victim}}:1:{today}"), None)
+        .await;
 }
 
 /// The victim gets seqs 1 and 2, `damage` (a key of it) is deleted, then its seq 3 must block it
-/// alone until `replay --reset-mailboxes` rebuilds it while the daemon runs.
-async fn corrupt_victim_blocks_only_itself(name: &str, damage: &str) {
+/// alone until `replay --reset-mailboxes` rebuilds it while the daemon runs. `readable`: what a
+/// scan of the blocked victim answers (`None`: corrupt).
+async fn corrupt_victim_blocks_only_itself(name: &str, damage: &str, readable: Option<Vec<u64>>) {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new(name, Some(redis.url()));
     create_topic(&setup.topic, 1).await;
@@ -316,7 +321,39 @@ async fn corrupt_victim_blocks_only_itself(name: &str, damage: &str) {
         },
         || daemon.metrics().text,
     );
-    assert_eq!(scan_seqs(&store, "victim").await, vec![1, 2]);
+    let victim = mailbox_materializer::model::MailboxId::new(
+        mailbox_materializer::model::UserId::parse("victim").expect("user"),
+        1,
+    );
+    let scanned = mailbox_materializer::store::MailboxStore::range_scan(
+        &store,
+        &victim,
+        mailbox_materializer::model::ScanRequest {
+            after_seq: 0,
+            until_seq: None,
+            limit_groups: 100,
+        },
+    )
+    .await;
+    match &readable {
+        Some(seqs) => assert_eq!(
+            scanned
+                .map(|page| page
+                    .groups
+                    .iter()
+                    .map(|g| g.mailbox_seq)
+                    .collect::<Vec<_>>())
+                .ok(),
+            Some(seqs.clone())
+        ),
+        None => assert!(
+            matches!(
+                scanned,
+                Err(mailbox_materializer::model::StoreError::Corrupt { .. })
+            ),
+            "{scanned:?}"
+        ),
+    }
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         committed(&setup.group, &setup.topic, 1),
