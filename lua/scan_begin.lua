@@ -15,12 +15,11 @@
   true min_day to max_day), or ERR_EPOCH_MISMATCH current, ERR_UNSUPPORTED_FORMAT found,
   ERR_BAD_PROOF detail, ERR_CURSOR_TRIMMED user_trim_seq, ERR_CURSOR_GAP boundary.
 
-  A live day whose bucket is gone while its proof covers live groups is ERR_BAD_PROOF
-  (`check_buckets_present`), and so is an empty day set while the meta proves a live day (read
-  only when the day set is empty): a page must never claim coverage of groups that were not read.
+  An empty day set while the meta proves a live day is ERR_BAD_PROOF (read only when the day set
+  is empty): a page must never claim coverage of groups that were not read. A lost bucket is
+  found by scan_end.lua, among the days whose read came back empty.
 
-  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set, one
-  EXISTS of every active day's bucket.
+  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local current = redis.call('GET', epoch_key)
@@ -58,8 +57,6 @@ if #days == 0 then
     end
   end
 end
-err = check_buckets_present(m, KEYS[5], days)
-if err then return err end
 local reply = {0, m.seqbucket_max}
 for _, day in ipairs(days) do reply[#reply + 1] = day end
 return reply

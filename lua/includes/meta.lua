@@ -109,7 +109,7 @@ end
 -- has its bucket, else the ERR_BAD_PROOF reply naming the first that lost it. A day whose bucket
 -- is gone while its proof covers a seq at or above the trim lost its groups (an evicting Redis, a
 -- stray DEL, a partial restore); a day wholly below the trim may be empty (truncate removed its
--- members, and Redis deletes an empty sorted set). One EXISTS of every bucket on the common path.
+-- members, and Redis deletes an empty sorted set). One EXISTS of the days asked about.
 local function check_buckets_present(m, day_prefix, days)
   if #days == 0 then return nil end
   local keys = {}

@@ -201,7 +201,7 @@ impl MailboxStore for RedisStore {
             .filter_map(int)
             .map(|d| d as u64)
             .collect();
-        let (mut groups, covered) = self.read_days(&keys, &days, &request).await?;
+        let (mut groups, covered, empty_days) = self.read_days(&keys, &days, &request).await?;
 
         let hook = lock(&self.after_scan_read).clone();
         if let Some(hook) = hook {
@@ -209,8 +209,8 @@ impl MailboxStore for RedisStore {
         }
         let mut end = self.scripts.scan_end.prepare_invoke();
         cursor_args(&mut end);
-        // The days read: a bucket that disappeared meanwhile fails the page.
-        for day in &days {
+        // The days whose read found nothing: a lost bucket reads as empty, and fails the page.
+        for day in &empty_days {
             end.arg(*day);
         }
         let reply = self.invoke(end).await?;

@@ -3,7 +3,9 @@
 use super::*;
 
 impl RedisStore {
-    /// Reads the groups of every active day with seqs in `(after, until]` (SPEC 4.4 step 6).
+    /// Reads the groups of every active day with seqs in `(after, until]` (SPEC 4.4 step 6),
+    /// and names the days whose read found nothing: their buckets may be gone (SPEC 4.4 step 7,
+    /// checked by `scan_end.lua`), while a day that answered members had its bucket when read.
     ///
     /// Each day is read with `ZRANGE BYSCORE ... LIMIT` so a page's memory stays bounded. A day
     /// whose read was cut by the limit is complete only below its last seq; the page then covers
@@ -13,10 +15,11 @@ impl RedisStore {
         keys: &MailboxKeys,
         days: &[u64],
         request: &ScanRequest,
-    ) -> Result<(BTreeMap<u64, ScannedGroup>, Option<u64>), StoreError> {
+    ) -> Result<(BTreeMap<u64, ScannedGroup>, Option<u64>, Vec<u64>), StoreError> {
         let chunk = (request.limit_groups as usize).saturating_mul(4).max(64);
         let mut groups: BTreeMap<u64, (u64, Vec<Event>)> = BTreeMap::new();
         let mut covered: Option<u64> = None;
+        let mut empty_days = Vec::new();
         let max = request
             .until_seq
             .map_or_else(|| "+inf".to_owned(), |u| u.to_string());
@@ -39,6 +42,9 @@ impl RedisStore {
                 .map_err(classified)?;
             let mut again = Vec::new();
             for ((day, count), members) in pending.iter().zip(replies) {
+                if members.is_empty() {
+                    empty_days.push(*day);
+                }
                 let truncated = members.len() >= *count;
                 let mut parsed = Vec::with_capacity(members.len());
                 for member in &members {
@@ -102,6 +108,6 @@ impl RedisStore {
                 )
             })
             .collect();
-        Ok((groups, covered))
+        Ok((groups, covered, empty_days))
     }
 }
