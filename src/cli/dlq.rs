@@ -464,6 +464,9 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
                             continue;
                         }
                         Err(Original::Unreadable(e)) => {
+                            // The run stops here, and its progress stays before this letter:
+                            // a rerun once the source is readable re-drives it.
+                            at.hold.get_or_insert(letter.offset);
                             failure = Some((0, e, ExitCode::from(EXIT_UNAVAILABLE)));
                             continue;
                         }

@@ -178,3 +178,79 @@ fn wrong_arguments_are_refused_before_anything_is_read() {
     let out = run_materializer(&["dlq", "redrive", "--limit", "3"], None);
     assert_eq!(out.status.code(), Some(2), "redrive takes no --limit");
 }
+
+/// A truncated letter (an excerpt: the record is re-read from its source) whose source cannot be
+/// read — its topic is gone for now — stops the re-drive with exit 2 and commits nothing past
+/// it; once the source is back, a rerun re-drives it, and a third run finds nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_truncated_letter_is_never_committed_past() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("dlq-unreadable", Some(redis.url()));
+    create_topic(&setup.dlq_topic, 1).await;
+    let record = numbered_dispatches(&unique("src"), 1, now_ms());
+    let record = record.lines().next().expect("one record").to_owned();
+
+    // The letter a daemon writes for a record too large to carry whole: an excerpt, and the
+    // source's coordinates. The source topic does not exist yet.
+    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", support::kafka::bootstrap())
+        .create()
+        .expect("producer");
+    let headers = [
+        ("error_outcome", "rejected"),
+        ("error_kind", "future_created_at"),
+        ("error_detail", "created_at beyond the future window"),
+        ("source_topic", setup.topic.as_str()),
+        ("source_partition", "0"),
+        ("source_offset", "0"),
+        ("dlq_truncated", "true"),
+    ]
+    .iter()
+    .fold(OwnedHeaders::new(), |h, (key, value)| {
+        h.insert(Header {
+            key,
+            value: Some(*value),
+        })
+    });
+    producer
+        .send(
+            FutureRecord::<(), _>::to(&setup.dlq_topic)
+                .partition(0)
+                .payload(&record.as_bytes()[..20])
+                .headers(headers),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("letter produced");
+
+    let config = setup.config_file(free_port());
+    let group = format!("{}-dlq-redrive-all", setup.group);
+    let (out, _) = dlq(&config, &["redrive"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("its source could not be read"),
+        "{}",
+        stderr(&out)
+    );
+    let progress = support::kafka::committed(&group, &setup.dlq_topic, 1);
+    assert!(
+        progress[0] <= 0,
+        "committed past the unreadable letter: {progress:?}"
+    );
+
+    // The source is back: the rerun re-drives the letter.
+    create_topic(&setup.topic, 1).await;
+    produce(&setup.topic, &[(0, record.as_bytes().to_vec())]).await;
+    let (out, lines) = dlq(&config, &["redrive"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["result"], "applied", "{lines:?}");
+    assert_eq!(support::kafka::committed(&group, &setup.dlq_topic, 1), [1]);
+    let (out, lines) = dlq(&config, &["redrive"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(lines.is_empty(), "{lines:?}");
+}
