@@ -172,7 +172,7 @@ async fn fingerprint(url: &str) -> Vec<(String, Vec<u8>, i64)> {
         .expect("dump")
 }
 
-/// The scenario: 100 records of `cx` applied by the daemon, 99 of them compacted away;
+/// An operator's compacted topic: 100 records of `cx` applied by the daemon, 99 compacted away;
 /// the repair is refused with the policy named, nothing touched, check-config FAILs, the daemon
 /// says so, and a replay without reset still works and counts the offsets left empty.
 #[tokio::test(flavor = "multi_thread")]

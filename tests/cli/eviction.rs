@@ -228,7 +228,7 @@ async fn a_policy_changed_at_run_time_turns_the_daemon_not_ready() {
     assert_eq!(daemon.metrics().get("materializer_store_evicting"), 0.0);
 }
 
-/// The run: 300 users x 40 seqs into a Redis of 3 MB that evicts (allowed), under
+/// An evicting run: 300 users x 40 seqs into a Redis of 3 MB that evicts (allowed), under
 /// `volatile-lru` (only keys with an expiry go: day buckets and identity indexes, never the
 /// epoch, meta or day set) and under `allkeys-lru` (any key).
 ///
