@@ -307,8 +307,7 @@ local bucket_expiry_set = known and known.bucket_expiry[day_key] == expires_text
 if had_proof and not bucket_expiry_set then
   local alive = redis.call('EXPIREAT', day_key, expires_text) == 1
   if not alive and not seq_less(m.extra, m.trim) then
-    return refused({ERR_BAD_PROOF, 'day ' .. day_text .. ': its bucket is missing although ' ..
-      'the meta proves groups up to seq ' .. m.extra .. ' there (evicted, deleted or not restored)'})
+    return refused(lost_bucket(day_text, m.extra))
   end
   bucket_expiry_set = alive
   if known and alive then known.bucket_expiry[day_key] = expires_text end

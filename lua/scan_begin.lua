@@ -44,17 +44,10 @@ if #days == 0 then
   -- An empty day set is the rare path (a mailbox without live days): make sure the meta proves
   -- no live day either, or the page would claim coverage up to seqbucket_max_seq of groups it
   -- never looked for (a lost day set).
-  local fields = redis.call('HGETALL', meta_key)
-  local proofs = {}
-  for i = 1, #fields, 2 do proofs[fields[i]] = fields[i + 1] end
-  for field, expires_at in pairs(proofs) do
-    local day = string.match(field, '^bucket_expires_at:(%d+)$')
-    local max_seq = day and proofs['bucket_max_seq:' .. day]
-    if max_seq and is_seq(max_seq) and not seq_less(max_seq, m.trim)
-        and string.match(expires_at, '^%d+$') and seq_less(now, expires_at) then
-      return {ERR_BAD_PROOF, 'the day set is missing although the meta proves groups up to seq ' ..
-        max_seq .. ' on live day ' .. day .. ' (evicted, deleted or not restored)'}
-    end
+  local day, max_seq = live_proof(m, now)
+  if day then
+    return {ERR_BAD_PROOF, 'the day set is missing although the meta proves groups up to seq ' ..
+      max_seq .. ' on live day ' .. day .. ' (evicted, deleted or not restored)'}
   end
 end
 local reply = {0, m.seqbucket_max}

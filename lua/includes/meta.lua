@@ -105,6 +105,30 @@ local function identity_expiry(seqbucket_key)
   return expiry
 end
 
+-- The ERR_BAD_PROOF reply for a live day whose bucket is gone while its proof (`max_seq`)
+-- covers groups there: the one text of the scan's and the append's check.
+local function lost_bucket(day, max_seq)
+  return {-14 --[[bad_proof]], 'day ' .. day .. ': its bucket is missing although the meta ' ..
+    'proves groups up to seq ' .. max_seq .. ' there (evicted, deleted or not restored)'}
+end
+
+-- The first day whose proofs in the meta say it holds live groups (not expired at `now`, a seq
+-- at or above the trim), with that seq, or nil: read with one HGETALL, for the rare paths that
+-- must know whether the meta proves anything (an index or a day set that is not there).
+local function live_proof(m, now)
+  local fields = redis.call('HGETALL', m.key)
+  local proofs = {}
+  for i = 1, #fields, 2 do proofs[fields[i]] = fields[i + 1] end
+  for field, value in pairs(proofs) do
+    local day = string.match(field, '^bucket_expires_at:(%d+)$')
+    if day and (tonumber(value) or 0) > tonumber(now) then
+      local max_seq = proofs['bucket_max_seq:' .. day]
+      if is_seq(max_seq) and not seq_less(max_seq, m.trim) then return day, max_seq end
+    end
+  end
+  return nil
+end
+
 -- SPEC 4.4 step 7 (amended): nil when every live day of `days` (the day set after promote) still
 -- has its bucket, else the ERR_BAD_PROOF reply naming the first that lost it. A day whose bucket
 -- is gone while its proof covers a seq at or above the trim lost its groups (an evicting Redis, a
@@ -118,10 +142,7 @@ local function check_buckets_present(m, day_prefix, days)
   for i, day in ipairs(days) do
     if redis.call('EXISTS', keys[i]) == 0 then
       local proof = redis.call('HGET', m.key, 'bucket_max_seq:' .. day)
-      if is_seq(proof) and not seq_less(proof, m.trim) then
-        return {-14 --[[bad_proof]], 'day ' .. day .. ': its bucket is missing although the ' ..
-          'meta proves groups up to seq ' .. proof .. ' there (evicted, deleted or not restored)'}
-      end
+      if is_seq(proof) and not seq_less(proof, m.trim) then return lost_bucket(day, proof) end
     end
   end
   return nil
@@ -135,18 +156,7 @@ local function check_integrity(m, index_exists, now)
   end
   if m.exists and not index_exists then
     -- Rare (a mailbox whose every identity expired or was trimmed, or damage): read the proofs.
-    local fields = redis.call('HGETALL', m.key)
-    local proofs = {}
-    for i = 1, #fields, 2 do proofs[fields[i]] = fields[i + 1] end
-    for field, value in pairs(proofs) do
-      local day = string.match(field, '^bucket_expires_at:(%d+)$')
-      if day and (tonumber(value) or 0) > tonumber(now) then
-        local max_seq = proofs['bucket_max_seq:' .. day]
-        if is_seq(max_seq) and not seq_less(max_seq, m.trim) then
-          return {-11 --[[index_lost]]}
-        end
-      end
-    end
+    if live_proof(m, now) then return {-11 --[[index_lost]]} end
   end
   return nil
 end

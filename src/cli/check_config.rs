@@ -29,6 +29,7 @@ use clap::Args;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
+use rdkafka::types::RDKafkaErrorCode;
 
 use super::open_store;
 use crate::config::{Backend, Config};
@@ -396,11 +397,11 @@ fn topic_check(
             TopicView::Missing => Err(format!(
                 "UnknownTopicOrPartition (Broker: Unknown topic or partition): it does not exist; create it ({consequence})"
             )),
-            TopicView::Error(code) if code.starts_with("TopicAuthorizationFailed") => Err(format!(
-                "{code}: the client may not describe or read it; grant Describe and Read on it ({consequence})"
+            TopicView::Error(code @ RDKafkaErrorCode::TopicAuthorizationFailed) => Err(format!(
+                "{code:?}: {code}: the client may not describe or read it; grant Describe and Read on it ({consequence})"
             )),
             TopicView::Error(code) => Err(format!(
-                "{code}; create it or grant access to it ({consequence})"
+                "{code:?}: {code}; create it or grant access to it ({consequence})"
             )),
             TopicView::Partitions(0) => Err(format!("has no partitions ({consequence})")),
             TopicView::Partitions(n) => Ok(format!("{n} partition(s)")),

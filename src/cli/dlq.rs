@@ -177,13 +177,8 @@ pub(super) async fn run(config: &Config, args: &DlqArgs) -> ExitCode {
         DlqCommand::List(args) => list(config, args).await,
         DlqCommand::Show(args) => show(config, args).await,
         DlqCommand::Redrive(args) => {
-            let opened = match super::open_store_to_write(config).await {
-                Ok((opened, warning)) => {
-                    if let Some(warning) = warning {
-                        eprintln!("warning: {warning}");
-                    }
-                    opened
-                }
+            let opened = match super::open_store_for_command(config).await {
+                Ok(opened) => opened,
                 Err(failure) => return failure.report(),
             };
             let code = redrive(opened.store.clone(), config, args).await;

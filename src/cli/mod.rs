@@ -218,13 +218,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Apply(_) | Command::Truncate(_) | Command::Promote(_) | Command::Patrol(_)
     );
     let opened = if writes {
-        match open_store_to_write(&config).await {
-            Ok((opened, warning)) => {
-                if let Some(warning) = warning {
-                    eprintln!("warning: {warning}");
-                }
-                opened
-            }
+        match open_store_for_command(&config).await {
+            Ok(opened) => opened,
             Err(failure) => return failure.report(),
         }
     } else {
@@ -314,6 +309,16 @@ pub(crate) async fn open_store_to_write(
         Verdict::Allowed(warning) => Ok((opened, Some(warning))),
         Verdict::Refused(refusal) => Err(OpenFailure::Refused(refusal)),
     }
+}
+
+/// [`open_store_to_write`] for a command: the warning of an accepted evicting Redis goes to
+/// stderr.
+pub(crate) async fn open_store_for_command(config: &Config) -> Result<OpenedStore, OpenFailure> {
+    let (opened, warning) = open_store_to_write(config).await?;
+    if let Some(warning) = warning {
+        eprintln!("warning: {warning}");
+    }
+    Ok(opened)
 }
 
 /// Builds the configured backend ([`crate::store::open`]), naming it in `build_info` first so a

@@ -7,7 +7,10 @@ use std::time::Duration;
 use clap::Args;
 use tokio::sync::watch;
 
-use super::{open_store_to_write, print_json, OpenFailure, OpenedStore, EXIT_UNAVAILABLE};
+use super::{
+    open_store_for_command, open_store_to_write, print_json, OpenFailure, OpenedStore,
+    EXIT_UNAVAILABLE,
+};
 use crate::config::{Backend, Config};
 use crate::daemon::http::{self, Health};
 use crate::daemon::replay::{parse_time_ms, ProgressMode, ReplayRequest, ReplayStart};
@@ -227,13 +230,8 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         }
     };
     let opened =
-        match tokio::time::timeout(Duration::from_secs(30), open_store_to_write(config)).await {
-            Ok(Ok((opened, warning))) => {
-                if let Some(warning) = warning {
-                    eprintln!("warning: {warning}");
-                }
-                opened
-            }
+        match tokio::time::timeout(Duration::from_secs(30), open_store_for_command(config)).await {
+            Ok(Ok(opened)) => opened,
             Ok(Err(OpenFailure::Refused(refusal))) => {
                 let summary = daemon::replay::ReplaySummary {
                     partition: args.partition,

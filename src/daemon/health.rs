@@ -155,7 +155,7 @@ pub(crate) enum TopicView {
     /// Not in the metadata, or `UnknownTopicOrPartition`.
     Missing,
     /// Another error for the topic (e.g. `TopicAuthorizationFailed`).
-    Error(String),
+    Error(RDKafkaErrorCode),
     Partitions(usize),
 }
 
@@ -166,7 +166,7 @@ impl TopicView {
         };
         match found.error().map(RDKafkaErrorCode::from) {
             Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Self::Missing,
-            Some(code) => Self::Error(format!("{code:?}: {code}")),
+            Some(code) => Self::Error(code),
             None => Self::Partitions(found.partitions().len()),
         }
     }
@@ -206,7 +206,7 @@ pub(crate) fn subscription(
             "topic {name} does not exist: nothing is consumed; create it or correct kafka.topic (consuming starts within seconds of its creation)"
         )),
         TopicView::Error(code) => failing(format!(
-            "topic {name} cannot be consumed: {code} (check the Read and Describe permissions on it)"
+            "topic {name} cannot be consumed: {code:?}: {code} (check the Read and Describe permissions on it)"
         )),
         TopicView::Partitions(0) => failing(format!(
             "topic {name} has no partitions: nothing is consumed"
@@ -248,9 +248,7 @@ mod tests {
         for (view, words) in [
             (TopicView::Missing, "does not exist"),
             (
-                TopicView::Error(
-                    "TopicAuthorizationFailed: Broker: Topic authorization failed".to_owned(),
-                ),
+                TopicView::Error(RDKafkaErrorCode::TopicAuthorizationFailed),
                 "TopicAuthorizationFailed",
             ),
             (TopicView::Partitions(0), "has no partitions"),

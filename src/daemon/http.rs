@@ -25,16 +25,40 @@ pub struct Health {
     /// When a store write last failed transiently (ms since the Unix epoch; 0: never). A store
     /// that answers pings but refuses writes (too few replica acknowledgements) is not ready.
     write_failed_at_ms: std::sync::atomic::AtomicU64,
-    /// True while the subscribed topic cannot be consumed (missing, unauthorized, without
-    /// partitions) or no assignment arrived in time (`health::subscription`).
-    subscription_failing: AtomicBool,
-    /// The `subscription:` line of `/readyz` when it is not plain `ok`: the problem, or why a
-    /// ready replica is idle.
-    subscription_line: std::sync::Mutex<Option<String>>,
-    /// True while a Redis master evicts keys without `store.redis.allow_eviction`.
-    store_policy_failing: AtomicBool,
-    /// The `store policy:` line when it is not plain `ok`.
-    store_policy_line: std::sync::Mutex<Option<String>>,
+    /// Failing while the subscribed topic cannot be consumed (missing, unauthorized, without
+    /// partitions) or no assignment arrived in time (`health::subscription`); its line also says
+    /// why a ready replica is idle.
+    subscription: Condition,
+    /// Failing while a Redis master evicts keys without `store.redis.allow_eviction`
+    /// (`health::watch_eviction`).
+    store_policy: Condition,
+}
+
+/// A readiness condition that a probe decides as a whole: whether it fails, and its `/readyz`
+/// line when that is not plain `ok` (the problem, or a note on a condition that holds).
+#[derive(Debug, Default)]
+struct Condition {
+    failing: AtomicBool,
+    line: std::sync::Mutex<Option<String>>,
+}
+
+impl Condition {
+    fn set(&self, failing: bool, line: Option<String>) {
+        self.failing.store(failing, Ordering::Relaxed);
+        *self.line.lock().unwrap_or_else(|p| p.into_inner()) = line;
+    }
+
+    fn failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
+    fn line(&self) -> String {
+        self.line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "ok".to_owned())
+    }
 }
 
 /// How long after a transient write failure the store counts as not ready.
@@ -72,21 +96,13 @@ impl Health {
     /// The subscription's state: `failing` turns readiness false; `line` (the problem, or a
     /// note such as idle) replaces `ok` on `/readyz`.
     pub(crate) fn set_subscription(&self, failing: bool, line: Option<String>) {
-        self.subscription_failing.store(failing, Ordering::Relaxed);
-        *self
-            .subscription_line
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = line;
+        self.subscription.set(failing, line);
         super::metrics::ready(self.ready());
     }
 
     /// The store's eviction policy as the periodic re-check found it (`health::watch_eviction`).
     pub(crate) fn set_store_policy(&self, failing: bool, line: Option<String>) {
-        self.store_policy_failing.store(failing, Ordering::Relaxed);
-        *self
-            .store_policy_line
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = line;
+        self.store_policy.set(failing, line);
         super::metrics::ready(self.ready());
     }
 
@@ -115,23 +131,13 @@ impl Health {
         let recent_write_failure = now_ms()
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
-        let subscription = self
-            .subscription_line
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| "ok".to_owned());
-        let store_policy = self
-            .store_policy_line
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| "ok".to_owned());
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {store_policy}\nbroker: {}\nsubscription: {subscription}\npartitions: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nbroker: {}\nsubscription: {}\npartitions: {}\ndead letters: {}\n",
             word(self.store_ok(), "unreachable"),
             word(!recent_write_failure, "failing"),
+            self.store_policy.line(),
             word(self.broker_ok(), "unreachable"),
+            self.subscription.line(),
             word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
             word(
                 !self.dead_letters_failing.load(Ordering::Relaxed),
@@ -149,8 +155,8 @@ impl Health {
             && !self.consumer_stalled.load(Ordering::Relaxed)
             && !self.dead_letters_failing.load(Ordering::Relaxed)
             && !recent_write_failure
-            && !self.subscription_failing.load(Ordering::Relaxed)
-            && !self.store_policy_failing.load(Ordering::Relaxed)
+            && !self.subscription.failing()
+            && !self.store_policy.failing()
     }
 }
 

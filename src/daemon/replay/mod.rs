@@ -224,18 +224,8 @@ pub async fn replay(
             return summary;
         }
     };
-    if request.reset_mailboxes {
-        match compaction_refusal(config).await {
-            Ok(None) => {}
-            Ok(Some(refusal)) => {
-                summary.refused = Some(refusal);
-                return summary;
-            }
-            Err(reason) => {
-                summary.abort(reason, true);
-                return summary;
-            }
-        }
+    if request.reset_mailboxes && !keeps_every_record(config, &mut summary).await {
+        return summary;
     }
     let range = match clients.resolve(request).await {
         Ok(Ok(range)) => range,
@@ -432,20 +422,11 @@ pub async fn replay(
     }
     // The policy again: a topic turned compacted while the range was read may have lost records
     // of it. Nothing is swapped then.
-    let refused = match compaction_refusal(config).await {
-        Ok(None) => None,
-        Ok(Some(refusal)) => Some((Some(refusal), None)),
-        Err(reason) => Some((None, Some(reason))),
-    };
-    if let Some((refusal, unreachable)) = refused {
+    if !keeps_every_record(config, &mut summary).await {
         if let Some(renewal) = renewal.take() {
             renewal.stop();
         }
         abort_all(store.as_ref(), &tokens).await;
-        summary.refused = refusal;
-        if let Some(reason) = unreachable {
-            summary.abort(reason, true);
-        }
         return summary;
     }
     if let Some(reason) = renewal.as_ref().and_then(Renewal::is_lost) {
@@ -489,25 +470,30 @@ pub async fn replay(
 }
 
 /// SPEC 7.1: a repair rebuilds a mailbox from the whole history in the log, which a compacted
-/// topic no longer holds. `Ok(Some)` refuses (`compacted_topic`, or `topic_policy_unknown` when
-/// the broker refuses to describe the topic: a policy that cannot be read is never taken as
-/// safe); `Err` is a broker that did not answer (retry).
-async fn compaction_refusal(config: &Config) -> Result<Option<Refusal>, String> {
+/// topic no longer holds. True when the topic keeps every record; otherwise `summary` says why
+/// the repair stops: refused (`compacted_topic`, or `topic_policy_unknown` when the broker
+/// refuses to describe the topic: a policy that cannot be read is never taken as safe), or
+/// aborted for a retry when the broker did not answer.
+async fn keeps_every_record(config: &Config, summary: &mut ReplaySummary) -> bool {
     let topic = config.kafka.topic.as_str();
     match topic_policy::read(&config.kafka, topic, POLICY_TIMEOUT).await {
-        Ok(policy) if policy.is_compacted() => Ok(Some(Refusal {
-            reason: "compacted_topic",
-            detail: policy.consequence(topic),
-        })),
-        Ok(_) => Ok(None),
-        Err(e) if e.is_transient() => Err(format!("kafka: {e}")),
-        Err(e) => Ok(Some(Refusal {
-            reason: "topic_policy_unknown",
-            detail: format!(
-                "{e}; a repair must know that the topic keeps every record (is not compacted) before it touches a mailbox"
-            ),
-        })),
+        Ok(policy) if policy.is_compacted() => {
+            summary.refuse("compacted_topic", policy.consequence(topic));
+        }
+        Ok(_) => return true,
+        Err(e) if e.is_transient() => {
+            summary.abort(format!("kafka: {e}"), true);
+        }
+        Err(e) => {
+            summary.refuse(
+                "topic_policy_unknown",
+                format!(
+                    "{e}; a repair must know that the topic keeps every record (is not compacted) before it touches a mailbox"
+                ),
+            );
+        }
     }
+    false
 }
 
 /// The detail of a `user_not_in_range` refusal.
