@@ -164,6 +164,18 @@ fn replay(setup: &DaemonSetup, args: &[&str]) -> (std::process::Output, serde_js
     )
 }
 
+/// `replay --reset-mailboxes` of `USER` from offset 0, then `extra`.
+fn repair(setup: &DaemonSetup, extra: &[&str]) -> (std::process::Output, serde_json::Value) {
+    replay(
+        setup,
+        &[
+            &["--from-offset", "0", "--user", USER, "--reset-mailboxes"],
+            extra,
+        ]
+        .concat(),
+    )
+}
+
 async fn fingerprint(url: &str) -> Vec<(String, Vec<u8>, i64)> {
     redis_store(url)
         .await
@@ -212,10 +224,7 @@ async fn a_repair_on_a_compacted_topic_whose_cleaner_ran_is_refused_and_touches_
     );
 
     let before = fingerprint(&redis.url()).await;
-    let (out, summary) = replay(
-        &setup,
-        &["--from-offset", "0", "--user", USER, "--reset-mailboxes"],
-    );
+    let (out, summary) = repair(&setup, &[]);
     assert_eq!(out.status.code(), Some(1), "{summary}");
     assert_eq!(summary["refused"]["reason"], "compacted_topic", "{summary}");
     let detail = summary["refused"]["detail"].as_str().unwrap_or_default();
@@ -231,18 +240,7 @@ async fn a_repair_on_a_compacted_topic_whose_cleaner_ran_is_refused_and_touches_
     );
     assert_eq!(scan_seqs(&store, USER).await.len(), HISTORY as usize);
     // Nothing to override it with: --allow-partial-history and --allow-empty do not apply.
-    let (out, summary) = replay(
-        &setup,
-        &[
-            "--from-offset",
-            "0",
-            "--user",
-            USER,
-            "--reset-mailboxes",
-            "--allow-partial-history",
-            "--allow-empty",
-        ],
-    );
+    let (out, summary) = repair(&setup, &["--allow-partial-history", "--allow-empty"]);
     assert_eq!(out.status.code(), Some(1), "{summary}");
     assert_eq!(summary["refused"]["reason"], "compacted_topic", "{summary}");
     assert_eq!(fingerprint(&redis.url()).await, before);
@@ -298,10 +296,7 @@ async fn compact_and_delete_is_refused_like_compact() {
     assert_eq!(summary["offsets_without_record"], 0, "{summary}");
     let before = fingerprint(&redis.url()).await;
 
-    let (out, summary) = replay(
-        &setup,
-        &["--from-offset", "0", "--user", USER, "--reset-mailboxes"],
-    );
+    let (out, summary) = repair(&setup, &[]);
     assert_eq!(out.status.code(), Some(1), "{summary}");
     assert_eq!(summary["refused"]["reason"], "compacted_topic", "{summary}");
     assert!(
@@ -312,17 +307,7 @@ async fn compact_and_delete_is_refused_like_compact() {
     );
     assert_eq!(fingerprint(&redis.url()).await, before);
     // A dry run of the repair is refused the same way.
-    let (out, summary) = replay(
-        &setup,
-        &[
-            "--from-offset",
-            "0",
-            "--user",
-            USER,
-            "--reset-mailboxes",
-            "--dry-run",
-        ],
-    );
+    let (out, summary) = repair(&setup, &["--dry-run"]);
     assert_eq!(out.status.code(), Some(1), "{summary}");
     assert_eq!(summary["refused"]["reason"], "compacted_topic", "{summary}");
 }
@@ -334,10 +319,7 @@ async fn the_same_topic_with_delete_repairs_as_before() {
     let setup = DaemonSetup::new("delete-policy", Some(redis.url()));
     create_topic_with_policy(&setup.topic, "delete").await;
     write_history(&setup.topic).await;
-    let (out, summary) = replay(
-        &setup,
-        &["--from-offset", "0", "--user", USER, "--reset-mailboxes"],
-    );
+    let (out, summary) = repair(&setup, &[]);
     assert_eq!(out.status.code(), Some(0), "{summary}");
     assert_eq!(summary["refused"], serde_json::Value::Null, "{summary}");
     assert_eq!(

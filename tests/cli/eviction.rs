@@ -13,12 +13,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use mailbox_materializer::model::{MailboxId, ScanRequest, UserId};
-use mailbox_materializer::store::MailboxStore;
 use support::cli::run_materializer;
 use support::kafka::{create_topic, http_get, unique, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{free_port, Clock, Listen, RedisCluster, RedisServer};
-use support::reference::{now_ms, redis_store};
+use support::reference::{now_ms, redis_store, scan_from_start};
 
 /// A config file for a Redis store at `url` (one seed of a cluster when `cluster` names more).
 fn config(name: &str, url: &str, cluster: &[String], allow_eviction: bool) -> PathBuf {
@@ -292,18 +290,7 @@ async fn eviction_run(policy: &str) {
     let store = redis_store(&url).await;
     let (mut failed, mut whole, mut reborn) = (0, 0, 0);
     for user in 0..users {
-        let mailbox = MailboxId::new(UserId::parse(&format!("ev-{user}")).expect("user"), 1);
-        let page = store
-            .range_scan(
-                &mailbox,
-                ScanRequest {
-                    after_seq: 0,
-                    until_seq: None,
-                    limit_groups: 1000,
-                },
-            )
-            .await;
-        let Ok(page) = page else {
+        let Ok(page) = scan_from_start(&store, &format!("ev-{user}")).await else {
             failed += 1;
             continue;
         };

@@ -66,21 +66,21 @@ impl ScyllaFixture {
     }
 
     pub async fn cql(&self, cql: String) {
+        self.query(cql).await;
+    }
+
+    /// An admin statement or query, which must succeed.
+    async fn query(&self, cql: String) -> scylla::response::query_result::QueryResult {
         self.store
             .session()
             .query_unpaged(cql, ())
             .await
-            .expect("admin statement");
+            .expect("admin query")
     }
 
     async fn scalar_i32(&self, cql: String) -> Option<i32> {
-        let result = self
-            .store
-            .session()
-            .query_unpaged(cql, ())
+        self.query(cql)
             .await
-            .expect("admin query");
-        result
             .into_rows_result()
             .ok()?
             .maybe_first_row::<(Option<i32>,)>()
@@ -91,13 +91,7 @@ impl ScyllaFixture {
 
     /// The first column of every row, as far as it is a bigint.
     async fn i64s(&self, cql: String) -> Vec<i64> {
-        let result = self
-            .store
-            .session()
-            .query_unpaged(cql, ())
-            .await
-            .expect("admin query");
-        let Ok(rows) = result.into_rows_result() else {
+        let Ok(rows) = self.query(cql).await.into_rows_result() else {
             return Vec::new();
         };
         let Ok(typed) = rows.rows::<(Option<i64>,)>() else {
@@ -109,13 +103,8 @@ impl ScyllaFixture {
     }
 
     async fn has_rows(&self, cql: String) -> bool {
-        let result = self
-            .store
-            .session()
-            .query_unpaged(cql, ())
+        self.query(cql)
             .await
-            .expect("admin query");
-        result
             .into_rows_result()
             .map(|r| r.rows_num() > 0)
             .unwrap_or(false)

@@ -8,7 +8,8 @@ use std::time::Duration;
 use support::kafka::{create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{Clock, Listen, RedisServer};
 use support::reference::{
-    assert_same_state, end_offsets, redis_store, reference, stream, wait_committed, PARTITIONS,
+    assert_counters_match, assert_same_state, end_offsets, redis_store, reference, stream,
+    wait_committed, PARTITIONS,
 };
 
 /// A store that answers slowly (the server blocked by `DEBUG SLEEP`): the daemon turns not
@@ -139,20 +140,7 @@ async fn scripts_flushed_in_a_loop_during_a_catch_up_dead_letter_nothing_extra()
         0.0,
         "nothing refused for the server's state"
     );
-    for (word, count) in &reference.groups {
-        assert_eq!(
-            metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}")),
-            *count as f64,
-            "groups_total{{outcome={word}}}"
-        );
-    }
-    for (word, count) in &reference.records {
-        assert_eq!(
-            metrics.get(&format!("materializer_records_total{{outcome=\"{word}\"}}")),
-            *count as f64,
-            "records_total{{outcome={word}}}"
-        );
-    }
+    assert_counters_match(&reference, &metrics);
     let ends = end_offsets(&records, &offsets);
     wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(60));
     assert_eq!(

@@ -17,8 +17,8 @@ use support::kafka::{
 };
 use support::redis_server::{free_port, Clock, Listen, RedisCluster, RedisServer};
 use support::reference::{
-    assert_same_state, end_offsets, now_ms, redis_store, reference, scan_seqs, stream,
-    wait_committed, PARTITIONS,
+    assert_counters_match, assert_same_state, end_offsets, now_ms, redis_store, reference,
+    scan_from_start, scan_seqs, stream, wait_committed, PARTITIONS,
 };
 
 /// (a) on both stores: the final state, the dead-letter topic and the counters all match the
@@ -43,20 +43,7 @@ async fn generated_stream_matches_reference(redis: Option<&RedisServer>, name: &
     );
     let metrics = daemon.metrics();
     promtool_check(&metrics.text);
-    for (word, count) in &reference.groups {
-        assert_eq!(
-            metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}")),
-            *count as f64,
-            "groups_total{{outcome={word}}}"
-        );
-    }
-    for (word, count) in &reference.records {
-        assert_eq!(
-            metrics.get(&format!("materializer_records_total{{outcome=\"{word}\"}}")),
-            *count as f64,
-            "records_total{{outcome={word}}}"
-        );
-    }
+    assert_counters_match(&reference, &metrics);
     for reason in ["malformed", "conflict"] {
         let want = reference
             .dead_letters
@@ -321,20 +308,7 @@ async fn corrupt_victim_blocks_only_itself(name: &str, damage: &str, readable: O
         },
         || daemon.metrics().text,
     );
-    let victim = mailbox_materializer::model::MailboxId::new(
-        mailbox_materializer::model::UserId::parse("victim").expect("user"),
-        1,
-    );
-    let scanned = mailbox_materializer::store::MailboxStore::range_scan(
-        &store,
-        &victim,
-        mailbox_materializer::model::ScanRequest {
-            after_seq: 0,
-            until_seq: None,
-            limit_groups: 100,
-        },
-    )
-    .await;
+    let scanned = scan_from_start(&store, "victim").await;
     match &readable {
         Some(seqs) => assert_eq!(
             scanned

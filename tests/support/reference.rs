@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use mailbox_materializer::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
 use mailbox_materializer::ingest::{apply_record, decode_record};
-use mailbox_materializer::model::{MailboxId, RetentionPolicy, ScanRequest, UserId};
+use mailbox_materializer::model::{
+    MailboxId, RetentionPolicy, ScanPage, ScanRequest, StoreError, UserId,
+};
 use mailbox_materializer::store::memory::MemoryStore;
 use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
 use mailbox_materializer::store::{MailboxStore, SystemClock};
 
-use super::kafka::{committed, wait_for, Daemon, DaemonSetup};
+use super::kafka::{committed, wait_for, Daemon, DaemonSetup, Metrics};
 
 pub const PARTITIONS: i32 = DEMO_SHARDS as i32;
 
@@ -86,20 +88,44 @@ pub async fn reference(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Reference
     }
 }
 
-/// The seqs a full scan of `user`'s epoch-1 mailbox returns (none when the scan fails, e.g. on
-/// a corrupt mailbox).
-pub async fn scan_seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
+/// A scan of `user`'s epoch-1 mailbox from its start (one page of up to 10,000 groups), with
+/// the store's answer as it is.
+pub async fn scan_from_start(store: &dyn MailboxStore, user: &str) -> Result<ScanPage, StoreError> {
     let mailbox = MailboxId::new(UserId::parse(user).expect("user"), 1);
     let request = ScanRequest {
         after_seq: 0,
         until_seq: None,
         limit_groups: 10_000,
     };
-    store
-        .range_scan(&mailbox, request)
+    store.range_scan(&mailbox, request).await
+}
+
+/// The seqs a full scan of `user`'s epoch-1 mailbox returns (none when the scan fails, e.g. on
+/// a corrupt mailbox).
+pub async fn scan_seqs(store: &dyn MailboxStore, user: &str) -> Vec<u64> {
+    scan_from_start(store, user)
         .await
         .map(|page| page.groups.iter().map(|g| g.mailbox_seq).collect())
         .unwrap_or_default()
+}
+
+/// Every `groups_total{outcome}` and `records_total{outcome}` the reference counted, equal in a
+/// daemon's scrape: each record got exactly its own outcome.
+pub fn assert_counters_match(reference: &Reference, metrics: &Metrics) {
+    for (word, count) in &reference.groups {
+        assert_eq!(
+            metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}")),
+            *count as f64,
+            "groups_total{{outcome={word}}}"
+        );
+    }
+    for (word, count) in &reference.records {
+        assert_eq!(
+            metrics.get(&format!("materializer_records_total{{outcome=\"{word}\"}}")),
+            *count as f64,
+            "records_total{{outcome={word}}}"
+        );
+    }
 }
 
 /// The dead-letter topic names exactly the records the reference dead-letters (each once or
