@@ -330,10 +330,8 @@ async fn append_range_as(
         async move {
             for seq in seqs {
                 let mut g = group(user(prefix, u), seq, day_of(seq), events);
-                g.source = offset_base.map(|base| SourcePosition {
-                    partition: 0,
-                    offset: base + seq as i64,
-                });
+                g.source =
+                    offset_base.map(|base| SourcePosition::new(bench_log(), 0, base + seq as i64));
                 let outcome = store.append(&g).await.expect("append");
                 assert_eq!(outcome, expect, "{prefix}{u} seq {seq}");
             }
@@ -831,4 +829,9 @@ async fn main() {
     for (days, meta, day_set, index, total) in metadata_bytes(policy).await {
         println!("| {days} | {meta} | {day_set} | {index} | {total} |");
     }
+}
+
+/// The log every benchmark position names (a topic ID as a broker reports one).
+fn bench_log() -> mailbox_materializer::model::LogId {
+    mailbox_materializer::model::LogId::topic_id("3kZpM0bHQ0-5b2S0CkL8nA").expect("log id")
 }

@@ -224,10 +224,7 @@ async fn run_round(
             let store = s.clone();
             let mut group = g(i);
             group.mailbox = mailbox(round + 1_000, i % MAILBOXES);
-            group.source = Some(SourcePosition {
-                partition: 0,
-                offset: i as i64,
-            });
+            group.source = Some(SourcePosition::new(bench_log(), 0, i as i64));
             async move {
                 store.append(&group).await.expect("append");
             }
@@ -252,10 +249,11 @@ async fn run_round(
                             mailbox_seq: seq,
                             created_at: day * DAY_MS + 1,
                             events: events.to_vec(),
-                            source: Some(SourcePosition {
-                                partition: 0,
-                                offset: (i * RUN + seq) as i64,
-                            }),
+                            source: Some(SourcePosition::new(
+                                bench_log(),
+                                0,
+                                (i * RUN + seq) as i64,
+                            )),
                         }
                     })
                     .collect();
@@ -798,4 +796,9 @@ async fn breakdown(
         .await
         .expect("traced events read");
     trace(result, "a scan's events read (5 partitions)").await;
+}
+
+/// The log every benchmark position names (a topic ID as a broker reports one).
+fn bench_log() -> mailbox_materializer::model::LogId {
+    mailbox_materializer::model::LogId::topic_id("3kZpM0bHQ0-5b2S0CkL8nA").expect("log id")
 }

@@ -21,14 +21,15 @@
   ARGV[10] retention_days                 ARGV[11] '' (live write) or the repair's holder id
   ARGV[12] '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
   ARGV[13] the number of members plus one (bounds the read of a same-day replay)
-  ARGV[14] the group's place in the dispatch log, `partition:offset`, or '' (zombie fencing)
+  ARGV[14] the group's place in the dispatch log, `partition:offset@log`, or '' (zombie fencing)
   ARGV[15..] the group's bucket members, sorted by ordinal:
              seq16 '|' ordinal10 '|' created_at '|' canonical payload
   Numbers travel as the caller's decimal strings (see common.lua).
 
   Returns {code, ...}:
-    1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed (each followed by the
-    number of expired days promote compacted on the way), 6 stale_epoch,
+    1 inserted, 2 unchanged, 3 replaced, 4 expired_merged, 5 trimmed, 8 superseded (each
+    followed by the number of expired days promote compacted on the way; superseded then by the
+    stored version's position), 6 stale_epoch,
     7 promoted refusal...: one of the refusals below after promote compacted days
     (`after_promote`)
     ERR_FUTURE day now, ERR_SPAN low high day, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
@@ -36,11 +37,14 @@
     ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
     fence is not this repair's)
 
-  Zombie fencing (SPEC 7.2): the meta field `source_position` keeps the log position of the last
-  write that changed the mailbox. A same-day replace from an older position of the same
-  partition was decided under an assignment that has moved on, or replays a superseded record:
-  it changes nothing and answers unchanged (`model::rules::superseded` is the rule). Read in the
-  meta's one HMGET; written in the HSET an insert makes anyway, and by one HSET on a replace.
+  Zombie fencing (SPEC 7.2): the meta field `pos:<seq>` keeps the log position the seq's stored
+  version was written from (meta.lua). A same-day replace of the seq from an older offset of the
+  same log and partition was decided under an assignment that has moved on, or replays a record
+  the log has since superseded: it changes nothing and answers superseded
+  (`model::rules::superseded` is the rule). Read in the meta's one HMGET; written in the HSET an
+  insert makes anyway, and by one HSET (or HDEL) on a replace. The mailbox-level
+  `source_position` an older release kept is read in the same HMGET and deleted by the next
+  write that changes the mailbox: nothing decides with it.
 
   Within a run (`append_run.lua`) the groups share `known`: what this script call has already
   read or written of the mailbox, so each is read once per run, not once per group: the fence
@@ -71,23 +75,20 @@ local day_key = KEYS[5] .. day_text
 local members_from = 15
 local incoming_position = ARGV[14]
 
--- `partition`, `offset` of a `partition:offset` position (nil, nil for anything else).
+local position_key = position_field(seq)
+
+-- `partition`, `offset`, `log` of a `partition:offset@log` position (nils for anything else: an
+-- older release's bare `partition:offset` names no log and fences nothing).
 local function position_parts(position)
-  return string.match(position or '', '^(%-?%d+):(%d+)$')
+  return string.match(position or '', '^(%-?%d+):(%d+)@(.+)$')
 end
 
--- Whether a write from `incoming` is older than the `held` position of the same partition.
+-- `model::rules::superseded`: the seq's stored version came from a later offset of the same log
+-- and partition than the incoming write.
 local function superseded(held, incoming)
-  local hp, ho = position_parts(held)
-  local ip, io = position_parts(incoming)
-  return hp ~= nil and hp == ip and seq_less(io, ho)
-end
-
--- The position kept after a write from `incoming`: the later one within a partition, the
--- incoming one otherwise; `held` when the write has no position. False when nothing changes.
-local function position_after(held, incoming)
-  if incoming == '' or superseded(held, incoming) or held == incoming then return false end
-  return incoming
+  local hp, ho, hl = position_parts(held)
+  local ip, io, il = position_parts(incoming)
+  return hp ~= nil and hp == ip and hl == il and seq_less(io, ho)
 end
 
 -- `identity_expiry`, read once per run: `known` is the run's table, or false (see above).
@@ -107,6 +108,24 @@ local function hset_known(meta_key, fields, held)
   if held then
     for i = 1, #fields, 2 do held[fields[i]] = fields[i + 1] end
     held.exists = true
+  end
+end
+
+-- The fields a write of this seq removes from the meta: the seq's position when the write has
+-- none (the new version has no position) and the older release's mailbox-level position.
+local function stale_position_fields(m, incoming)
+  local stale = {}
+  if incoming == '' and m.extra2 then stale[#stale + 1] = position_key end
+  if m.extra3 then stale[#stale + 1] = 'source_position' end
+  return stale
+end
+
+-- HDEL of `fields`, kept in `held` too (see `hset_known`).
+local function hdel_known(meta_key, fields, held)
+  if #fields == 0 then return end
+  redis.call('HDEL', meta_key, unpack(fields))
+  if held then
+    for _, field in ipairs(fields) do held[field] = false end
   end
 end
 
@@ -154,16 +173,19 @@ local proof_field = 'bucket_max_seq:' .. day_text
 local m
 local fields_known = known and known.meta
 if fields_known and fields_known[proof_field] ~= nil then
+  -- The seq's position is nil (unknown) for a seq this run has not met: only a replace reads it.
+  local held = fields_known[position_key]
   m = {key = meta_key, version = fields_known.retention_format_version,
     trim = fields_known.user_trim_seq, seqbucket_max = fields_known.seqbucket_max_seq,
     next_expiry = fields_known.next_expires_at, extra = fields_known[proof_field],
-    extra2 = fields_known.source_position, exists = fields_known.exists}
+    extra2 = held, extra3 = fields_known.source_position, exists = fields_known.exists}
 else
-  m = load_meta(meta_key, proof_field, 'source_position')
+  m = load_meta(meta_key, proof_field, position_key, 'source_position')
   if known then
     known.meta = {retention_format_version = m.version, user_trim_seq = m.trim,
       seqbucket_max_seq = m.seqbucket_max, next_expires_at = m.next_expiry,
-      [proof_field] = m.extra, source_position = m.extra2, exists = m.exists}
+      [proof_field] = m.extra, [position_key] = m.extra2, source_position = m.extra3,
+      exists = m.exists}
   end
 end
 
@@ -234,8 +256,12 @@ if existing then
     end
   end
   if same then return {2, promoted} end
-  -- Different content from an older log position than the mailbox took: superseded.
-  if superseded(m.extra2, incoming_position) then return {2, promoted} end
+  if m.extra2 == nil then
+    m.extra2 = redis.call('HGET', meta_key, position_key)
+    if known and known.meta then known.meta[position_key] = m.extra2 end
+  end
+  -- Different content from an older offset of the log and partition that wrote this version.
+  if superseded(m.extra2, incoming_position) then return {8, promoted, m.extra2} end
   -- Different content: the whole old group goes, the new one comes, atomically.
   if exact_score then
     redis.call('ZREMRANGEBYSCORE', day_key, seq, seq)
@@ -245,8 +271,11 @@ if existing then
   zadd_argv(day_key, seq, members_from, ARGV)
   redis.call('EXPIREAT', day_key, expires_text)
   if known then known.bucket_expiry[day_key] = expires_text end
-  local kept = position_after(m.extra2, incoming_position)
-  if kept then hset_known(meta_key, {'source_position', kept}, known and known.meta) end
+  -- The new version's position replaces the old one's (or the old one goes).
+  if incoming_position ~= '' and incoming_position ~= m.extra2 then
+    hset_known(meta_key, {position_key, incoming_position}, known and known.meta)
+  end
+  hdel_known(meta_key, stale_position_fields(m, incoming_position), known and known.meta)
   return {3, promoted}
 end
 
@@ -332,10 +361,9 @@ local fields = {}
 if not m.exists then fields = new_meta_fields() end
 fields[#fields + 1] = 'seqbucket_max_seq'
 fields[#fields + 1] = seq_max(m.seqbucket_max, seq)
-local kept = position_after(m.extra2, incoming_position)
-if kept then
-  fields[#fields + 1] = 'source_position'
-  fields[#fields + 1] = kept
+if incoming_position ~= '' then
+  fields[#fields + 1] = position_key
+  fields[#fields + 1] = incoming_position
 end
 if had_proof then
   fields[#fields + 1] = 'bucket_max_seq:' .. day_text
@@ -360,4 +388,5 @@ else
   end
 end
 hset_known(meta_key, fields, known and known.meta)
+hdel_known(meta_key, stale_position_fields(m, incoming_position), known and known.meta)
 return {1, promoted}

@@ -14,7 +14,7 @@
 
   Returns one `append.lua` reply per group, in order, and stops after the first reply that is
   not final (corrupt, under repair, fence lost): that group and every later one were not
-  applied, and the caller sends them again. Positive codes 1..6 are outcomes and final; a
+  applied, and the caller sends them again. Positive codes 1..6 and 8 are outcomes and final; a
   refusal after promote (7) is final when the refusal it carries is.
 
   The groups share what the call already read or wrote of the mailbox (`known`, see

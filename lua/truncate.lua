@@ -1,6 +1,6 @@
 --[[
   TruncateBefore (SPEC 4.3): raise user_trim_seq (never lower it) and delete every group and
-  identity below it.
+  identity below it, and the source positions of those seqs.
 
   KEYS[1..6] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence), of
   the live or the staging copy
@@ -64,7 +64,13 @@ for _, day in ipairs(redis.call('ZRANGE', days_key, 0, -1)) do
     end
   end
 end
+local trimmed = {}
 for _, s16 in ipairs(redis.call('ZRANGE', seqbucket_key, 0, -1)) do
-  if pad(s16) < trim20 then redis.call('ZREM', seqbucket_key, s16) end
+  if pad(s16) < trim20 then
+    redis.call('ZREM', seqbucket_key, s16)
+    trimmed[#trimmed + 1] = s16
+  end
 end
+-- The trimmed seqs' source positions go with their identities.
+drop_positions(meta_key, trimmed)
 return {0, trim, removed_groups, promoted}

@@ -53,6 +53,7 @@ pub(crate) const TABLE: &[(&str, Disposition)] = &[
     ("inserted", Disposition::Advance),
     ("unchanged", Disposition::Advance),
     ("replaced", Disposition::Advance),
+    ("superseded", Disposition::Advance),
     ("expired_merged", Disposition::Advance),
     ("trimmed", Disposition::Advance),
     ("stale_epoch", Disposition::Advance),

@@ -13,25 +13,52 @@
 ]]
 
 -- Reads the format version, user_trim_seq, seqbucket_max_seq, next_expires_at, `extra` (a day
--- proof, or the gap boundary; '' for none) and, when given, `extra2` (append: the source
--- position) in one call. Returns a table with those fields (false when absent) and `exists`.
-local function load_meta(meta_key, extra, extra2)
+-- proof, or the gap boundary; '' for none) and, when given, `extra2` and `extra3` (append: the
+-- seq's source position and the mailbox-level position an older release kept) in one call.
+-- Returns a table with those fields (false when absent) and `exists`.
+local function load_meta(meta_key, extra, extra2, extra3)
   local r
   if extra2 then
     r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
-      'seqbucket_max_seq', 'next_expires_at', extra, extra2)
+      'seqbucket_max_seq', 'next_expires_at', extra, extra2, extra3)
   else
     r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
       'seqbucket_max_seq', 'next_expires_at', extra)
   end
   local m = {key = meta_key, version = r[1], trim = r[2], seqbucket_max = r[3],
-    next_expiry = r[4], extra = r[5], extra2 = r[6]}
+    next_expiry = r[4], extra = r[5], extra2 = r[6], extra3 = r[7]}
   m.exists = r[1] or r[2] or r[3] or r[4] or r[5]
   if not m.exists then
     -- Only a meta none of whose read fields is set reaches here: a cold user, or damage.
     m.exists = redis.call('EXISTS', meta_key) == 1
   end
   return m
+end
+
+--[[
+  Source positions (SPEC 7.2, zombie fencing): the meta field `pos:<seq>` (canonical seq) holds
+  `partition:offset@log`, the log position the seq's stored version was written from. It lives
+  and dies with that version: written by the insert or replace that wrote it, deleted by a
+  replace without a position, by promote with the seq's expired identity, by truncate with the
+  trimmed identity, and with the whole meta by an epoch move. So the meta holds at most one
+  position per live identity (SPEC 4.6). The rule that reads it is `model::rules::superseded`.
+]]
+
+-- The meta field of a seq's position; `seq` canonical or a 16-digit identity member.
+local function position_field(seq)
+  local canonical = string.match(seq, '^0*(%d-)$')
+  if canonical == nil or canonical == '' then canonical = '0' end
+  return 'pos:' .. canonical
+end
+
+-- Deletes the positions of identity members `members` (16 digits), in calls of at most 1,000
+-- fields (see `zadd_argv`).
+local function drop_positions(meta_key, members)
+  for i = 1, #members, 1000 do
+    local fields = {}
+    for j = i, math.min(i + 999, #members) do fields[#fields + 1] = position_field(members[j]) end
+    redis.call('HDEL', meta_key, unpack(fields))
+  end
 end
 
 -- Reads active_day_count, min_day and max_day into `m` (once).

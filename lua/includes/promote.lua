@@ -6,8 +6,8 @@
   know that second) phase 1 reads every expired day of the day set, validates its member, its
   score and both proof fields, and computes the new gap boundary; any damage returns
   {ERR_BAD_PROOF, detail} before a single write. Phase 2 applies everything: the boundary, the
-  deleted proofs and day members, the identity hygiene (expired identity members go; this is the
-  only place they are removed, and no identity can expire before its day does), and the range,
+  deleted proofs and day members, the identity hygiene (expired identity members go, with their
+  seqs' source positions; this is the only place they are removed, and no identity can expire before its day does), and the range,
   count and first expiry of what remains.
 
   `m` is the mailbox's meta (meta.lua), its seq fields validated; it is updated in place. `now`
@@ -67,7 +67,12 @@ local function promote(m, days_key, seqbucket_key, now)
     end
     redis.call('HDEL', m.key, unpack(proofs))
     redis.call('ZREM', days_key, unpack(expired_days))
-    redis.call('ZREMRANGEBYSCORE', seqbucket_key, '-inf', now)
+    -- The expired identities go, and the source positions of their seqs with them.
+    local gone = redis.call('ZRANGE', seqbucket_key, '-inf', now, 'BYSCORE')
+    if #gone > 0 then
+      redis.call('ZREMRANGEBYSCORE', seqbucket_key, '-inf', now)
+      drop_positions(m.key, gone)
+    end
     m.boundary = boundary
     fields = {'expired_gap_boundary', boundary}
   end

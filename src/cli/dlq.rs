@@ -466,7 +466,21 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
                             continue;
                         }
                     };
-                    let decoded = decode(&bytes, &options).map(|d| d.record);
+                    // Only the deliveries the letter names as failed, each with the letter's
+                    // source position (SPEC 7.2): a re-drive never reverts a seq that succeeded,
+                    // nor one a later record of the log rewrote.
+                    let position = letter.source_position();
+                    let failed = letter.failed_deliveries();
+                    let decoded = decode(&bytes, &options).map(|d| {
+                        let record = match &position {
+                            Some(at) => d.record.at_position(Some(&at.log), at.partition, at.offset),
+                            None => d.record,
+                        };
+                        match &failed {
+                            Some(failed) => record.retain_deliveries(failed),
+                            None => record,
+                        }
+                    });
                     driver.open(letter.partition, WINDOW, ());
                     driver.admit(letter.partition, letter.offset, (), 0, origin, decoded, &mut policy);
                 }

@@ -43,6 +43,9 @@ pub(crate) struct Source<'a> {
     pub topic: &'a str,
     pub partition: i32,
     pub offset: i64,
+    /// The identity of the log the record was read from (`source_log`), when known: a re-drive
+    /// applies the record with its source position (SPEC 7.2).
+    pub log: Option<&'a crate::model::LogId>,
     pub dispatch_id: Option<&'a str>,
 }
 
@@ -124,6 +127,9 @@ pub(crate) fn headers(source: Source<'_>, dead_letter: &DeadLetter) -> Vec<(&'st
     headers.push(("source_topic", source.topic.to_owned()));
     headers.push(("source_partition", source.partition.to_string()));
     headers.push(("source_offset", source.offset.to_string()));
+    if let Some(log) = source.log {
+        headers.push(("source_log", log.to_string()));
+    }
     if let Some(id) = source.dispatch_id {
         headers.push(("dispatch_id", cut(id, MAX_DETAIL_BYTES)));
     }
@@ -259,6 +265,7 @@ mod tests {
         topic: "dispatch",
         partition: 2,
         offset: 41,
+        log: None,
         dispatch_id: Some("d"),
     };
 

@@ -66,6 +66,30 @@ impl DeadLetterMessage {
         ))
     }
 
+    /// The source position of the letter's record: its log (the `source_log` header, written
+    /// since positions name their log), partition and offset. `None` for a letter without
+    /// them: its deliveries re-apply without a position.
+    pub(crate) fn source_position(&self) -> Option<crate::model::SourcePosition> {
+        let log = crate::model::LogId::parse(self.header("source_log")?)?;
+        let (_, partition, offset) = self.source()?;
+        Some(crate::model::SourcePosition::new(log, partition, offset))
+    }
+
+    /// The indexes of the deliveries the letter names as failed (`failed_deliveries`), when the
+    /// list names every one (`failed_deliveries_total`); `None` for a malformed record's letter,
+    /// a list cut short by its size bound, or a letter without the headers.
+    pub(crate) fn failed_deliveries(&self) -> Option<std::collections::BTreeSet<usize>> {
+        let total: usize = self.header("failed_deliveries_total")?.parse().ok()?;
+        let list: Vec<serde_json::Value> =
+            serde_json::from_str(self.header("failed_deliveries")?).ok()?;
+        let listed: std::collections::BTreeSet<usize> = list
+            .iter()
+            .filter_map(|entry| entry.get("delivery")?.as_u64())
+            .filter_map(|index| usize::try_from(index).ok())
+            .collect();
+        (listed.len() == total && list.len() == total).then_some(listed)
+    }
+
     fn from_message(message: &impl Message) -> Self {
         let mut headers = BTreeMap::new();
         if let Some(h) = message.headers() {

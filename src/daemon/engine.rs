@@ -425,7 +425,6 @@ impl Engine {
         let meta = RecordMeta {
             timestamp_ms: record.timestamp_ms,
         };
-        let decoded = decoded.map(|d| d.at_position(partition, offset));
         let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
         self.driver
             .admit(partition, offset, record, size, meta, decoded, &mut policy);
@@ -454,6 +453,7 @@ impl Engine {
                 topic: &self.settings.topic,
                 partition,
                 offset: settled.offset,
+                log: raw.log.as_ref(),
                 dispatch_id: settled.dispatch_id.as_deref(),
             },
             &dead_letter,

@@ -17,6 +17,11 @@
 //! kept small on purpose (4 batches of 1 MiB overshot a 64 MiB budget by 13-18 MiB). When the engine
 //! falls behind, the channel fills and this thread blocks, which is the backpressure librdkafka
 //! sees (its own prefetch queue is bounded by `queued.max.messages.kbytes`).
+//!
+//! Each record leaves this thread with its source position (SPEC 7.2): the log's identity
+//! (`log_identity`), read again whenever partitions are assigned (a recreated topic or a new
+//! cluster is assigned anew) before any record polled after the assignment is tagged, and the
+//! record's partition and offset. While the identity cannot be read, records carry no position.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +35,9 @@ use rdkafka::Offset;
 use tokio::sync::mpsc;
 
 use super::kafka::{DaemonContext, GroupEvent};
-use super::metrics;
+use super::{log_identity, metrics};
 use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
+use crate::model::LogId;
 
 /// Most records in one batch.
 pub const MAX_BATCH_RECORDS: usize = 512;
@@ -51,6 +57,8 @@ pub(crate) struct RawRecord {
     pub payload: Vec<u8>,
     /// The record's Kafka timestamp (ms), when it has one.
     pub timestamp_ms: Option<i64>,
+    /// The identity of the log it was read from, when it could be read (`log_identity`).
+    pub log: Option<LogId>,
 }
 
 impl RawRecord {
@@ -120,6 +128,48 @@ impl Intake {
     }
 }
 
+/// How long a read of the log's identity may take.
+const IDENTITY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an identity that could not be read is tried again (between assignments).
+const IDENTITY_RETRY: Duration = Duration::from_secs(30);
+
+/// The log's identity as this thread tags records with it.
+struct Identity {
+    log: Option<LogId>,
+    /// When the last read failed; `None` after a success.
+    failed_at: Option<std::time::Instant>,
+}
+
+impl Identity {
+    /// Reads the identity again (an assignment, or a retry after a failure), logging a change.
+    fn refresh(&mut self, consumer: &BaseConsumer<DaemonContext>) {
+        let topic = consumer.context().topic.as_str();
+        match log_identity::read(consumer.client(), topic, IDENTITY_TIMEOUT) {
+            Ok(log) => {
+                if self.log.as_ref() != Some(&log) {
+                    tracing::info!(topic, log = %log, "dispatch log identity");
+                }
+                self.log = Some(log);
+                self.failed_at = None;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    topic,
+                    error = %e,
+                    "the dispatch log's identity cannot be read: records carry no source position until it can (they apply, and fence no zombie)"
+                );
+                self.log = None;
+                self.failed_at = Some(std::time::Instant::now());
+            }
+        }
+    }
+
+    fn retry_due(&self) -> bool {
+        self.failed_at
+            .is_some_and(|at| at.elapsed() >= IDENTITY_RETRY)
+    }
+}
+
 /// The batch being built: handed over once it holds [`MAX_BATCH_RECORDS`] records or
 /// [`MAX_BATCH_BYTES`] bytes (or when nothing else is ready).
 #[derive(Debug, Default)]
@@ -153,6 +203,10 @@ fn poll_loop(
     stop: &AtomicBool,
     options: &DecodeOptions,
 ) {
+    let mut identity = Identity {
+        log: None,
+        failed_at: None,
+    };
     let flush = |tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch| flush(tx, batch, options);
     let mut batch = Batch::default();
     // The positions last sent, so an idle partition's position is sent once, not every poll.
@@ -173,6 +227,13 @@ fn poll_loop(
             if !flush(tx, &mut batch) {
                 return;
             }
+            // Records polled from here on may come from a recreated topic or another cluster.
+            if group_events
+                .iter()
+                .any(|e| matches!(e, GroupEvent::Assigned(_)))
+            {
+                identity.refresh(consumer);
+            }
             for event in group_events {
                 if tx.blocking_send(IntakeEvent::Group(event)).is_err() {
                     return;
@@ -187,6 +248,7 @@ fn poll_loop(
                     key: message.key().map(<[u8]>::to_vec),
                     payload: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
                     timestamp_ms: message.timestamp().to_millis(),
+                    log: identity.log.clone(),
                 };
                 if batch.push(record) && !flush(tx, &mut batch) {
                     return;
@@ -202,6 +264,9 @@ fn poll_loop(
             None => {
                 if !flush(tx, &mut batch) {
                     return;
+                }
+                if identity.retry_due() {
+                    identity.refresh(consumer);
                 }
                 let moved = moved_positions(consumer, &mut sent);
                 if !moved.is_empty() && tx.blocking_send(IntakeEvent::Positions(moved)).is_err() {
@@ -235,7 +300,8 @@ fn moved_positions(
     moved
 }
 
-/// Decodes the batch and hands it over; false when the engine is gone.
+/// Decodes the batch, tags each record with its source position, and hands it over; false
+/// when the engine is gone.
 fn flush(tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch, options: &DecodeOptions) -> bool {
     if batch.is_empty() {
         return true;
@@ -248,7 +314,9 @@ fn flush(tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch, options: &DecodeOpti
                 if !decoded.unknown_fields.is_empty() {
                     metrics::unknown_fields(&decoded.unknown_fields);
                 }
-                decoded.record
+                decoded
+                    .record
+                    .at_position(raw.log.as_ref(), raw.partition, raw.offset)
             });
             Polled { raw, decoded }
         })
@@ -267,6 +335,7 @@ mod tests {
             key: None,
             payload: vec![b'x'; bytes],
             timestamp_ms: None,
+            log: None,
         }
     }
 

@@ -66,6 +66,7 @@ pub(crate) const GROUP_OUTCOMES: &[&str] = &[
     "inserted",
     "unchanged",
     "replaced",
+    "superseded",
     "expired_merged",
     "trimmed",
     "stale_epoch",

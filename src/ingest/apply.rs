@@ -83,6 +83,26 @@ impl DispatchRecord {
 }
 
 impl DispatchRecord {
+    /// The record with only the deliveries at the indexes `keep` holds (a group dispatch's
+    /// deliveries in record order); the record as it is when none of them is kept, or for a
+    /// `truncate_before` record (one delivery).
+    pub(crate) fn retain_deliveries(self, keep: &std::collections::BTreeSet<usize>) -> Self {
+        match self {
+            Self::GroupDispatch(mut dispatch)
+                if (0..dispatch.deliveries.len()).any(|i| keep.contains(&i)) =>
+            {
+                let mut index = 0;
+                dispatch.deliveries.retain(|_| {
+                    let kept = keep.contains(&index);
+                    index += 1;
+                    kept
+                });
+                Self::GroupDispatch(dispatch)
+            }
+            other => other,
+        }
+    }
+
     /// The record with only the deliveries of the users `keep` accepts; `None` when none is left
     /// (a `truncate_before` record is one delivery).
     pub(crate) fn retain_users(self, keep: impl Fn(&crate::model::UserId) -> bool) -> Option<Self> {

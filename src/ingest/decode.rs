@@ -103,12 +103,18 @@ pub enum DispatchRecord {
 
 impl DispatchRecord {
     /// Marks every group of the record with its place in the dispatch log (zombie fencing,
-    /// [`crate::model::SourcePosition`]).
-    pub(crate) fn at_position(mut self, partition: i32, offset: i64) -> Self {
-        if let Self::GroupDispatch(dispatch) = &mut self {
-            let source = Some(crate::model::SourcePosition { partition, offset });
+    /// [`crate::model::SourcePosition`]). Without a known log identity the groups carry no
+    /// position: they apply as `apply`'s do, and fence nothing (SPEC 7.2).
+    pub(crate) fn at_position(
+        mut self,
+        log: Option<&crate::model::LogId>,
+        partition: i32,
+        offset: i64,
+    ) -> Self {
+        if let (Self::GroupDispatch(dispatch), Some(log)) = (&mut self, log) {
+            let source = crate::model::SourcePosition::new(log.clone(), partition, offset);
             for group in &mut dispatch.deliveries {
-                group.source = source;
+                group.source = Some(source.clone());
             }
         }
         self

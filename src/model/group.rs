@@ -95,43 +95,92 @@ pub struct EventGroup {
     pub source: Option<SourcePosition>,
 }
 
-/// A record's place in the dispatch log: its partition and offset.
+/// The identity of a dispatch log (SPEC 7.2): the topic's ID as the broker reports it (KIP-516),
+/// or, where the broker reports none, the cluster ID and the topic name.
 ///
-/// Zombie fencing (SPEC 7.2, docs/decisions.md): every write that changes a mailbox keeps the
-/// position it came from; a same-day replace from an older position of the same partition is a
-/// write decided under an assignment that has moved on (or a replay of a superseded record),
-/// and changes nothing (see [`crate::model::rules::superseded`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Offsets order records only within one log: a topic deleted and recreated, a new topic or a
+/// mirror on another cluster is another log, whose offsets start again and say nothing about the
+/// old one's. The text never holds `@`, `|` or whitespace, so it can end an encoded position.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LogId(Arc<str>);
+
+impl LogId {
+    /// A log named by its topic ID (the broker's base64 text of the UUID).
+    pub fn topic_id(id: &str) -> Option<Self> {
+        Self::checked(&format!("id:{id}"))
+    }
+
+    /// The fallback for a broker that reports no topic ID: the cluster and the topic name.
+    pub fn cluster_topic(cluster_id: &str, topic: &str) -> Option<Self> {
+        Self::checked(&format!("name:{cluster_id}/{topic}"))
+    }
+
+    /// A log id as [`as_str`](Self::as_str) wrote it (read back from a dead letter's header).
+    pub fn parse(text: &str) -> Option<Self> {
+        (text.starts_with("id:") || text.starts_with("name:"))
+            .then(|| Self::checked(text))
+            .flatten()
+    }
+
+    fn checked(text: &str) -> Option<Self> {
+        let valid = !text.is_empty()
+            && text.len() <= 512
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'@' && b != b'|');
+        valid.then(|| Self(Arc::from(text)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LogId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A record's place in the dispatch log: the log, its partition and the offset (SPEC 7.2).
+///
+/// Zombie fencing (docs/decisions.md): each seq's stored version keeps the position it was
+/// written from; a same-day replace of that seq from an older offset of the same log and
+/// partition is a write decided under an assignment that has moved on (or a replay of a record
+/// the log has since superseded), and changes nothing (see
+/// [`crate::model::rules::superseded`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourcePosition {
+    pub log: LogId,
     pub partition: i32,
     pub offset: i64,
 }
 
 impl SourcePosition {
-    /// `partition:offset`, as the Redis meta and the Scylla meta row keep it.
-    pub(crate) fn encode(self) -> String {
-        format!("{}:{}", self.partition, self.offset)
+    pub fn new(log: LogId, partition: i32, offset: i64) -> Self {
+        Self {
+            log,
+            partition,
+            offset,
+        }
     }
 
-    /// The inverse of [`encode`](Self::encode); `None` for anything else.
+    /// `partition:offset@log`, as Redis's meta and Scylla's identity rows keep it: the numbers
+    /// first, so Lua reads them with one pattern.
+    pub(crate) fn encode(&self) -> String {
+        format!("{}:{}@{}", self.partition, self.offset, self.log)
+    }
+
+    /// The inverse of [`encode`](Self::encode); `None` for anything else (a position an older
+    /// release kept as a bare `partition:offset` names no log and fences nothing).
     pub fn decode(text: &str) -> Option<Self> {
-        let (partition, offset) = text.split_once(':')?;
+        let (numbers, log) = text.split_once('@')?;
+        let (partition, offset) = numbers.split_once(':')?;
         Some(Self {
+            log: LogId::checked(log)?,
             partition: partition.parse().ok()?,
             offset: offset.parse().ok()?,
         })
-    }
-
-    /// The position a mailbox keeps after a write from `incoming` when it held `held`: the
-    /// later of the two within one partition, the incoming one otherwise.
-    pub(crate) fn after_write(held: Option<Self>, incoming: Option<Self>) -> Option<Self> {
-        match (held, incoming) {
-            (Some(h), Some(i)) if h.partition == i.partition => {
-                Some(if i.offset > h.offset { i } else { h })
-            }
-            (held, None) => held,
-            (_, incoming) => incoming,
-        }
     }
 }
 
@@ -139,5 +188,38 @@ impl EventGroup {
     /// The retention day of the group.
     pub fn day(&self) -> u64 {
         day_of_ms(self.created_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_reads_back_as_written_and_an_older_release_bare_position_names_no_log() {
+        let log = LogId::topic_id("dlBrrJzJRhCCROWDuUG5EQ").expect("log");
+        let at = SourcePosition::new(log, 3, 1_234);
+        assert_eq!(at.encode(), "3:1234@id:dlBrrJzJRhCCROWDuUG5EQ");
+        assert_eq!(SourcePosition::decode(&at.encode()), Some(at));
+        let named = LogId::cluster_topic("Xq1", "dispatch.v2").expect("log");
+        let at = SourcePosition::new(named, 0, 0);
+        assert_eq!(SourcePosition::decode(&at.encode()), Some(at));
+        // What an older release kept: no log, so nothing to compare with.
+        assert_eq!(SourcePosition::decode("3:1234"), None);
+        assert_eq!(SourcePosition::decode("x:1@id:a"), None);
+        assert_eq!(SourcePosition::decode("1:2@"), None);
+    }
+
+    #[test]
+    fn a_log_id_never_holds_the_separators_of_a_position() {
+        assert!(LogId::topic_id("a@b").is_none());
+        assert!(LogId::topic_id("a|b").is_none());
+        assert!(LogId::topic_id("a b").is_none());
+        assert!(LogId::parse("id:abc").is_some());
+        assert!(LogId::parse("name:c/t").is_some());
+        assert!(
+            LogId::parse("abc").is_none(),
+            "a header value of another kind"
+        );
     }
 }

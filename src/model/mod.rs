@@ -12,7 +12,7 @@ pub mod rules;
 pub mod validate;
 
 pub use error::{ConflictKind, CorruptKind, CursorExpired, RejectKind, StoreError};
-pub use group::{Event, EventGroup, Payload, SourcePosition};
+pub use group::{Event, EventGroup, LogId, Payload, SourcePosition};
 pub use ids::{MailboxId, UserId, UserIdError, MAX_MAILBOX_SEQ};
 pub use outcome::{
     ActiveDay, AppendOutcome, MailboxInspection, PromoteOutcome, ScanPage, ScanRequest,

@@ -20,6 +20,10 @@ pub enum AppendOutcome {
     Unchanged,
     /// A same-day replay with different content replaced the whole old group.
     Replaced,
+    /// A same-day replay with different content from an older offset of the log and partition
+    /// that wrote the seq's stored version (SPEC 7.2): a zombie's late write or a replay of a
+    /// record the log has since superseded. Nothing changed; final, like every outcome here.
+    Superseded,
     /// The input's day is already expired and no identity exists: the seq was merged into the
     /// expired gap boundary and no event was written.
     ExpiredMerged,
@@ -31,10 +35,11 @@ pub enum AppendOutcome {
 
 impl AppendOutcome {
     #[cfg(test)]
-    pub(crate) const ALL: [AppendOutcome; 6] = [
+    pub(crate) const ALL: [AppendOutcome; 7] = [
         Self::Inserted,
         Self::Unchanged,
         Self::Replaced,
+        Self::Superseded,
         Self::ExpiredMerged,
         Self::Trimmed,
         Self::StaleEpoch,
@@ -45,6 +50,7 @@ impl AppendOutcome {
             Self::Inserted => "inserted",
             Self::Unchanged => "unchanged",
             Self::Replaced => "replaced",
+            Self::Superseded => "superseded",
             Self::ExpiredMerged => "expired_merged",
             Self::Trimmed => "trimmed",
             Self::StaleEpoch => "stale_epoch",

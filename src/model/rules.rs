@@ -313,17 +313,35 @@ pub(crate) fn check_stored_group(
     }))
 }
 
-/// Zombie fencing (SPEC 7.2): a same-day replace with different content is **superseded** when
-/// the mailbox already took a write from a later position of the same partition. Writes to one
-/// mailbox reach the store in source order (lanes), and a new owner reads a partition from its
-/// committed offset, which never passes a record that is not final; so such a write comes from
-/// a replica whose assignment moved (frozen, cut off from Kafka, or a call that landed after its
-/// revoke) or from a replay of the past, and the mailbox already holds what the log says after
-/// it. It changes nothing and answers `Unchanged`. Writes without a position (`apply`), or from
-/// another partition, are never superseded.
+/// Zombie fencing (SPEC 7.2, "Zombies are fenced, and only zombies"): a same-day replace of a
+/// seq with different content is **superseded** when that seq's stored version was written from
+/// the same log and partition at a higher offset. Writes to one mailbox reach the store in
+/// source order (lanes), and a new owner reads a partition from its committed offset, which
+/// never passes a record that is not final; so such a write comes from a replica whose
+/// assignment moved (frozen, cut off from Kafka, or a call that landed after its revoke) or
+/// from a replay of the past, and the seq already holds what the log says after it.
+///
+/// Nothing else is fenced: a write of another seq (positions are kept per seq), a write from
+/// another log (a new or recreated topic, a mirror: its offsets cannot be ordered against the
+/// old log's, and the operator who cut over meant the new one), from another partition, or
+/// without a position (`apply`) applies as SPEC 4 says.
 #[inline]
-pub(crate) fn superseded(held: Option<SourcePosition>, incoming: Option<SourcePosition>) -> bool {
-    matches!((held, incoming), (Some(h), Some(i)) if h.partition == i.partition && i.offset < h.offset)
+pub(crate) fn superseded(held: Option<&SourcePosition>, incoming: Option<&SourcePosition>) -> bool {
+    matches!((held, incoming), (Some(h), Some(i))
+        if h.log == i.log && h.partition == i.partition && i.offset < h.offset)
+}
+
+/// The one log line of a superseded write (SPEC 7.2), with both positions: what the write came
+/// from and what wrote the stored version. Every backend calls it where it decided `superseded`.
+pub(crate) fn note_superseded(group: &super::EventGroup, held: &str) {
+    tracing::info!(
+        user = group.mailbox.user_id.as_str(),
+        epoch = group.mailbox.epoch,
+        seq = group.mailbox_seq,
+        incoming = group.source.as_ref().map(SourcePosition::encode).unwrap_or_default(),
+        held,
+        "superseded: the seq holds a version written from a later offset of the same log and partition; this write changes nothing"
+    );
 }
 
 /// SPEC 4.4 step 8: the `up_to` of a page. With more groups than the limit, the last group read;
@@ -354,6 +372,35 @@ pub(crate) fn meta_vanished_during_scan() -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_older_offset_of_the_same_log_and_partition_is_superseded() {
+        use crate::model::LogId;
+        let at = |log: &str, partition: i32, offset: i64| {
+            SourcePosition::new(LogId::topic_id(log).expect("log"), partition, offset)
+        };
+        let held = at("a", 0, 20);
+        assert!(superseded(Some(&held), Some(&at("a", 0, 19))));
+        assert!(superseded(Some(&held), Some(&at("a", 0, 0))));
+        assert!(
+            !superseded(Some(&held), Some(&at("a", 0, 20))),
+            "the same record"
+        );
+        assert!(!superseded(Some(&held), Some(&at("a", 0, 21))));
+        assert!(
+            !superseded(Some(&held), Some(&at("a", 1, 0))),
+            "another partition"
+        );
+        assert!(
+            !superseded(Some(&held), Some(&at("b", 0, 0))),
+            "another log"
+        );
+        assert!(!superseded(Some(&held), None), "apply");
+        assert!(
+            !superseded(None, Some(&at("a", 0, 0))),
+            "a version without a position"
+        );
+    }
 
     fn facts(seq: u64, day: u64) -> AppendFacts {
         AppendFacts {

@@ -10,6 +10,8 @@
 //! - `check_config`: `check-config --connect` against the real servers.
 //! - `eviction`: a Redis that evicts keys refused, and scans that never claim what they did not read.
 //! - `compacted_repair`: a repair refused on a compacted topic whose cleaner ran (SPEC 7.1).
+//! - `log_positions`: a cut-over to a new topic, a replay and a re-drive decided by the log's
+//!   positions (SPEC 7.2).
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -24,6 +26,7 @@ mod check_config;
 mod compacted_repair;
 mod dlq;
 mod eviction;
+mod log_positions;
 mod memory;
 mod redis;
 mod replay_repair;

@@ -1096,26 +1096,40 @@ pub async fn append_many_spread_over_many_users_answers_each(h: &H) {
     }
 }
 
-/// SPEC 7.2 "Zombies are fenced": a same-day replace from an older log position of the same
-/// partition than the mailbox last took changes nothing (`unchanged`), alone and in a batch;
-/// positions of another partition, writes without a position (`apply`) and inserts of new seqs
-/// are never fenced.
-pub async fn late_write_of_an_older_position_is_fenced(h: &H) {
-    use mailbox_materializer::model::SourcePosition;
+/// A source position in the log `log` (SPEC 7.2).
+fn position(
+    log: &str,
+    partition: i32,
+    offset: i64,
+) -> Option<mailbox_materializer::model::SourcePosition> {
+    let log = mailbox_materializer::model::LogId::topic_id(log).expect("log id");
+    Some(mailbox_materializer::model::SourcePosition::new(
+        log, partition, offset,
+    ))
+}
+
+/// The first event's payload of each group of a page.
+fn first_payloads(page: &ScanPage) -> Vec<String> {
+    page.groups
+        .iter()
+        .map(|g| g.events[0].payload.as_str().to_owned())
+        .collect()
+}
+
+/// SPEC 7.2 "Zombies are fenced, and only zombies": a same-day replace of a seq from an older
+/// offset of the log and partition that wrote the seq's stored version changes nothing and
+/// answers `superseded` (never `unchanged`), alone and in a batch; a position of another
+/// partition or another log, and a write without a position (`apply`), replace; a write
+/// without a position leaves the seq without one.
+pub async fn late_write_of_an_older_position_is_superseded(h: &H) {
     let f = h.fixture(policy(), NOW0).await;
     let store = f.store();
     let mb = mailbox("zombie", 1);
-    let at = |partition: i32, offset: i64| Some(SourcePosition { partition, offset });
+    let at = |partition: i32, offset: i64| position("log-a", partition, offset);
     let version = |tag: &str, source| {
         let mut g = group(&mb, 5, TODAY0, 2, tag);
         g.source = source;
         g
-    };
-    let content = |page: &ScanPage| {
-        page.groups
-            .iter()
-            .map(|g| g.events[0].payload.as_str().to_owned())
-            .collect::<Vec<_>>()
     };
     let held = |tag: &str| format!("{{\"i\":0,\"tag\":\"{tag}\"}}");
 
@@ -1128,24 +1142,24 @@ pub async fn late_write_of_an_older_position_is_fenced(h: &H) {
         store.append(&version("v2", at(0, 20))).await,
         Ok(AppendOutcome::Replaced)
     );
-    // The old owner's late write of offset 10 (or anything before 20): fenced.
+    // The old owner's late write of offset 10 (or anything before 20): superseded.
     assert_eq!(
         store.append(&version("v1", at(0, 10))).await,
-        Ok(AppendOutcome::Unchanged)
+        Ok(AppendOutcome::Superseded)
     );
     assert_eq!(
         store.append(&version("v0", at(0, 19))).await,
-        Ok(AppendOutcome::Unchanged)
+        Ok(AppendOutcome::Superseded)
     );
     let batch = [version("v1", at(0, 10))];
     let refs: Vec<_> = batch.iter().collect();
     assert_eq!(
         store.append_many(&refs).await,
-        vec![Ok(AppendOutcome::Unchanged)]
+        vec![Ok(AppendOutcome::Superseded)]
     );
     let page = scan(store.as_ref(), &mb, 0, None, 10).await.expect("scan");
     assert_eq!(
-        content(&page),
+        first_payloads(&page),
         vec![held("v2")],
         "the newer owner's version stays"
     );
@@ -1159,22 +1173,132 @@ pub async fn late_write_of_an_older_position_is_fenced(h: &H) {
         store.append(&version("v3", at(0, 30))).await,
         Ok(AppendOutcome::Replaced)
     );
-    // Another partition's position is not comparable, and `apply` has none: both replace.
+    // Another partition's position is not comparable, nor another log's: both replace.
     assert_eq!(
         store.append(&version("v4", at(1, 1))).await,
         Ok(AppendOutcome::Replaced)
     );
     assert_eq!(
-        store.append(&version("v5", None)).await,
+        store.append(&version("v5", position("log-b", 1, 0))).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    // `apply` has no position: it replaces, and leaves the seq without one, so the old log's
+    // offsets fence nothing any more.
+    assert_eq!(
+        store.append(&version("v6", None)).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    assert_eq!(
+        store.append(&version("v7", position("log-b", 1, 0))).await,
         Ok(AppendOutcome::Replaced)
     );
     let page = scan(store.as_ref(), &mb, 0, None, 10).await.expect("scan");
-    assert_eq!(content(&page), vec![held("v5")]);
+    assert_eq!(first_payloads(&page), vec![held("v7")]);
 
     // A new seq from an older position is an insert, never fenced.
     let mut fresh = group(&mb, 6, TODAY0, 1, "new");
     fresh.source = at(1, 0);
     assert_eq!(store.append(&fresh).await, Ok(AppendOutcome::Inserted));
+}
+
+/// SPEC 7.2: positions are kept per seq. A replay of a replace that was refused (dead-lettered)
+/// after later records wrote other seqs of the mailbox applies: a write of another seq never
+/// fences this one. Alone and in a batch.
+pub async fn a_later_write_of_another_seq_never_fences_a_replace(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let at = |offset: i64| position("log-a", 0, offset);
+    let held = |tag: &str| format!("{{\"i\":0,\"tag\":\"{tag}\"}}");
+    for (round, batched) in [(0, false), (1, true)] {
+        let mb = mailbox(&format!("other-seq-{round}"), 1);
+        let at_seq = |seq: u64, tag: &str, offset: i64| {
+            let mut g = group(&mb, seq, TODAY0, 1, tag);
+            g.source = at(offset);
+            g
+        };
+        // Offset 0 writes seq 1 "a"; offset 1 (its replace "b") was dead-lettered; offset 2
+        // writes seq 2.
+        assert_eq!(
+            store.append(&at_seq(1, "a", 0)).await,
+            Ok(AppendOutcome::Inserted)
+        );
+        assert_eq!(
+            store.append(&at_seq(2, "c", 2)).await,
+            Ok(AppendOutcome::Inserted)
+        );
+        // The operator's replay of offset 1.
+        let replay = at_seq(1, "b", 1);
+        let outcome = if batched {
+            store.append_many(&[&replay]).await.remove(0)
+        } else {
+            store.append(&replay).await
+        };
+        assert_eq!(outcome, Ok(AppendOutcome::Replaced), "batched: {batched}");
+        let page = scan(store.as_ref(), &mb, 0, None, 10).await.expect("scan");
+        assert_eq!(first_payloads(&page), vec![held("b"), held("c")]);
+    }
+}
+
+/// SPEC 7.2: a cut-over to a new topic (a recreated topic, a mirror) is another log, whose
+/// offsets start again. Its first records replace seqs of the same day with new content: the new
+/// content wins on every seq, and the new log's later records order against each other again.
+pub async fn a_cut_over_to_a_new_log_replaces_same_day_content(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let held = |tag: &str| format!("{{\"i\":0,\"tag\":\"{tag}\"}}");
+    let users: Vec<_> = (0..6)
+        .map(|i| mailbox(&format!("cutover-{i}"), 1))
+        .collect();
+    // Log A: seqs 1..=3 of every user, at offsets up to 100.
+    let mut offset = 80;
+    for mb in &users {
+        for seq in 1..=3 {
+            let mut g = group(mb, seq, TODAY0, 1, "old");
+            g.source = position("log-a", 0, offset);
+            offset += 1;
+            assert_eq!(store.append(&g).await, Ok(AppendOutcome::Inserted));
+        }
+    }
+    // Log B from offset 0: replace seq 1 of every user (half alone, half in one batch), then
+    // add seq 4.
+    let replaces: Vec<_> = users
+        .iter()
+        .enumerate()
+        .map(|(i, mb)| {
+            let mut g = group(mb, 1, TODAY0, 1, "new");
+            g.source = position("log-b", 0, i as i64);
+            g
+        })
+        .collect();
+    for g in &replaces[..3] {
+        assert_eq!(store.append(g).await, Ok(AppendOutcome::Replaced));
+    }
+    let refs: Vec<_> = replaces[3..].iter().collect();
+    assert_eq!(
+        store.append_many(&refs).await,
+        vec![Ok(AppendOutcome::Replaced); 3]
+    );
+    for (i, mb) in users.iter().enumerate() {
+        let mut g = group(mb, 4, TODAY0, 1, "new");
+        g.source = position("log-b", 0, 10 + i as i64);
+        assert_eq!(store.append(&g).await, Ok(AppendOutcome::Inserted));
+        let page = scan(store.as_ref(), mb, 0, None, 10).await.expect("scan");
+        assert_eq!(
+            first_payloads(&page),
+            vec![held("new"), held("old"), held("old"), held("new")],
+            "user {i}"
+        );
+    }
+    // Within log B, offsets order again: a late write of B's offset 0 after B's offset 50
+    // rewrote seq 1 is superseded.
+    let mb = &users[0];
+    let mut newer = group(mb, 1, TODAY0, 1, "newer");
+    newer.source = position("log-b", 0, 50);
+    assert_eq!(store.append(&newer).await, Ok(AppendOutcome::Replaced));
+    assert_eq!(
+        store.append(&replaces[0]).await,
+        Ok(AppendOutcome::Superseded)
+    );
 }
 
 /// SPEC 7.2 "Readers never see a torn step": scans running beside a stream of same-day replaces

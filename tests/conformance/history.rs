@@ -36,13 +36,19 @@ pub enum Op {
         seq_gap: u8,
         day_offset: i16,
         events: u8,
+        at: At,
     },
     /// An already-expired input with a new seq.
     FreshExpired { user: u8, days_back: u16 },
     /// The earlier append number `pick` (mod count) sent again as it was.
     IdenticalReplay { user: u8, pick: u16 },
-    /// The earlier append `pick` again, same day, other content.
-    DifferentReplay { user: u8, pick: u16, events: u8 },
+    /// The earlier append `pick` again, same day, other content, from the position `at`.
+    DifferentReplay {
+        user: u8,
+        pick: u16,
+        events: u8,
+        at: At,
+    },
     /// The earlier append `pick` again, moved by `shift` days (possibly into an expired day).
     CrossDayReplay { user: u8, pick: u16, shift: i16 },
     /// An append with the previous epoch of the user.
@@ -65,6 +71,28 @@ pub enum Op {
     SeqJump { user: u8, edge: u8 },
     /// Background compaction of one mailbox.
     Promote { user: u8 },
+}
+
+/// A write's source position (SPEC 7.2): none (`apply`), or (log, partition, offset) from two
+/// logs and two partitions, offsets close enough that older and newer ones meet on one seq.
+pub type At = Option<(u8, u8, u8)>;
+
+fn at_strategy() -> impl Strategy<Value = At> {
+    prop_oneof![
+        1 => Just(None),
+        4 => (0..2u8, 0..2u8, 0..24u8).prop_map(Some),
+    ]
+}
+
+/// The position `at` names.
+fn source_of(at: At) -> Option<mailbox_materializer::model::SourcePosition> {
+    let (log, partition, offset) = at?;
+    let log = mailbox_materializer::model::LogId::topic_id(&format!("log-{log}"))?;
+    Some(mailbox_materializer::model::SourcePosition::new(
+        log,
+        i32::from(partition),
+        i64::from(offset),
+    ))
 }
 
 /// Seqs and cursors where arithmetic or a backend's number type changes: around 2^53 (the last
@@ -145,10 +173,10 @@ fn scan_strategy() -> impl Strategy<Value = Op> {
 fn op_strategy() -> impl Strategy<Value = Op> {
     let user = 0..USERS;
     prop_oneof![
-        6 => (user.clone(), 1..4u8, prop_oneof![5 => -2..=0i16, 2 => -35..31i16], 1..4u8).prop_map(|(user, seq_gap, day_offset, events)| Op::Fresh { user, seq_gap, day_offset, events }),
+        6 => (user.clone(), 1..4u8, prop_oneof![5 => -2..=0i16, 2 => -35..31i16], 1..4u8, at_strategy()).prop_map(|(user, seq_gap, day_offset, events, at)| Op::Fresh { user, seq_gap, day_offset, events, at }),
         1 => (user.clone(), 31..90u16).prop_map(|(user, days_back)| Op::FreshExpired { user, days_back }),
         2 => (user.clone(), any::<u16>()).prop_map(|(user, pick)| Op::IdenticalReplay { user, pick }),
-        2 => (user.clone(), any::<u16>(), 1..4u8).prop_map(|(user, pick, events)| Op::DifferentReplay { user, pick, events }),
+        3 => (user.clone(), any::<u16>(), 1..4u8, at_strategy()).prop_map(|(user, pick, events, at)| Op::DifferentReplay { user, pick, events, at }),
         2 => (user.clone(), any::<u16>(), -50..10i16).prop_map(|(user, pick, shift)| Op::CrossDayReplay { user, pick, shift }),
         1 => user.clone().prop_map(|user| Op::StaleAppend { user }),
         1 => user.clone().prop_map(|user| Op::EpochBump { user }),
@@ -366,21 +394,21 @@ fn resolve(
             seq_gap,
             day_offset,
             events,
+            at,
         } => {
             let book = &mut books[user as usize];
             book.last_seq += u64::from(seq_gap);
             let mb = mailbox(&name(user), book.epoch);
             let tag = format!("f{}", book.last_seq);
-            (
-                user,
-                group(
-                    &mb,
-                    book.last_seq,
-                    shifted(day_offset.into()),
-                    events.into(),
-                    &tag,
-                ),
-            )
+            let mut g = group(
+                &mb,
+                book.last_seq,
+                shifted(day_offset.into()),
+                events.into(),
+                &tag,
+            );
+            g.source = source_of(at);
+            (user, g)
         }
         Op::FreshExpired { user, days_back } => {
             let book = &mut books[user as usize];
@@ -395,7 +423,12 @@ fn resolve(
             let earlier = pick_sent(book, pick)?;
             (user, earlier.clone())
         }
-        Op::DifferentReplay { user, pick, events } => {
+        Op::DifferentReplay {
+            user,
+            pick,
+            events,
+            at,
+        } => {
             let book = &books[user as usize];
             let earlier = pick_sent(book, pick)?;
             let mut g = group(
@@ -406,6 +439,7 @@ fn resolve(
                 &format!("d{pick}"),
             );
             g.created_at = earlier.created_at;
+            g.source = source_of(at);
             (user, g)
         }
         Op::CrossDayReplay { user, pick, shift } => {
@@ -466,6 +500,7 @@ fn record_append(
         Ok(AppendOutcome::Inserted
             | AppendOutcome::Replaced
             | AppendOutcome::Unchanged
+            | AppendOutcome::Superseded
             | AppendOutcome::ExpiredMerged
             | AppendOutcome::Trimmed)
     ) {
@@ -487,6 +522,8 @@ fn record_append(
         Ok(AppendOutcome::ExpiredMerged) => {
             book.gone_at.entry(g.mailbox_seq).or_insert(now);
         }
+        // The seq keeps the version a later offset of the same log and partition wrote.
+        Ok(AppendOutcome::Superseded) => {}
         _ => {}
     }
 }

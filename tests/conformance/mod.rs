@@ -24,7 +24,7 @@
 //! | 4.6 boundedness | `metadata_stays_bounded_over_a_year` |
 //! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference), `randomized_histories_agree_in_runs_and_one_by_one` (each history one by one and in runs) |
 //! | 7.1 repair | `repair_*` (`repair.rs`) |
-//! | 7.2 zombies | `late_write_of_an_older_position_is_fenced` |
+//! | 7.2 zombies and log identity | `late_write_of_an_older_position_is_superseded`, `a_later_write_of_another_seq_never_fences_a_replace`, `a_cut_over_to_a_new_log_replaces_same_day_content` |
 //!
 //! The suite runs in the `store` test binary (`tests/store/`), one module per backend and
 //! topology. Outside it: the Redis layout of SPEC 5 and identity TTLs (`tests/store/redis.rs`),
@@ -129,7 +129,9 @@ macro_rules! conformance_tests {
             append_runs_spread_over_many_users_answer_each,
             randomized_histories_agree_in_runs_and_one_by_one,
             append_many_spread_over_many_users_answers_each,
-            late_write_of_an_older_position_is_fenced,
+            late_write_of_an_older_position_is_superseded,
+            a_later_write_of_another_seq_never_fences_a_replace,
+            a_cut_over_to_a_new_log_replaces_same_day_content,
             scans_beside_same_day_replaces_never_skip_a_group,
             ordinals_above_two_to_the_31_keep_identity_and_order,
             scan_epoch_check_comes_before_the_reverse_range,

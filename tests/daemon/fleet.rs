@@ -108,6 +108,29 @@ async fn zombie_loses_to_the_new_owner(setup: DaemonSetup, store: &dyn MailboxSt
         vec!["{\"body\":\"v2\"}"],
         "the zombie's late write put an older version back"
     );
+    // And the store says so: `superseded` (never `unchanged`), logged with both positions. (A's
+    // partition was cancelled when it found its assignment lost, so A counts no outcome of it.)
+    wait_for(
+        "replica A's write logged as superseded",
+        Duration::from_secs(30),
+        || a.log().contains("superseded: the seq holds a version"),
+        || a.log(),
+    );
+    let line = a
+        .log()
+        .lines()
+        .find(|l| l.contains("superseded: the seq holds a version"))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        line.contains("incoming=\"0:0@id:") && line.contains("held=\"0:1@id:"),
+        "both positions: {line}"
+    );
+    assert_eq!(
+        a.metrics()
+            .get("materializer_groups_total{outcome=\"unchanged\"}"),
+        0.0
+    );
     a.kill9();
     assert!(b.terminate(Duration::from_secs(30)).success());
     assert_eq!(bodies(store, user).await, vec!["{\"body\":\"v2\"}"]);

@@ -132,6 +132,89 @@ async fn meta_hash_stays_bounded_over_32_consecutive_days() {
     assert_eq!(days, 31);
 }
 
+/// The meta's `pos:<seq>` fields (SPEC 7.2).
+async fn position_fields(f: &RedisFixture, keys: &MailboxKeys) -> Vec<String> {
+    let fields: Vec<String> = f.cmd(redis::cmd("HKEYS").arg(&keys.meta)).await;
+    let mut positions: Vec<String> = fields
+        .into_iter()
+        .filter(|field| field.starts_with("pos:"))
+        .collect();
+    positions.sort();
+    positions
+}
+
+/// SPEC 7.2 and 4.6: a seq's source position lives and dies with its stored version. Over 32
+/// consecutive days the meta holds exactly one position per live identity (expired days take
+/// theirs away with promote); a trim takes the trimmed seqs' away; a replace without a position
+/// takes the seq's away. A mailbox an older release wrote, with one `source_position` for the
+/// whole mailbox, keeps working: its field fences nothing and the next write deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_positions_live_and_die_with_their_seqs() {
+    use mailbox_materializer::model::{LogId, SourcePosition};
+    let f = RedisFixture::start(policy(), NOW0).await;
+    let s = f.store.clone();
+    let mb = mailbox("u-pos", 1);
+    let keys = MailboxKeys::new("mm", &mb);
+    let log = LogId::topic_id("pos-log").expect("log");
+    let at = |offset: u64| Some(SourcePosition::new(log.clone(), 0, offset as i64));
+    for i in 0..32u64 {
+        f.set_now_sync(NOW0 + i * DAY_SECS);
+        let mut g = group(&mb, i + 1, TODAY0 + i, 1, "d");
+        g.source = at(100 + i);
+        assert_eq!(s.append(&g).await, Ok(AppendOutcome::Inserted));
+        let identities: i64 = f.cmd(redis::cmd("ZCARD").arg(&keys.seqbucket)).await;
+        let positions = position_fields(&f, &keys).await;
+        assert_eq!(positions.len() as i64, identities, "day {i}: {positions:?}");
+    }
+    // Day 31's write promoted day 0 away, and its seq's position with it.
+    assert!(!position_fields(&f, &keys)
+        .await
+        .contains(&"pos:1".to_owned()));
+    let held: Option<String> = f
+        .cmd(redis::cmd("HGET").arg(&keys.meta).arg("pos:32"))
+        .await;
+    assert_eq!(held.as_deref(), Some("0:131@id:pos-log"));
+
+    // A trim below seq 20 takes the positions of the seqs it removes.
+    s.truncate_before(&mb, 20).await.expect("truncate");
+    let positions = position_fields(&f, &keys).await;
+    assert_eq!(positions.len(), 13, "seqs 20..=32: {positions:?}");
+    assert!(positions
+        .iter()
+        .all(|p| p["pos:".len()..].parse::<u64>().expect("seq") >= 20));
+
+    // A replace without a position (`apply`) leaves the seq without one.
+    let mut g = group(&mb, 32, TODAY0 + 31, 2, "applied");
+    g.source = None;
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Replaced));
+    assert!(!position_fields(&f, &keys)
+        .await
+        .contains(&"pos:32".to_owned()));
+
+    // An older release's mailbox-level position (a bare partition:offset): fences nothing, and
+    // the next write that changes the mailbox deletes it.
+    let _: i64 = f
+        .cmd(
+            redis::cmd("HSET")
+                .arg(&keys.meta)
+                .arg("source_position")
+                .arg("0:999999"),
+        )
+        .await;
+    // Offset 200 is newer than seq 31's version (offset 130) and older than the field says.
+    let mut g31 = group(&mb, 31, TODAY0 + 30, 3, "newer");
+    g31.source = at(200);
+    assert_eq!(s.append(&g31).await, Ok(AppendOutcome::Replaced));
+    let legacy: Option<String> = f
+        .cmd(redis::cmd("HGET").arg(&keys.meta).arg("source_position"))
+        .await;
+    assert_eq!(legacy, None, "the older release's field is gone");
+    // The seq's own position fences an older offset of the same log.
+    let mut g = group(&mb, 31, TODAY0 + 30, 2, "older");
+    g.source = at(199);
+    assert_eq!(s.append(&g).await, Ok(AppendOutcome::Superseded));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_cold_user_leaves_no_key_at_all() {
     let f = RedisFixture::start(policy(), NOW0).await;

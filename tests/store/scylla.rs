@@ -1148,3 +1148,70 @@ async fn the_configured_appends_in_flight_reach_the_store() {
     config.store.backend = Backend::Memory;
     assert_eq!(limit_of(&config).await, None);
 }
+
+/// SPEC 7.2: a replace's clean-up of the old version's rows never deletes what a newer owner
+/// wrote. The old owner replaces A with B and freezes between its commit and its clean-up; the
+/// new owner, from a later offset, writes A again; the old owner wakes and runs its clean-up.
+/// Before, the new owner's A rows had the very key of the rows the clean-up deleted, and every
+/// later scan and replay of the mailbox answered `corrupt`; now the mailbox holds A, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_waking_between_its_commit_and_its_clean_up_deletes_nothing_live() {
+    use mailbox_materializer::model::{LogId, SourcePosition};
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let mb = mailbox("aba", 1);
+    let log = LogId::topic_id("aba-log").expect("log id");
+    let version = |tag: &str, offset: i64| {
+        let mut g = group(&mb, 1, TODAY0, 3, tag);
+        g.source = Some(SourcePosition::new(log.clone(), 0, offset));
+        g
+    };
+    assert_eq!(
+        f.store.append(&version("A", 10)).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    let rewritten = Arc::new(AtomicBool::new(false));
+    f.store.set_after_replace_commit_hook(Some({
+        let (store, rewritten, again) = (f.store.clone(), rewritten.clone(), version("A", 30));
+        Arc::new(move || {
+            let (store, rewritten, again) = (store.clone(), rewritten.clone(), again.clone());
+            Box::pin(async move {
+                // The newer owner, while the old one is frozen: A again, from a later offset.
+                assert_eq!(store.append(&again).await, Ok(AppendOutcome::Replaced));
+                rewritten.store(true, Ordering::SeqCst);
+            })
+        })
+    }));
+    // The old owner's A -> B (offset 20): committed, then frozen, then its clean-up.
+    assert_eq!(
+        f.store.append(&version("B", 20)).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    assert!(
+        rewritten.load(Ordering::SeqCst),
+        "the newer owner wrote inside the window"
+    );
+    let page = f
+        .store
+        .range_scan(
+            &mb,
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10,
+            },
+        )
+        .await
+        .expect("the mailbox is whole");
+    assert_eq!(page.groups.len(), 1);
+    assert_eq!(page.groups[0].events.len(), 3, "every event of A is there");
+    assert!(page.groups[0].events[0].payload.as_str().contains("\"A\""));
+    // The old owner's write of B again is superseded; the log's A again is unchanged.
+    assert_eq!(
+        f.store.append(&version("B", 20)).await,
+        Ok(AppendOutcome::Superseded)
+    );
+    assert_eq!(
+        f.store.append(&version("A", 30)).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+}

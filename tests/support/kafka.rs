@@ -193,6 +193,8 @@ pub struct DaemonSetup {
     pub group_properties: Vec<String>,
     /// Extra librdkafka properties (`"name" = "value"` lines).
     pub properties_extra: Vec<String>,
+    /// Extra sections at the end of the file (`[retention]` ...).
+    pub sections_extra: Vec<String>,
 }
 
 impl DaemonSetup {
@@ -214,6 +216,7 @@ impl DaemonSetup {
                 "\"heartbeat.interval.ms\" = \"500\"".to_owned(),
             ],
             properties_extra: Vec::new(),
+            sections_extra: Vec::new(),
         }
     }
 
@@ -269,6 +272,7 @@ statistics_interval_ms = 500
 {properties_extra}
 [http]
 listen = \"127.0.0.1:{http_port}\"
+{sections_extra}
 ",
             brokers = bootstrap(),
             topic = self.topic,
@@ -278,6 +282,7 @@ listen = \"127.0.0.1:{http_port}\"
             kafka_extra = self.kafka_extra.join("\n"),
             group_properties = self.group_properties.join("\n"),
             properties_extra = self.properties_extra.join("\n"),
+            sections_extra = self.sections_extra.join("\n"),
         );
         let path = self.dir.join(format!("materializer-{http_port}.toml"));
         std::fs::write(&path, text).expect("write config");

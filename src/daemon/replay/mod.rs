@@ -227,6 +227,15 @@ pub async fn replay(
     if request.reset_mailboxes && !keeps_every_record(config, &mut summary).await {
         return summary;
     }
+    // Each record re-applies with its own source position (SPEC 7.2), so a replay of the past
+    // never reverts what a later record of the log wrote: without the log's identity it would.
+    let log = match clients.log_identity() {
+        Ok(log) => log,
+        Err(e) => {
+            summary.abort(format!("kafka: {e}"), true);
+            return summary;
+        }
+    };
     let range = match clients.resolve(request).await {
         Ok(Ok(range)) => range,
         Ok(Err(refusal)) => {
@@ -351,6 +360,7 @@ pub async fn replay(
     let mut run = Rebuild {
         config,
         request,
+        log,
         targets,
         driver: {
             let mut driver = Driver::new(store.clone());

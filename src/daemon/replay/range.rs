@@ -11,7 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::{now_ms, Refusal, ReplayRequest, ReplayStart, STALL};
 use crate::config::Config;
 use crate::ingest::decode;
-use crate::model::UserId;
+use crate::model::{LogId, UserId};
 
 /// The offsets of the partition, read from the broker.
 pub(super) struct Range {
@@ -280,6 +280,15 @@ impl Clients {
                 }
             }
         }
+    }
+
+    /// The identity of the log the replay reads (its topic ID, or cluster and topic name).
+    pub(super) fn log_identity(
+        &self,
+    ) -> Result<LogId, crate::daemon::log_identity::LogIdentityError> {
+        tokio::task::block_in_place(|| {
+            crate::daemon::log_identity::read(self.reader.client(), &self.topic, KAFKA_TIMEOUT)
+        })
     }
 
     /// With the fences up: the end moves to the high watermark now (unless `--to-offset` fixed

@@ -20,6 +20,7 @@ use crate::disposition::Disposition;
 use crate::ingest::drive::{Driver, Policy, Step, Verdict};
 use crate::ingest::pipeline::FinalRecord;
 use crate::ingest::{decode, Delivery, DeliveryOutcome};
+use crate::model::LogId;
 use crate::model::{StoreError, UserId};
 use crate::store::repair::Renewal;
 use crate::store::MailboxStore;
@@ -28,6 +29,8 @@ use crate::store::MailboxStore;
 pub(super) struct Rebuild<'a> {
     pub(super) config: &'a Config,
     pub(super) request: &'a ReplayRequest,
+    /// The log's identity: each record applies with its own source position.
+    pub(super) log: LogId,
     /// Staging views of the fenced users; other deliveries go to the live store.
     pub(super) targets: HashMap<UserId, Arc<dyn MailboxStore>>,
     /// One window: the partition's range.
@@ -135,7 +138,7 @@ impl Rebuild<'_> {
         self.progress.read(1);
         let partition = self.request.partition;
         let decoded = decode(payload, &self.config.decode_options())
-            .map(|d| d.record.at_position(partition, offset));
+            .map(|d| d.record.at_position(Some(&self.log), partition, offset));
         let decoded = match decoded {
             Ok(record) if !self.wanted.is_empty() => {
                 match record.retain_users(|u| self.wanted.contains(u)) {

@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::rules::{self, AppendFacts, AppendStep, EpochStep};
-use crate::model::SourcePosition;
 use crate::model::{
     ActiveDay, AppendOutcome, EventGroup, MailboxInspection, PromoteOutcome, RetentionPolicy,
     ScanPage, ScanRequest, StoreError, TruncateOutcome,
@@ -91,14 +90,19 @@ impl UserState {
                         return Ok(AppendOutcome::Unchanged);
                     }
                 }
-                let held = mailbox.meta.as_ref().and_then(|m| m.source);
-                if rules::superseded(held, group.source) {
-                    return Ok(AppendOutcome::Unchanged);
+                let held = mailbox.groups.get(&seq).and_then(|g| g.source.as_ref());
+                if rules::superseded(held, group.source.as_ref()) {
+                    rules::note_superseded(group, &held.map(|h| h.encode()).unwrap_or_default());
+                    return Ok(AppendOutcome::Superseded);
                 }
-                mailbox.put_group(seq, day, incoming_expires_at, group.created_at, events);
-                if let Some(meta) = mailbox.meta.as_mut() {
-                    meta.source = SourcePosition::after_write(meta.source, group.source);
-                }
+                mailbox.put_group(
+                    seq,
+                    day,
+                    incoming_expires_at,
+                    group.created_at,
+                    events,
+                    group.source.clone(),
+                );
                 return Ok(AppendOutcome::Replaced);
             }
             AppendStep::ExpiredMerge => {
@@ -116,6 +120,7 @@ impl UserState {
             incoming_expires_at,
             group.created_at,
             canonical_events(&group.events),
+            group.source.clone(),
         );
         mailbox
             .identity
@@ -124,7 +129,6 @@ impl UserState {
         mailbox.day_set.insert(day, incoming_expires_at);
         mailbox.note_expiry(incoming_expires_at);
         let meta = mailbox.meta.get_or_insert_with(Meta::new);
-        meta.source = SourcePosition::after_write(meta.source, group.source);
         let proof = meta.proofs.entry(day).or_default();
         proof.max_seq = Some(proof.max_seq.map_or(seq, |m| m.max(seq)));
         proof.expires_at = Some(incoming_expires_at);

@@ -100,7 +100,13 @@ impl RedisStore {
             .arg(holder)
             .arg(self.wait_flag())
             .arg(events.len() + 1)
-            .arg(group.source.map(|s| s.encode()).unwrap_or_default());
+            .arg(
+                group
+                    .source
+                    .as_ref()
+                    .map(|s| s.encode())
+                    .unwrap_or_default(),
+            );
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,
@@ -172,7 +178,7 @@ impl RedisStore {
     ) -> Result<AppendOutcome, StoreError> {
         let mut reply = reply;
         self.unwrap_refusal_after_promote(&mut reply);
-        if matches!(reply.first().and_then(int), Some(1..=5)) {
+        if matches!(reply.first().and_then(int), Some(1..=5 | 8)) {
             self.promoted.add(num(reply.get(1)));
         }
         match reply.first().and_then(int) {
@@ -182,6 +188,11 @@ impl RedisStore {
             Some(4) => Ok(AppendOutcome::ExpiredMerged),
             Some(5) => Ok(AppendOutcome::Trimmed),
             Some(6) => Ok(AppendOutcome::StaleEpoch),
+            Some(8) => {
+                let held = reply.get(2).map(text).unwrap_or_default();
+                crate::model::rules::note_superseded(group, &held);
+                Ok(AppendOutcome::Superseded)
+            }
             _ => {
                 // Cross-day and identity-missing replies name one side; add the other.
                 match reply.first().and_then(int).and_then(ScriptCode::from_code) {

@@ -8,7 +8,7 @@ use super::state::{stored, unsigned, Admission, Meta, ReadAt, Slot, Writer};
 use super::{digest, ttl_until, Attempt, ScyllaStore, BACKEND};
 use crate::model::rules::{self, AppendStep, EpochStep};
 use crate::model::validate::validate_group;
-use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, SourcePosition, StoreError};
+use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, StoreError};
 use crate::store::classify::cql;
 
 /// Where one copy of a group's event rows goes, and how long it lives.
@@ -57,6 +57,26 @@ pub(super) fn stores(
                 .zip(events)
                 .all(|((o, p), e)| *o == i64::from(e.event_ordinal) && p == e.payload.as_str())
     })
+}
+
+/// The key of a replacing version's event rows: the content's digest mixed with the commit that
+/// makes it visible (the version after `expected`), never the key of the rows it replaces.
+///
+/// A replace deletes the old version's rows after its commit (SPEC 7.2): a writer frozen between
+/// the two deletes late. Only the commit made from a snapshot at `expected` can succeed, so every
+/// later write's rows carry a later commit in their key, and the late delete can only ever match
+/// rows no identity names any more, even when a later writer stored the same content again
+/// (A -> B -> A). Rows an insert writes keep the content's digest: a seq is inserted once per
+/// generation (an expired or trimmed seq is never written again).
+pub(super) fn replacement_key(content: i64, existing: i64, expected: Option<i64>) -> i64 {
+    const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+    let commit = expected.unwrap_or(0).wrapping_add(1) as u64;
+    let key = content ^ (commit.wrapping_mul(MIX) as i64);
+    if key == existing {
+        key.wrapping_add(1)
+    } else {
+        key
+    }
 }
 
 pub(super) fn check_writer_user(writer: Writer<'_>, mailbox: &MailboxId) -> Result<(), StoreError> {
@@ -206,20 +226,19 @@ impl ScyllaStore {
                     }
                     return Ok(Attempt::Done(Err(damage)));
                 }
-                let same = stores(stored_group.as_ref(), group.created_at, &events);
-                // Different content from an older log position than the mailbox took: a
-                // zombie's late write or a replay of a superseded record (SPEC 7.2). A write that
-                // lost its condition re-decides here, against the newer owner's position.
-                if same || rules::superseded(meta.source, group.source) {
+                if stores(stored_group.as_ref(), group.created_at, &events) {
                     return finish(Ok(AppendOutcome::Unchanged)).await;
                 }
-                // The new copy's rows never share the key of the rows they replace, even if two
-                // different contents hashed alike.
-                let row_digest = if content == existing_digest {
-                    content.wrapping_add(1)
-                } else {
-                    content
-                };
+                // Different content from an older offset of the log and partition that wrote the
+                // stored version: a zombie's late write or a replay of a superseded record
+                // (SPEC 7.2). A write that lost its condition re-decides here, against the newer
+                // owner's position.
+                let held = snapshot.identity_source(slot, stored(seq));
+                if rules::superseded(held, group.source.as_ref()) {
+                    rules::note_superseded(group, &held.map(|h| h.encode()).unwrap_or_default());
+                    return finish(Ok(AppendOutcome::Superseded)).await;
+                }
+                let row_digest = replacement_key(content, existing_digest, expected);
                 let rows = GroupRows {
                     generation,
                     bucket,
@@ -229,12 +248,21 @@ impl ScyllaStore {
                     ttl,
                 };
                 self.write_events(user, &rows, &events).await?;
-                meta.source = SourcePosition::after_write(meta.source, group.source);
                 commit.write_meta(slot, generation, epoch, &meta);
-                commit.put_identity(slot, stored(seq), stored(expires_at), row_digest, ttl);
+                commit.put_identity(
+                    slot,
+                    stored(seq),
+                    stored(expires_at),
+                    row_digest,
+                    group.source.as_ref(),
+                    ttl,
+                );
                 if !self.commit(commit).await? {
                     return Ok(Attempt::Retry);
                 }
+                // The clean-up of the old version: keyed so that it can only match rows no
+                // identity names (`replacement_key`), however late it runs.
+                self.failpoints.after_replace_commit().await;
                 self.write(
                     &self.statements.delete_events_digest,
                     (user, generation, bucket, stored(seq), existing_digest),
@@ -307,8 +335,15 @@ impl ScyllaStore {
             ttl,
         };
         self.write_events(user, &rows, events).await?;
-        meta.record_insert(day, seq, expires_at, group.source);
-        commit.put_identity(slot, stored(seq), stored(expires_at), content, ttl);
+        meta.record_insert(day, seq, expires_at);
+        commit.put_identity(
+            slot,
+            stored(seq),
+            stored(expires_at),
+            content,
+            group.source.as_ref(),
+            ttl,
+        );
         Ok(())
     }
 

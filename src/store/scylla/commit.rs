@@ -15,7 +15,7 @@ use super::state::{stored, Meta};
 use super::statements::Statements;
 use super::{applied, ScyllaStore};
 use crate::model::rules::FORMAT_VERSION;
-use crate::model::StoreError;
+use crate::model::{SourcePosition, StoreError};
 use crate::store::classify::cql;
 
 type Values = Box<dyn SerializeRow + Send + Sync>;
@@ -71,22 +71,34 @@ impl<'s> Commit<'s> {
             map(&meta.days),
             map(&meta.proof_max_seq),
             map(&meta.proof_expires_at),
-            meta.source.map(|s| s.encode()),
             self.user.clone(),
             slot,
         );
         self.push(&self.statements.write_meta, Box::new(values));
     }
 
+    /// Writes the identity row of `seq`: its expiry, the key of its event rows and the log
+    /// position of the version (null for none: a replace without a position clears the old
+    /// version's).
     pub(crate) fn put_identity(
         &mut self,
         slot: i32,
         seq: i64,
         expires_at: i64,
         digest: i64,
+        source: Option<&SourcePosition>,
         ttl: i32,
     ) {
-        let values = (self.user.clone(), slot, seq, expires_at, digest, ttl);
+        let source = source.map(SourcePosition::encode);
+        let values = (
+            self.user.clone(),
+            slot,
+            seq,
+            expires_at,
+            digest,
+            source,
+            ttl,
+        );
         self.push(&self.statements.put_identity, Box::new(values));
     }
 

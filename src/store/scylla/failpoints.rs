@@ -6,7 +6,9 @@
 //! - a hook run just before every commit, after the operation decided on its snapshot, so a test
 //!   can race another writer into that window;
 //! - a hook run once between a scan's identity read and its event read, so a test can commit a
-//!   replace (and its deletion of the old rows) exactly there.
+//!   replace (and its deletion of the old rows) exactly there;
+//! - a hook run once between a replace's commit and its deletion of the old version's rows, so
+//!   a test can freeze a writer there (a zombie) while a newer owner writes.
 //!
 //! Without the feature, [`Failpoints`] is empty and its checks compile to nothing.
 
@@ -24,6 +26,7 @@ mod armed {
         left: AtomicI64,
         before_commit: Mutex<Option<PhaseHook>>,
         between_scan_reads: Mutex<Option<PhaseHook>>,
+        after_replace_commit: Mutex<Option<PhaseHook>>,
     }
 
     impl Default for Failpoints {
@@ -32,6 +35,7 @@ mod armed {
                 left: AtomicI64::new(-1),
                 before_commit: Mutex::new(None),
                 between_scan_reads: Mutex::new(None),
+                after_replace_commit: Mutex::new(None),
             }
         }
     }
@@ -59,6 +63,14 @@ mod armed {
             }
         }
 
+        /// Runs (and removes) the hook between a replace's commit and its clean-up.
+        pub(crate) async fn after_replace_commit(&self) {
+            let hook = lock(&self.after_replace_commit).take();
+            if let Some(hook) = hook {
+                hook().await;
+            }
+        }
+
         /// Runs (and removes) the hook between a scan's identity and event reads.
         pub(crate) async fn between_scan_reads(&self) {
             let hook = lock(&self.between_scan_reads).take();
@@ -80,6 +92,12 @@ mod armed {
         /// Installs (or clears) the hook run just before every commit.
         pub fn set_before_commit_hook(&self, hook: Option<PhaseHook>) {
             *lock(&self.failpoints.before_commit) = hook;
+        }
+
+        /// Installs the hook run once, by the next replace, between its commit and its
+        /// deletion of the old version's rows.
+        pub fn set_after_replace_commit_hook(&self, hook: Option<PhaseHook>) {
+            *lock(&self.failpoints.after_replace_commit) = hook;
         }
 
         /// Installs the hook run once, by the next scan, between its identity read and its
@@ -111,4 +129,7 @@ impl Failpoints {
 
     #[inline(always)]
     pub(crate) async fn between_scan_reads(&self) {}
+
+    #[inline(always)]
+    pub(crate) async fn after_replace_commit(&self) {}
 }

@@ -278,8 +278,20 @@ impl ScyllaStore {
                         }
                         (None, None) => false,
                     };
-                    if same || rules::superseded(meta.source, group.source) {
+                    // The stored version's position: the run's own earlier write of the seq, or
+                    // the identity row read with the snapshot.
+                    let held = match from_run {
+                        Some((_, _, earlier)) => earlier.source.as_ref(),
+                        None => snapshot.identity_source(slot, stored(seq)),
+                    };
+                    if same {
                         answers.push(Ok(AppendOutcome::Unchanged));
+                    } else if rules::superseded(held, group.source.as_ref()) {
+                        rules::note_superseded(
+                            group,
+                            &held.map(|h| h.encode()).unwrap_or_default(),
+                        );
+                        answers.push(Ok(AppendOutcome::Superseded));
                     } else if answers.is_empty() {
                         // A replace goes alone (it deletes the old rows after its commit).
                         return self.alone(group, writer, now, read).await;

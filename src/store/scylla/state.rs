@@ -27,8 +27,8 @@ pub(super) struct Meta {
     pub days: BTreeMap<u64, u64>,
     pub proof_max_seq: BTreeMap<u64, u64>,
     pub proof_expires_at: BTreeMap<u64, u64>,
-    /// The log position of the last write that changed the mailbox (zombie fencing).
-    pub source: Option<SourcePosition>,
+    // An older release kept one `source_position` per mailbox on the meta row; it is neither
+    // read nor written now: positions are kept per seq, on the identity rows (`Identity`).
 }
 
 impl Meta {
@@ -85,22 +85,15 @@ impl Meta {
         )
     }
 
-    /// What an insert of `seq` on `day` (expiring at `expires_at`, from `source`) records:
-    /// the format, the day, its proof, the largest seq and the log position.
-    pub(super) fn record_insert(
-        &mut self,
-        day: u64,
-        seq: u64,
-        expires_at: u64,
-        source: Option<SourcePosition>,
-    ) {
+    /// What an insert of `seq` on `day` (expiring at `expires_at`) records: the format, the
+    /// day, its proof and the largest seq.
+    pub(super) fn record_insert(&mut self, day: u64, seq: u64, expires_at: u64) {
         self.format_version = Some(rules::FORMAT_VERSION as i32);
         self.days.insert(day, expires_at);
         let proof = self.proof_max_seq.entry(day).or_insert(seq);
         *proof = (*proof).max(seq);
         self.proof_expires_at.insert(day, expires_at);
         self.seqbucket_max_seq = self.seqbucket_max_seq.max(seq);
-        self.source = SourcePosition::after_write(self.source, source);
     }
 
     /// SPEC 4.2 steps 7-8 for a group of `seq` on `day` on this meta: `identity_expires_at` is
@@ -204,8 +197,18 @@ pub(super) struct Snapshot {
     pub live_slot: i32,
     pub fence: Option<Fence>,
     pub slots: [Slot; 2],
-    /// Identity rows read with the snapshot: (slot, seq) -> (expires_at, digest).
-    pub identities: BTreeMap<(i32, i64), (i64, i64)>,
+    /// Identity rows read with the snapshot: (slot, seq) -> the row.
+    pub identities: BTreeMap<(i32, i64), Identity>,
+}
+
+/// An identity row: the seq's day expiry, the key of its event rows, and the log position its
+/// stored version was written from (SPEC 7.2; `None` for a write without one, or a row an older
+/// release wrote). The row's TTL is the day's expiry, so the position lives and dies with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Identity {
+    pub expires_at: i64,
+    pub digest: i64,
+    pub source: Option<SourcePosition>,
 }
 
 impl Snapshot {
@@ -222,8 +225,15 @@ impl Snapshot {
     pub(crate) fn live_identity(&self, slot: i32, seq: i64, now: u64) -> Option<(u64, i64)> {
         self.identities
             .get(&(slot, seq))
-            .map(|&(expires_at, digest)| (unsigned(expires_at), digest))
+            .map(|identity| (unsigned(identity.expires_at), identity.digest))
             .filter(|(expires_at, _)| *expires_at > now)
+    }
+
+    /// The log position of `seq`'s stored version in `slot`, if its identity row was read.
+    pub(crate) fn identity_source(&self, slot: i32, seq: i64) -> Option<&SourcePosition> {
+        self.identities
+            .get(&(slot, seq))
+            .and_then(|identity| identity.source.as_ref())
     }
 
     /// Decides which slot a writer may change, or why it may not (SPEC 7.1).
@@ -343,18 +353,20 @@ impl Snapshot {
                             days: unsigned_map(row.days),
                             proof_max_seq: unsigned_map(row.proof_max_seq),
                             proof_expires_at: unsigned_map(row.proof_expires_at),
-                            source: row
-                                .source_position
-                                .as_deref()
-                                .and_then(SourcePosition::decode),
                         },
                     };
                 }
                 (slot @ (0 | 1), seq) => {
                     if let Some(expires_at) = row.expires_at {
-                        snapshot
-                            .identities
-                            .insert((slot, seq), (expires_at, row.digest.unwrap_or(0)));
+                        let identity = Identity {
+                            expires_at,
+                            digest: row.digest.unwrap_or(0),
+                            source: row
+                                .source_position
+                                .as_deref()
+                                .and_then(SourcePosition::decode),
+                        };
+                        snapshot.identities.insert((slot, seq), identity);
                     }
                 }
                 _ => {}

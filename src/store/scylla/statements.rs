@@ -149,7 +149,7 @@ pub(super) async fn prepare_all(
             format!(
                 "UPDATE {ks}.user_mailbox SET generation = ?, epoch = ?, format_version = ?, \
                  expired_gap_boundary = ?, seqbucket_max_seq = ?, user_trim_seq = ?, days = ?, \
-                 proof_max_seq = ?, proof_expires_at = ?, source_position = ? \
+                 proof_max_seq = ?, proof_expires_at = ? \
                  WHERE user_id = ? AND slot = ? AND seq = 0"
             ),
             plain,
@@ -157,8 +157,8 @@ pub(super) async fn prepare_all(
         .await?,
         put_identity: prepare(
             format!(
-                "INSERT INTO {ks}.user_mailbox (user_id, slot, seq, expires_at, digest) \
-                 VALUES (?, ?, ?, ?, ?) USING TTL ?"
+                "INSERT INTO {ks}.user_mailbox (user_id, slot, seq, expires_at, digest, \
+                 source_position) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
             ),
             plain,
         )

@@ -52,10 +52,8 @@ pub(super) struct Meta {
     /// entries (the span check bounds the day set, promote removes expired days). Fields are
     /// optional so a damaged proof can be represented and detected.
     pub(super) proofs: BTreeMap<u64, Proof>,
-    /// The log position of the last write that changed the mailbox (zombie fencing,
-    /// `rules::superseded`).
-    #[serde(default)]
-    pub(super) source: Option<SourcePosition>,
+    // An older release kept one position per mailbox here (`source`); a snapshot holding it
+    // still loads (the field is ignored): positions are kept per seq (`StoredGroup::source`).
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -85,7 +83,6 @@ impl Meta {
             seqbucket_max_seq: 0,
             user_trim_seq: 0,
             proofs: BTreeMap::new(),
-            source: None,
         }
     }
 
@@ -148,6 +145,10 @@ pub(super) struct StoredGroup {
     pub(super) day: u64,
     pub(super) created_at: u64,
     pub(super) events: Arc<[Event]>,
+    /// The log position this version was written from (SPEC 7.2, `rules::superseded`); `None`
+    /// for a write without one (`apply`). Lives and dies with the version.
+    #[serde(default)]
+    pub(super) source: Option<SourcePosition>,
 }
 
 /// Events sorted by ordinal: the order every backend stores and returns them in.
@@ -190,6 +191,7 @@ impl Mailbox {
         expires_at: u64,
         created_at: u64,
         events: Arc<[Event]>,
+        source: Option<SourcePosition>,
     ) {
         let old = self.groups.insert(
             seq,
@@ -197,6 +199,7 @@ impl Mailbox {
                 day,
                 created_at,
                 events,
+                source,
             },
         );
         match old {
