@@ -78,6 +78,8 @@ struct PartitionState {
     stalled: bool,
     /// Dead letters sent and not acknowledged yet (a hand-over waits for them too).
     letters: usize,
+    /// The generation of the assignment that opened this window (`DaemonContext::generation`).
+    generation: u64,
 }
 
 /// Settings the engine takes from the configuration once.
@@ -285,9 +287,9 @@ impl Engine {
 
     fn on_intake(&mut self, event: IntakeEvent) {
         match event {
-            IntakeEvent::Group(GroupEvent::Assigned(partitions)) => {
+            IntakeEvent::Group(GroupEvent::Assigned(partitions, generation)) => {
                 for partition in partitions {
-                    self.assign(partition);
+                    self.assign(partition, generation);
                 }
             }
             IntakeEvent::Group(GroupEvent::Lost) => {
@@ -346,8 +348,11 @@ impl Engine {
         }
     }
 
-    fn assign(&mut self, partition: i32) {
-        if self.driver.window(&partition).is_some() {
+    fn assign(&mut self, partition: i32, generation: u64) {
+        if let Some(window) = self.driver.window_mut(&partition) {
+            // Still open: an earlier assignment's window, closing or not. The new assignment
+            // owns it from here, so a late hand-over of the earlier one leaves it alone.
+            window.state.generation = window.state.generation.max(generation);
             return;
         }
         // The engine's own pause of an earlier assignment of this partition may have reached
@@ -369,6 +374,7 @@ impl Engine {
                 last_record: Instant::now(),
                 stalled: false,
                 letters: 0,
+                generation,
             },
         );
         metrics::partition_assigned(partition, 0);

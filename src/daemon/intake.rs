@@ -230,7 +230,7 @@ fn poll_loop(
             // Records polled from here on may come from a recreated topic or another cluster.
             if group_events
                 .iter()
-                .any(|e| matches!(e, GroupEvent::Assigned(_)))
+                .any(|e| matches!(e, GroupEvent::Assigned(..)))
             {
                 identity.refresh(consumer);
             }

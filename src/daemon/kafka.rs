@@ -302,7 +302,8 @@ pub(crate) fn validate_properties(kafka: &KafkaConfig) -> Result<(), String> {
 /// What the consumer callbacks tell the poll thread, in the order they happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupEvent {
-    Assigned(Vec<i32>),
+    /// Partitions assigned, with the assignment's generation (see `DaemonContext::generation`).
+    Assigned(Vec<i32>, u64),
     Revoked(Vec<i32>),
     /// A rebalance failed: librdkafka dropped the whole assignment without a revoke.
     Lost,
@@ -341,6 +342,11 @@ pub struct DaemonContext {
     /// assignment is lost, cleared by any assignment (an empty one too). Readiness
     /// (`health::subscription`) turns false when the wait exceeds `kafka.assignment_timeout_ms`.
     pub waiting_since: Mutex<Option<std::time::Instant>>,
+    /// The generation of the latest assignment: raised by every assignment before its event is
+    /// queued. A hand-over names the generation it revokes, so one that reaches the engine late
+    /// (a lost assignment's is never waited for) can only close windows opened by that
+    /// assignment or an earlier one, never a newer assignment of the same partition.
+    pub generation: std::sync::atomic::AtomicU64,
 }
 
 impl DaemonContext {
@@ -357,6 +363,7 @@ impl DaemonContext {
             handover_wait,
             assigned_notify: Arc::default(),
             waiting_since: Mutex::new(Some(std::time::Instant::now())),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -448,10 +455,18 @@ impl DaemonContext {
         let (done, answer) = std::sync::mpsc::sync_channel(1);
         let request = Handover {
             partitions: revoked.to_vec(),
+            generation: self.generation.load(std::sync::atomic::Ordering::SeqCst),
             lost,
             done,
         };
-        if engine.send(request).is_err() || lost {
+        if lost {
+            // Nobody waits for a lost assignment's hand-over: it may reach the engine after a
+            // newer assignment of the same partitions (its generation keeps it off them).
+            late_handover::send(engine, request);
+            tracing::warn!(partitions = ?revoked, "assignment lost (this replica left the group): its partitions are cancelled, nothing is committed");
+            return;
+        }
+        if engine.send(request).is_err() {
             if lost {
                 tracing::warn!(partitions = ?revoked, "assignment lost (this replica left the group): its partitions are cancelled, nothing is committed");
             }
@@ -532,7 +547,11 @@ impl ConsumerContext for DaemonContext {
             }
             tracing::info!(partitions = ?assigned, "partitions assigned");
             lock(&self.assigned).extend(assigned.iter().copied());
-            lock(&self.group_events).push(GroupEvent::Assigned(assigned));
+            let generation = self
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1;
+            lock(&self.group_events).push(GroupEvent::Assigned(assigned, generation));
             *lock(&self.waiting_since) = None;
             self.assigned_notify.notify_one();
         }
@@ -611,5 +630,39 @@ mod tests {
         assert_eq!(admin.get("linger.ms"), None);
         assert_eq!(admin.get("fetch.max.bytes"), None);
         assert_eq!(admin.get("security.protocol"), Some("ssl"));
+    }
+}
+
+/// How a lost assignment's hand-over reaches the engine: at once, or (test builds with
+/// `MATERIALIZER_DELAY_LOST_HANDOVER_MS=<ms>`) that much later from another thread, as a
+/// hand-over the engine takes up only after a newer assignment of the same partitions.
+mod late_handover {
+    use super::Handover;
+
+    type Engine = tokio::sync::mpsc::UnboundedSender<Handover>;
+
+    #[cfg(not(feature = "failpoints"))]
+    pub(super) fn send(engine: Engine, request: Handover) {
+        let _ = engine.send(request);
+    }
+
+    #[cfg(feature = "failpoints")]
+    pub(super) fn send(engine: Engine, request: Handover) {
+        let delay = std::env::var("MATERIALIZER_DELAY_LOST_HANDOVER_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok());
+        match delay {
+            None => {
+                let _ = engine.send(request);
+            }
+            Some(ms) => {
+                eprintln!("delaying the lost assignment's hand-over by {ms} ms");
+                std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                    eprintln!("the lost assignment's hand-over reaches the engine");
+                    let _ = engine.send(request);
+                });
+            }
+        }
     }
 }

@@ -136,6 +136,73 @@ async fn zombie_loses_to_the_new_owner(setup: DaemonSetup, store: &dyn MailboxSt
     assert_eq!(bodies(store, user).await, vec!["{\"body\":\"v2\"}"]);
 }
 
+/// SPEC 7.2: a hand-over carries the generation of the assignment it revokes. A replica frozen
+/// past its session finds its assignment lost when it goes on; nobody waits for a lost
+/// assignment's hand-over, so it can reach the engine after the replica was given the same
+/// partition again. Here it is held back (a failpoint) until then: it must leave the newer
+/// assignment's window alone, and records produced afterwards are applied and committed.
+/// Before, it closed the new window, and the partition's later records were dropped unread.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_hand_over_of_a_lost_assignment_never_closes_a_newer_one() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("latehandover", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let user = "late-u";
+    let now = now_ms();
+    produce(&setup.topic, &[(0, record(user, 1, "v1", now))]).await;
+    let mut a = Daemon::start_with_env(&setup, &[("MATERIALIZER_DELAY_LOST_HANDOVER_MS", "8000")]);
+    wait_for(
+        "the first record committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![1],
+        || a.log(),
+    );
+    a.freeze();
+    std::thread::sleep(PAST_THE_SESSION);
+    a.thaw();
+    wait_for(
+        "the partition assigned again, then the old hand-over",
+        Duration::from_secs(60),
+        || {
+            let log = a.log();
+            log.matches("partitions assigned").count() >= 2
+                && log.contains("the lost assignment's hand-over reaches the engine")
+        },
+        || a.log(),
+    );
+    let log = a.log();
+    let reassigned = log.rfind("partitions assigned").unwrap_or(0);
+    let late = log
+        .find("the lost assignment's hand-over reaches the engine")
+        .unwrap_or(0);
+    assert!(
+        reassigned < late,
+        "the hand-over came after the new assignment: {log}"
+    );
+    // Records of the newer assignment flow.
+    produce(&setup.topic, &[(0, record(user, 2, "v2", now))]).await;
+    wait_for(
+        "the record after the late hand-over committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![2],
+        || a.log(),
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(
+        bodies(&store, user).await,
+        vec!["{\"body\":\"v1\"}", "{\"body\":\"v2\"}"]
+    );
+    assert!(
+        a.log().contains(
+            "a hand-over of an earlier assignment arrived after the partition was assigned again"
+        ),
+        "{}",
+        a.log()
+    );
+    assert!(a.terminate(Duration::from_secs(30)).success());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_zombie_write_never_overwrites_the_new_owner_on_redis() {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);

@@ -23,6 +23,10 @@ use super::Engine;
 #[derive(Debug)]
 pub struct Handover {
     pub partitions: Vec<i32>,
+    /// The generation of the latest assignment when the revoke ran: only windows opened by
+    /// that assignment or an earlier one are handed over (a newer assignment's are not this
+    /// revoke's, however late it arrives).
+    pub generation: u64,
     /// The assignment was lost (this replica left the group, e.g. frozen past its session):
     /// the partitions already belong to another replica, so nothing is waited for or committed;
     /// they are only cancelled at once.
@@ -47,7 +51,21 @@ impl Pending {
 
 impl Engine {
     /// Step 1: nothing new starts for the revoked partitions.
-    pub(super) fn begin_handover(&mut self, handover: Handover) {
+    pub(super) fn begin_handover(&mut self, mut handover: Handover) {
+        let generation = handover.generation;
+        handover.partitions.retain(|partition| {
+            let newer = self
+                .driver
+                .window(partition)
+                .is_some_and(|w| w.state.generation > generation);
+            if newer {
+                tracing::info!(
+                    partition,
+                    "a hand-over of an earlier assignment arrived after the partition was assigned again: the new assignment keeps it"
+                );
+            }
+            !newer
+        });
         for partition in &handover.partitions {
             self.driver.begin_close(partition);
         }
@@ -85,7 +103,17 @@ impl Engine {
             });
         self.handovers = waiting;
         for pending in ready {
-            let Pending { handover, deadline } = pending;
+            let Pending {
+                mut handover,
+                deadline,
+            } = pending;
+            // A newer assignment of a partition since `begin_handover` keeps its window.
+            let generation = handover.generation;
+            handover.partitions.retain(|partition| {
+                self.driver
+                    .window(partition)
+                    .is_none_or(|w| w.state.generation <= generation)
+            });
             let mut watermarks = Vec::new();
             for partition in &handover.partitions {
                 let Some(window) = self.driver.window(partition) else {
