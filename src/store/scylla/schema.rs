@@ -9,9 +9,11 @@
 //!   - per slot `s` in {0, 1}, the **meta row** `(s, 0)`: the slot's `generation` (names its event
 //!     partitions; new on every epoch move and every fresh staging copy), its `epoch` (the user's
 //!     current epoch in that slot, `P:epoch` on Redis), the V4 meta of SPEC 5 (`mbmeta` plus
-//!     the `mbdays` day set as the `days` map) and `source_position` (zombie fencing);
-//!   - per slot, the **identity rows** `(s, seq > 0)`: `expires_at(day)` and the `digest` naming
-//!     the committed copy of the group's event rows (`mbseqbucket` on Redis), `USING TTL`.
+//!     the `mbdays` day set as the `days` map) (its `source_position`, the mailbox-level position
+//!     an older release kept, is neither read nor written any more);
+//!   - per slot, the **identity rows** `(s, seq > 0)`: `expires_at(day)`, the `digest` naming
+//!     the committed copy of the group's event rows (`mbseqbucket` on Redis) and the
+//!     `source_position` of that copy (zombie fencing, SPEC 7.2), `USING TTL`.
 //!
 //!   The slot that is not live is a repair's staging copy (SPEC 7.1); the swap flips `live_slot`.
 //! - `mailbox_events`: one partition per `(user_id, generation, bucket)`, where the bucket is
@@ -99,8 +101,8 @@ pub(crate) const EXPECTED: &[(&str, &[Column])] = &[
 
 /// Columns added after a table's first release: `(table, column, type)`, added to a keyspace
 /// created before them (`ALTER TABLE ... ADD`, an error for a column already there is ignored).
-/// `user_mailbox.source_position`: the log position of the last write that changed the slot's
-/// mailbox, on its meta row (zombie fencing, `model::rules::superseded`).
+/// `user_mailbox.source_position`: the log position of a seq's stored version, on its identity
+/// row (zombie fencing, `model::rules::superseded`).
 pub(crate) const ADDED_COLUMNS: &[(&str, &str, &str)] =
     &[("user_mailbox", "source_position", "text")];
 
