@@ -676,7 +676,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn metadata_bytes(policy: RetentionPolicy) -> Vec<(u64, i64, i64, i64, i64)> {
+/// The metadata of one mailbox written 3 groups a day for a year; `positioned`: each group with
+/// a log position, as the daemon writes them (SPEC 7.2: one `pos:<seq>` field per live seq).
+async fn metadata_bytes(
+    policy: RetentionPolicy,
+    positioned: bool,
+) -> Vec<(u64, i64, i64, i64, i64)> {
     let start = 1_805_112_000u64;
     let server = RedisServer::start(Clock::Fake(start), Listen::Unix, &[]);
     let store = RedisStore::connect(RedisSettings::new(server.url(), "mm"), policy)
@@ -691,7 +696,10 @@ async fn metadata_bytes(policy: RetentionPolicy) -> Vec<(u64, i64, i64, i64, i64
         server.set_now(start + day * DAY_SECS);
         for _ in 0..3 {
             seq += 1;
-            let g = group(mailbox.user_id.clone(), seq, start / DAY_SECS + day, 3);
+            let mut g = group(mailbox.user_id.clone(), seq, start / DAY_SECS + day, 3);
+            if positioned {
+                g.source = Some(SourcePosition::new(bench_log(), 7, 1_000_000_000 + seq as i64));
+            }
             store.append(&g).await.expect("append");
         }
         if [30u64, 364].contains(&day) {
@@ -824,10 +832,12 @@ async fn main() {
     println!("\nratio Rust / redis-benchmark: **{:.2}**\n", r / b);
 
     println!("## Metadata bytes of one mailbox, 3 groups a day (MEMORY USAGE)\n");
-    println!("| days written | meta | day set | identity index | total |");
-    println!("|---|---|---|---|---|");
-    for (days, meta, day_set, index, total) in metadata_bytes(policy).await {
-        println!("| {days} | {meta} | {day_set} | {index} | {total} |");
+    println!("| groups | days written | meta | day set | identity index | total |");
+    println!("|---|---|---|---|---|---|");
+    for (label, positioned) in [("without a position (apply)", false), ("with a log position (the daemon)", true)] {
+        for (days, meta, day_set, index, total) in metadata_bytes(policy, positioned).await {
+            println!("| {label} | {days} | {meta} | {day_set} | {index} | {total} |");
+        }
     }
 }
 
