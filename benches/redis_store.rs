@@ -698,7 +698,11 @@ async fn metadata_bytes(
             seq += 1;
             let mut g = group(mailbox.user_id.clone(), seq, start / DAY_SECS + day, 3);
             if positioned {
-                g.source = Some(SourcePosition::new(bench_log(), 7, 1_000_000_000 + seq as i64));
+                g.source = Some(SourcePosition::new(
+                    bench_log(),
+                    7,
+                    1_000_000_000 + seq as i64,
+                ));
             }
             store.append(&g).await.expect("append");
         }
@@ -834,7 +838,10 @@ async fn main() {
     println!("## Metadata bytes of one mailbox, 3 groups a day (MEMORY USAGE)\n");
     println!("| groups | days written | meta | day set | identity index | total |");
     println!("|---|---|---|---|---|---|");
-    for (label, positioned) in [("without a position (apply)", false), ("with a log position (the daemon)", true)] {
+    for (label, positioned) in [
+        ("without a position (apply)", false),
+        ("with a log position (the daemon)", true),
+    ] {
         for (days, meta, day_set, index, total) in metadata_bytes(policy, positioned).await {
             println!("| {label} | {days} | {meta} | {day_set} | {index} | {total} |");
         }

@@ -111,25 +111,39 @@ async fn top_shows_live_replicas_their_partitions_and_a_frozen_one_as_down() {
     let addr = |d: &Daemon| format!("127.0.0.1:{}", d.http_port);
     let (addr_a, addr_b) = (addr(&a), addr(&b));
 
-    // --once --json: one snapshot that agrees with each replica's metrics.
-    let out = run_materializer(
-        &[
-            "top",
-            "--once",
-            "--json",
-            "--interval-ms",
-            "300",
-            &addr_a,
-            &addr_b,
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let snapshot: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    // --once --json: one snapshot that agrees with each replica's metrics. The second replica's
+    // join may still be moving a partition when the records are committed: take snapshots until
+    // every partition is served (the group settles within a few seconds).
+    let snapshot_once = || {
+        let out = run_materializer(
+            &[
+                "top",
+                "--once",
+                "--json",
+                "--interval-ms",
+                "300",
+                &addr_a,
+                &addr_b,
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let snapshot: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        snapshot
+    };
+    let served = |snapshot: &Value| {
+        snapshot["partitions"].as_array().map_or(0, |p| p.len()) == PARTITIONS as usize
+    };
+    let mut snapshot = snapshot_once();
+    let settle = std::time::Instant::now() + Duration::from_secs(30);
+    while !served(&snapshot) && std::time::Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(300));
+        snapshot = snapshot_once();
+    }
     let replicas = snapshot["replicas"].as_array().expect("replicas");
     assert_eq!(replicas.len(), 2);
     for replica in replicas {

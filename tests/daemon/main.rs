@@ -5,6 +5,7 @@
 //! - `kafka`: end to end, kill -9, rebalances, pauses, dead letters, memory during a catch-up.
 //! - `failures` and `faults`: inputs and server faults that must never hold a partition forever
 //!   or commit what was not final.
+//! - `cluster_changes`: SPEC 7.2, a Redis Cluster resharded under load.
 //! - `fleet`: SPEC 7.2, zombies fenced on every topology and three replicas per rebalance
 //!   protocol under churn.
 //! - `order`: per-mailbox source order under the batched core (the daemon in this process).
@@ -24,6 +25,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cluster_changes;
 mod dashboard_metrics;
 mod demo_serve;
 mod failures;

@@ -433,6 +433,70 @@ impl RedisCluster {
         Self { nodes }
     }
 
+    /// Adds an empty master (`redis-cli --cluster add-node`) and waits until every node knows
+    /// it. Its slots come with [`rebalance_onto_empty_masters`](Self::rebalance_onto_empty_masters).
+    pub fn add_master(&mut self, clock: Clock) {
+        let port = free_port();
+        let node = std::sync::Arc::new(RedisServer::start(
+            clock,
+            Listen::Tcp(port),
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "15000",
+            ],
+        ));
+        let first = format!("127.0.0.1:{}", self.nodes[0].port().expect("tcp"));
+        let status = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "add-node",
+                &format!("127.0.0.1:{port}"),
+                &first,
+            ])
+            .stdout(Stdio::null())
+            .status()
+            .expect("redis-cli");
+        assert!(status.success(), "redis-cli --cluster add-node failed");
+        self.nodes.push(node);
+        let count = format!("cluster_known_nodes:{}", self.nodes.len());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // Known by all, and ok on all: a node that still thinks the cluster is down refuses the
+        // keys a rebalance migrates to it (CLUSTERDOWN).
+        while !self.nodes.iter().all(|n| {
+            let info = n.raw("CLUSTER INFO");
+            info.contains(&count) && info.contains("cluster_state:ok")
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the new master never became known"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// `redis-cli --cluster rebalance --cluster-use-empty-masters`: moves slots (and their keys)
+    /// onto masters that have none, while clients go on. Blocks until it is done.
+    pub fn rebalance_onto_empty_masters(&self) {
+        let first = format!("127.0.0.1:{}", self.nodes[0].port().expect("tcp"));
+        let out = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "rebalance",
+                &first,
+                "--cluster-use-empty-masters",
+            ])
+            .output()
+            .expect("redis-cli");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster rebalance failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Every node's URL (each a seed).
     pub fn seed_urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()

@@ -4,84 +4,31 @@
 //! `append_run.lua` for more), then (with `wait_replicas > 0`) one `WAIT` covering all of
 //! them, on one connection in one round trip.
 //!
-//! On a Redis Cluster the client refuses a pipeline whose commands name several slots (a
-//! client-side `CROSSSLOT`), so a batch is first split **by node**: the slot of each user's hash
-//! tag, looked up in the cluster's slot map (`CLUSTER SLOTS`, cached for [`SLOT_MAP_TTL`]), names
-//! the master that serves it, and each master gets one pipeline routed to it, all sent at once.
-//! A master runs commands of any of its slots in one pipeline. A slot that moved since the map
-//! was read answers `MOVED` for its command alone (transient: that delivery is retried on its
-//! own, and the map is read again). Without a map (it could not be read) the batch is split by
-//! slot instead. A record's outcome therefore never depends on which other records shared its
-//! batch (SPEC 7.2). Each part keeps its own `WAIT` (WAIT covers one connection's writes).
+//! On a Redis Cluster each run is its own request (its script call, then its own `WAIT` with
+//! `wait_replicas > 0`), routed by the slot of its user's hash tag, all sent at once: the cluster
+//! client writes the requests of one node back to back on that node's connection, so the batch
+//! still costs about one round trip per node. One request per script call is what keeps every
+//! outcome the answer of the one execution that changed the store while slots move (SPEC 7.2, "The
+//! cluster may change under load"): the client answers a `MOVED`, `ASK`, `TRYAGAIN`,
+//! `CLUSTERDOWN` or `LOADING` by re-sending the **request** that got it (the redis crate, 1.8,
+//! re-sends a whole pipeline when one of its commands is redirected, so a pipeline of several
+//! scripts would run the others twice and answer `unchanged` for what it had `inserted`). Those
+//! answers come before a script runs, so the request re-sent is one that changed nothing. A
+//! script names every key of its user (`KEYS`, one hash tag, one slot): while that slot
+//! migrates and the user's keys are split between the two nodes, the server answers
+//! `TRYAGAIN` instead of running it, which is the guarantee that a script never sees half a
+//! mailbox; the client retries that request alone, with its own backoff (the redis crate's
+//! defaults: shorter waits made the 1.8 client stop answering after a topology change, every
+//! request timing out until the process restarted; see docs/decisions.md).
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Pipeline, RedisError, Value};
 
 use super::keys::{self, KeySet};
-use super::{classified, lock, protocol, validate_group, Connection, RedisStore};
+use super::{classified, protocol, validate_group, Connection, RedisStore};
 use crate::model::{AppendOutcome, EventGroup, StoreError};
-
-/// How long a cluster's slot map is used before it is read again (a `MOVED` answer drops it at
-/// once).
-pub(super) const SLOT_MAP_TTL: Duration = Duration::from_secs(30);
-
-/// Redis Cluster's 16,384 hash slots: `(first slot, last slot, "host:port" of the master)`.
-#[derive(Debug)]
-pub(super) struct SlotMap {
-    ranges: Vec<(u16, u16, String)>,
-    read_at: Instant,
-}
-
-impl SlotMap {
-    /// The master serving `slot`, if the map covers it.
-    fn master(&self, slot: u16) -> Option<&str> {
-        let i = self.ranges.partition_point(|(_, last, _)| *last < slot);
-        self.ranges
-            .get(i)
-            .filter(|(first, _, _)| *first <= slot)
-            .map(|(_, _, node)| node.as_str())
-    }
-
-    /// Parses a `CLUSTER SLOTS` reply.
-    fn parse(reply: &Value) -> Option<Self> {
-        let Value::Array(entries) = reply else {
-            return None;
-        };
-        let mut ranges = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let Value::Array(fields) = entry else {
-                return None;
-            };
-            let number = |v: &Value| match v {
-                Value::Int(i) => u16::try_from(*i).ok(),
-                _ => None,
-            };
-            let (first, last) = (number(fields.first()?)?, number(fields.get(1)?)?);
-            let Value::Array(master) = fields.get(2)? else {
-                return None;
-            };
-            let host = match master.first()? {
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                Value::SimpleString(s) => s.clone(),
-                _ => return None,
-            };
-            let port = match master.get(1)? {
-                Value::Int(p) => *p,
-                _ => return None,
-            };
-            ranges.push((first, last, format!("{host}:{port}")));
-        }
-        ranges.sort();
-        Some(Self {
-            ranges,
-            read_at: Instant::now(),
-        })
-    }
-}
 
 /// The Redis Cluster slot of a key (CRC16/XMODEM of its hash tag, or of the key, mod 16,384).
 pub(super) fn slot_of_key(key: &str) -> u16 {
@@ -111,8 +58,8 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
 impl RedisStore {
     /// Appends of several runs (each of one mailbox, [`MailboxStore::append_run`]) to the
     /// `copy` a write of `holder` reaches (live: `""`; a repair's staging copy: its holder id),
-    /// as `lua/append.lua` names them: one pipeline on a single server; on a cluster one
-    /// pipeline per master, all sent at once. Answers each run in the order given.
+    /// as `lua/append.lua` names them: one pipeline on a single server; on a cluster one request
+    /// per run, all sent at once (see the module's doc). Answers each run in the order given.
     ///
     /// [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
     pub(super) async fn append_runs_pipelined(
@@ -124,89 +71,39 @@ impl RedisStore {
         if !self.settings.cluster {
             return self.append_pipeline(copy, holder, runs, None).await;
         }
-        let slots: Vec<u16> = runs
-            .iter()
-            .map(|run| {
-                run.first()
-                    .map_or(0, |g| slot_of_key(&keys::tag(&g.mailbox.user_id)))
-            })
-            .collect();
-        let map = self.slot_map().await;
-        let mut parts: HashMap<String, Vec<usize>> = HashMap::new();
-        for (i, &slot) in slots.iter().enumerate() {
-            let node = map
-                .as_deref()
-                .and_then(|m| m.master(slot))
-                .map_or_else(|| format!("slot {slot}"), str::to_owned);
-            parts.entry(node).or_default().push(i);
-        }
-        let parts: Vec<Vec<usize>> = parts.into_values().collect();
-        let answers = futures::future::join_all(parts.iter().map(|part| {
-            let part_runs: Vec<&[&EventGroup]> = part.iter().map(|i| runs[*i]).collect();
-            // Routed to the master of its first user's slot, which serves all of them.
-            let route = Route::new(slots[part[0]], SlotAddr::Master);
+        futures::future::join_all(runs.iter().map(|run| {
+            let slot = run
+                .first()
+                .map_or(0, |g| slot_of_key(&keys::tag(&g.mailbox.user_id)));
             async move {
-                self.append_pipeline(copy, holder, &part_runs, Some(route))
-                    .await
+                let mut answers = self
+                    .append_pipeline(
+                        copy,
+                        holder,
+                        &[run],
+                        Some(Route::new(slot, SlotAddr::Master)),
+                    )
+                    .await;
+                let answer = answers.pop().unwrap_or_default();
+                if answer.is_empty() && !run.is_empty() {
+                    return vec![Err(protocol(
+                        "a cluster request answered no append of its run",
+                    ))];
+                }
+                answer
             }
         }))
-        .await;
-        let mut results: Vec<Vec<Result<AppendOutcome, StoreError>>> =
-            (0..runs.len()).map(|_| Vec::new()).collect();
-        let mut moved = false;
-        for (part, answer) in parts.iter().zip(answers) {
-            for (i, outcomes) in part.iter().zip(answer) {
-                moved |= outcomes.iter().any(|o| {
-                    matches!(o, Err(StoreError::Unavailable { detail, .. }) if detail.contains("MOVED"))
-                });
-                results[*i] = outcomes;
-            }
-        }
-        if moved {
-            // A slot moved: read the map again before the next batch.
-            *lock(&self.slot_map) = None;
-        }
-        for (answers, run) in results.iter_mut().zip(runs) {
-            if answers.is_empty() && !run.is_empty() {
-                answers.push(Err(protocol(
-                    "a cluster part answered fewer appends than it was sent",
-                )));
-            }
-        }
-        results
+        .await
     }
 
-    /// The cluster's slot map, read again when older than [`SLOT_MAP_TTL`]; `None` when it
-    /// cannot be read (batches are then split by slot).
-    async fn slot_map(&self) -> Option<Arc<SlotMap>> {
-        if let Some(map) = lock(&self.slot_map).clone() {
-            if map.read_at.elapsed() < SLOT_MAP_TTL {
-                return Some(map);
-            }
-        }
-        let reply: Result<Value, RedisError> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut self.conn())
-            .await;
-        let map = match reply {
-            Ok(reply) => SlotMap::parse(&reply).map(Arc::new),
-            Err(e) => {
-                tracing::warn!(error = %e, "CLUSTER SLOTS failed: batches are split by slot until it answers");
-                None
-            }
-        };
-        *lock(&self.slot_map) = map.clone();
-        map
-    }
-
-    /// Sends `pipe` (errors answered per command) to `route`'s master on a cluster, or as the
-    /// connection routes it.
+    /// Sends `pipe` (errors answered per command) to the master of `route`'s slot on a cluster
+    /// (one run's request), or as the connection routes it.
     async fn send_pipeline(
         &self,
         pipe: &Pipeline,
         route: Option<Route>,
     ) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
-        match (route, &self.connection) {
+        match (route, &self.conn()) {
             (Some(route), Connection::Cluster(cluster)) => {
                 let mut cluster = cluster.clone();
                 let values = cluster
@@ -464,38 +361,5 @@ mod tests {
         assert_eq!(slot_of_key("mm:epoch:{u-17}"), slot_of_key("u-17"));
         assert_eq!(slot_of_key("{}x"), slot_of_key("{}x"));
         assert_eq!(crc16_xmodem(b"123456789"), 0x31C3);
-    }
-
-    #[test]
-    fn a_slot_map_names_the_master_of_each_slot() {
-        let node = |host: &str, port: i64| {
-            Value::Array(vec![
-                Value::BulkString(host.as_bytes().to_vec()),
-                Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
-            ])
-        };
-        let reply = Value::Array(vec![
-            Value::Array(vec![
-                Value::Int(5461),
-                Value::Int(10922),
-                node("127.0.0.1", 7001),
-            ]),
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(5460),
-                node("127.0.0.1", 7000),
-            ]),
-            Value::Array(vec![
-                Value::Int(10923),
-                Value::Int(16383),
-                node("127.0.0.1", 7002),
-            ]),
-        ]);
-        let map = SlotMap::parse(&reply).expect("parses");
-        assert_eq!(map.master(0), Some("127.0.0.1:7000"));
-        assert_eq!(map.master(5461), Some("127.0.0.1:7001"));
-        assert_eq!(map.master(16383), Some("127.0.0.1:7002"));
-        assert_eq!(SlotMap::parse(&Value::Int(1)).map(|m| m.ranges.len()), None);
     }
 }

@@ -89,6 +89,7 @@ impl RedisStore {
         settings: RedisSettings,
         policy: RetentionPolicy,
     ) -> Result<Self, StoreError> {
+        let mut cluster_client = None;
         let connection = if settings.cluster {
             let mut nodes = vec![settings.url.clone()];
             nodes.extend(settings.extra_nodes.iter().cloned());
@@ -97,7 +98,10 @@ impl RedisStore {
                 .response_timeout(settings.command_timeout)
                 .build()
                 .map_err(classified)?;
-            Connection::Cluster(client.get_async_connection().await.map_err(classified)?)
+            let connection =
+                Connection::Cluster(client.get_async_connection().await.map_err(classified)?);
+            cluster_client = Some(client);
+            connection
         } else {
             let client = redis::Client::open(settings.url.as_str()).map_err(classified)?;
             let config = ConnectionManagerConfig::new()
@@ -120,13 +124,22 @@ impl RedisStore {
             .map_err(classified)?;
             Connection::Single(manager)
         };
+        let connection: super::cluster_watch::Shared =
+            std::sync::Arc::new(std::sync::RwLock::new(connection));
+        if let Some(client) = cluster_client {
+            super::cluster_watch::spawn(
+                client,
+                &connection,
+                settings.command_timeout,
+                settings.connect_timeout,
+            );
+        }
         let store = Self {
             connection,
             settings,
             policy,
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
-            slot_map: Mutex::new(None),
             promoted: Default::default(),
         };
         let _: String = redis::cmd("PING")

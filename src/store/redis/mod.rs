@@ -23,6 +23,7 @@
 
 mod append;
 mod batch;
+mod cluster_watch;
 mod connection;
 mod dump;
 pub mod eviction;
@@ -66,13 +67,13 @@ const BACKEND: &str = "redis";
 
 /// The Redis backend.
 pub struct RedisStore {
-    connection: Connection,
+    /// The connection every request uses; on a cluster, swapped by `cluster_watch` when it
+    /// stops answering.
+    connection: cluster_watch::Shared,
     settings: RedisSettings,
     policy: RetentionPolicy,
     scripts: Scripts,
     after_scan_read: Mutex<Option<PhaseHook>>,
-    /// A cluster's slot map, for batches grouped by master (`batch`).
-    slot_map: Mutex<Option<std::sync::Arc<batch::SlotMap>>>,
     /// Day buckets the append script compacted (its reply says how many).
     promoted: crate::store::PromotedBuckets,
 }
@@ -101,7 +102,7 @@ impl RedisStore {
 
     /// A handle on the shared connection (a clone is a new handle, not a new socket).
     pub fn conn(&self) -> Connection {
-        self.connection.clone()
+        cluster_watch::current(&self.connection)
     }
 
     fn keys(&self, mailbox: &MailboxId) -> MailboxKeys {
