@@ -167,6 +167,10 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
             health.clone(),
         )
     });
+    let open_slot_watch = opened
+        .redis()
+        .filter(|_| config.store.redis.cluster)
+        .map(|redis| crate::daemon::health::watch_open_slots(redis.clone(), health.clone()));
     let commit_offsets = config.store.backend != Backend::Memory;
     if !commit_offsets {
         tracing::warn!(
@@ -188,7 +192,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         on_producer: None,
     };
     let result = daemon::run(config, opened.store.clone(), options).await;
-    if let Some(watch) = eviction_watch {
+    for watch in eviction_watch.into_iter().chain(open_slot_watch) {
         watch.abort();
     }
     if let Err(e) = opened.persist() {

@@ -149,6 +149,51 @@ pub fn watch_eviction(
     })
 }
 
+/// Watches a Redis Cluster for slots a reshard left open (SPEC 7.2): a slot reported migrating
+/// or importing on two checks in a row ([`OPEN_SLOT_RECHECK`] apart; a healthy rebalance moves
+/// each slot within seconds, so one sighting is routine) turns readiness false with the slots
+/// named, and logs them once; it clears by itself once the operator closes them (`redis-cli
+/// --cluster fix`). Only the users of those slots wait meanwhile (their scripts are answered
+/// `TRYAGAIN`); the others flow.
+pub fn watch_open_slots(
+    store: Arc<crate::store::redis::RedisStore>,
+    health: Arc<Health>,
+) -> tokio::task::JoinHandle<()> {
+    use crate::store::redis::open_slots::OpenSlot;
+    tokio::spawn(async move {
+        let mut seen: Vec<OpenSlot> = Vec::new();
+        let mut reported: Vec<OpenSlot> = Vec::new();
+        loop {
+            if let Ok(open) = store.open_slots().await {
+                let stuck: Vec<OpenSlot> =
+                    open.iter().filter(|s| seen.contains(s)).cloned().collect();
+                if stuck.is_empty() {
+                    if !reported.is_empty() {
+                        tracing::info!("no Redis Cluster slot is left open any more");
+                    }
+                    health.set_store_slots(false, None);
+                } else {
+                    let named: Vec<String> = stuck.iter().map(ToString::to_string).collect();
+                    let line = format!(
+                        "{} left open by an interrupted reshard (its users wait): run redis-cli --cluster fix",
+                        named.join("; ")
+                    );
+                    if stuck != reported {
+                        tracing::error!("not ready: {line}");
+                    }
+                    health.set_store_slots(true, Some(line));
+                }
+                reported = stuck;
+                seen = open;
+            }
+            tokio::time::sleep(OPEN_SLOT_RECHECK).await;
+        }
+    })
+}
+
+/// How often [`watch_open_slots`] asks every master.
+const OPEN_SLOT_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the brokers' metadata says of the subscribed topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TopicView {

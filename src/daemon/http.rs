@@ -32,6 +32,9 @@ pub struct Health {
     /// Failing while a Redis master evicts keys without `store.redis.allow_eviction`
     /// (`health::watch_eviction`).
     store_policy: Condition,
+    /// Failing while a Redis Cluster slot stays migrating or importing (an interrupted reshard;
+    /// `health::watch_open_slots`).
+    store_slots: Condition,
 }
 
 /// A readiness condition that a probe decides as a whole: whether it fails, and its `/readyz`
@@ -106,6 +109,12 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// The cluster's open slots as the periodic check found them (`health::watch_open_slots`).
+    pub(crate) fn set_store_slots(&self, failing: bool, line: Option<String>) {
+        self.store_slots.set(failing, line);
+        super::metrics::ready(self.ready());
+    }
+
     /// A store write failed transiently just now.
     pub(crate) fn write_failed(&self) {
         self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
@@ -132,10 +141,11 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nbroker: {}\nsubscription: {}\npartitions: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nsubscription: {}\npartitions: {}\ndead letters: {}\n",
             word(self.store_ok(), "unreachable"),
             word(!recent_write_failure, "failing"),
             self.store_policy.line(),
+            self.store_slots.line(),
             word(self.broker_ok(), "unreachable"),
             self.subscription.line(),
             word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
@@ -157,6 +167,7 @@ impl Health {
             && !recent_write_failure
             && !self.subscription.failing()
             && !self.store_policy.failing()
+            && !self.store_slots.failing()
     }
 }
 

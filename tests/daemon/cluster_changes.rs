@@ -111,3 +111,129 @@ async fn a_rebalance_onto_a_fourth_master_under_load_reports_every_outcome_once(
         "a routine redirection logged per delivery ({retries} lines)"
     );
 }
+
+/// One record of one group of `user` at `seq`.
+fn record(user: &str, seq: u64) -> Vec<u8> {
+    serde_json::json!({
+        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": support::reference::now_ms(),
+        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"body": format!("{user}-{seq}")}}]}]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The value of a RESP bulk or integer reply of `raw`.
+fn resp_value(reply: &str) -> String {
+    reply
+        .lines()
+        .find(|l| !l.starts_with('$') && !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches(':')
+        .trim()
+        .to_owned()
+}
+
+/// SPEC 7.2: a slot left migrating by an interrupted reshard holds only the users of that slot,
+/// turns readiness false with the slot named, and resumes by itself once the operator runs
+/// `redis-cli --cluster fix`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
+    use support::kafka::{committed, http_get, wait_for};
+    use support::reference::scan_seqs;
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(Clock::Real))
+        .await
+        .expect("cluster start");
+    let mut setup = DaemonSetup::new("openslot", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let stuck = "openslot-stuck";
+    let slot: u16 = resp_value(&cluster.nodes[0].raw(&format!("CLUSTER KEYSLOT {stuck}")))
+        .parse()
+        .expect("slot");
+    let others: Vec<String> = (0..30)
+        .map(|i| format!("openslot-u{i}"))
+        .filter(|u| {
+            resp_value(&cluster.nodes[0].raw(&format!("CLUSTER KEYSLOT {u}"))) != slot.to_string()
+        })
+        .collect();
+
+    // The stuck user's mailbox exists before the reshard starts.
+    let mut offsets = produce(&setup.topic, &[(0, record(stuck, 1))]).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "the first record committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![1],
+        || daemon.log(),
+    );
+
+    // A reshard interrupted half-way: the slot MIGRATING on its master, IMPORTING on another.
+    let owner = cluster
+        .nodes
+        .iter()
+        .position(|n| !n.raw(&format!("GET {{{stuck}}}x")).starts_with("-MOVED"))
+        .expect("the slot's master");
+    let target = (owner + 1) % cluster.nodes.len();
+    let id = |i: usize| resp_value(&cluster.nodes[i].raw("CLUSTER MYID"));
+    let (owner_id, target_id) = (id(owner), id(target));
+    assert!(cluster.nodes[target]
+        .raw(&format!("CLUSTER SETSLOT {slot} IMPORTING {owner_id}"))
+        .starts_with("+OK"));
+    assert!(cluster.nodes[owner]
+        .raw(&format!("CLUSTER SETSLOT {slot} MIGRATING {target_id}"))
+        .starts_with("+OK"));
+
+    // The stuck user's next record waits; every other user's records land.
+    let mut records = vec![(0, record(stuck, 2))];
+    records.extend(others.iter().map(|u| (0, record(u, 1))));
+    offsets.extend(produce(&setup.topic, &records).await);
+    wait_for(
+        "readiness false with the slot named",
+        Duration::from_secs(60),
+        || {
+            http_get(daemon.http_port, "/readyz").is_some_and(|(status, body)| {
+                status == 503 && body.contains(&format!("store slots: slot {slot} migrating"))
+            })
+        },
+        || daemon.log(),
+    );
+    let store = cluster.store().await;
+    for user in &others {
+        assert_eq!(scan_seqs(&store, user).await, vec![1], "{user} flows");
+    }
+    assert_eq!(
+        committed(&setup.group, &setup.topic, 1),
+        vec![1],
+        "the committed offset stays before the stuck user's record"
+    );
+
+    // The operator fixes the cluster: the slot closes and the stuck user's record lands.
+    let any = format!("127.0.0.1:{}", cluster.nodes[0].port().expect("tcp"));
+    let fixed = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("redis-cli")
+            .args(["--cluster", "fix", &any, "--cluster-yes"])
+            .output()
+            .expect("redis-cli")
+    })
+    .await
+    .expect("fix");
+    assert!(
+        fixed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fixed.stdout)
+    );
+    let end = offsets.last().copied().unwrap_or(0) + 1;
+    wait_for(
+        "every record committed and readiness back",
+        Duration::from_secs(120),
+        || {
+            committed(&setup.group, &setup.topic, 1) == vec![end]
+                && daemon.ready_status() == Some(200)
+        },
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, stuck).await, vec![1, 2]);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}

@@ -29,6 +29,7 @@ mod dump;
 pub mod eviction;
 mod invoke;
 pub mod keys;
+pub mod open_slots;
 mod patrol;
 mod repair;
 mod scan;
