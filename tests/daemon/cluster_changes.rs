@@ -194,7 +194,11 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
         Duration::from_secs(60),
         || {
             http_get(daemon.http_port, "/readyz").is_some_and(|(status, body)| {
-                status == 503 && body.contains(&format!("store slots: slot {slot} migrating"))
+                // Both ends of the slot are named (in the order of their nodes' addresses).
+                status == 503
+                    && body.contains(&format!("store slots: slot {slot} "))
+                    && body.contains(&format!("slot {slot} migrating on"))
+                    && body.contains(&format!("slot {slot} importing on"))
             })
         },
         || daemon.log(),
