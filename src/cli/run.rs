@@ -160,17 +160,13 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         Ok(opened) => opened,
         Err(code) => return code,
     };
-    let eviction_watch = opened.redis().map(|redis| {
-        crate::daemon::health::watch_eviction(
+    let masters_watch = opened.redis().map(|redis| {
+        crate::daemon::health::watch_redis_masters(
             redis.clone(),
             config.store.redis.allow_eviction,
             health.clone(),
         )
     });
-    let open_slot_watch = opened
-        .redis()
-        .filter(|_| config.store.redis.cluster)
-        .map(|redis| crate::daemon::health::watch_open_slots(redis.clone(), health.clone()));
     let commit_offsets = config.store.backend != Backend::Memory;
     if !commit_offsets {
         tracing::warn!(
@@ -192,7 +188,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         on_producer: None,
     };
     let result = daemon::run(config, opened.store.clone(), options).await;
-    for watch in eviction_watch.into_iter().chain(open_slot_watch) {
+    if let Some(watch) = masters_watch {
         watch.abort();
     }
     if let Err(e) = opened.persist() {

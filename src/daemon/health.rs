@@ -100,24 +100,33 @@ pub fn spawn(
     })
 }
 
-/// How often the daemon reads Redis's eviction policy again.
-const EVICTION_RECHECK: Duration = Duration::from_secs(10);
+/// How often the daemon reads every Redis master again ([`watch_redis_masters`]).
+const MASTERS_RECHECK: Duration = Duration::from_secs(10);
 
-/// Re-reads the `maxmemory-policy` of every Redis master every [`EVICTION_RECHECK`] (SPEC 5): a
-/// policy changed to an evicting one while the daemon runs turns readiness false (`store policy:`
-/// names the policy and the master), or, under `store.redis.allow_eviction`, keeps warning; and
-/// `materializer_store_evicting` follows. A read that fails changes nothing (the store probe
-/// reports an unreachable store).
-pub fn watch_eviction(
+/// Re-reads every Redis master every [`MASTERS_RECHECK`], one pass over them for two readiness
+/// conditions. A read that fails changes neither (the store probe reports an unreachable store).
+///
+/// - `maxmemory-policy` (SPEC 5): a policy changed to an evicting one while the daemon runs
+///   turns readiness false (`store policy:` names the policy and the master), or, under
+///   `store.redis.allow_eviction`, keeps warning; `materializer_store_evicting` follows.
+/// - On a cluster, slots a reshard left open (SPEC 7.2): a slot reported migrating or importing
+///   on two reads in a row (a healthy rebalance moves each slot within seconds, so one sighting
+///   is routine) turns readiness false with the slots named (`store slots:`), logged once; it
+///   clears by itself once the operator closes them (`redis-cli --cluster fix`). Only the users
+///   of those slots wait meanwhile (their scripts are answered `TRYAGAIN`); the others flow.
+pub fn watch_redis_masters(
     store: Arc<crate::store::redis::RedisStore>,
     allow_eviction: bool,
     health: Arc<Health>,
 ) -> tokio::task::JoinHandle<()> {
     use crate::store::redis::eviction::{verdict, Verdict};
+    use crate::store::redis::open_slots::OpenSlot;
     tokio::spawn(async move {
         let mut last: Option<Verdict> = None;
+        let mut seen: Vec<OpenSlot> = Vec::new();
+        let mut reported: Vec<OpenSlot> = Vec::new();
         loop {
-            if let Ok(policies) = store.eviction_policies().await {
+            if let Ok((policies, open)) = store.master_readings().await {
                 let now = verdict(&policies, allow_eviction);
                 metrics::store_evicting(now.evicting());
                 let changed = last.as_ref() != Some(&now);
@@ -143,28 +152,7 @@ pub fn watch_eviction(
                     }
                 }
                 last = Some(now);
-            }
-            tokio::time::sleep(EVICTION_RECHECK).await;
-        }
-    })
-}
 
-/// Watches a Redis Cluster for slots a reshard left open (SPEC 7.2): a slot reported migrating
-/// or importing on two checks in a row ([`OPEN_SLOT_RECHECK`] apart; a healthy rebalance moves
-/// each slot within seconds, so one sighting is routine) turns readiness false with the slots
-/// named, and logs them once; it clears by itself once the operator closes them (`redis-cli
-/// --cluster fix`). Only the users of those slots wait meanwhile (their scripts are answered
-/// `TRYAGAIN`); the others flow.
-pub fn watch_open_slots(
-    store: Arc<crate::store::redis::RedisStore>,
-    health: Arc<Health>,
-) -> tokio::task::JoinHandle<()> {
-    use crate::store::redis::open_slots::OpenSlot;
-    tokio::spawn(async move {
-        let mut seen: Vec<OpenSlot> = Vec::new();
-        let mut reported: Vec<OpenSlot> = Vec::new();
-        loop {
-            if let Ok(open) = store.open_slots().await {
                 let stuck: Vec<OpenSlot> =
                     open.iter().filter(|s| seen.contains(s)).cloned().collect();
                 if stuck.is_empty() {
@@ -186,13 +174,10 @@ pub fn watch_open_slots(
                 reported = stuck;
                 seen = open;
             }
-            tokio::time::sleep(OPEN_SLOT_RECHECK).await;
+            tokio::time::sleep(MASTERS_RECHECK).await;
         }
     })
 }
-
-/// How often [`watch_open_slots`] asks every master.
-const OPEN_SLOT_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the brokers' metadata says of the subscribed topic.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,10 +30,10 @@ pub struct Health {
     /// why a ready replica is idle.
     subscription: Condition,
     /// Failing while a Redis master evicts keys without `store.redis.allow_eviction`
-    /// (`health::watch_eviction`).
+    /// (`health::watch_redis_masters`).
     store_policy: Condition,
     /// Failing while a Redis Cluster slot stays migrating or importing (an interrupted reshard;
-    /// `health::watch_open_slots`).
+    /// `health::watch_redis_masters`).
     store_slots: Condition,
 }
 
@@ -103,13 +103,13 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
-    /// The store's eviction policy as the periodic re-check found it (`health::watch_eviction`).
+    /// The store's eviction policy as the periodic re-check found it (`health::watch_redis_masters`).
     pub(crate) fn set_store_policy(&self, failing: bool, line: Option<String>) {
         self.store_policy.set(failing, line);
         super::metrics::ready(self.ready());
     }
 
-    /// The cluster's open slots as the periodic check found them (`health::watch_open_slots`).
+    /// The cluster's open slots as the periodic check found them (`health::watch_redis_masters`).
     pub(crate) fn set_store_slots(&self, failing: bool, line: Option<String>) {
         self.store_slots.set(failing, line);
         super::metrics::ready(self.ready());

@@ -333,13 +333,13 @@ pub(crate) fn superseded(held: Option<&SourcePosition>, incoming: Option<&Source
 
 /// The one log line of a superseded write (SPEC 7.2), with both positions: what the write came
 /// from and what wrote the stored version. Every backend calls it where it decided `superseded`.
-pub(crate) fn note_superseded(group: &super::EventGroup, held: &str) {
+pub(crate) fn note_superseded(group: &super::EventGroup, held: Option<&SourcePosition>) {
     tracing::info!(
         user = group.mailbox.user_id.as_str(),
         epoch = group.mailbox.epoch,
         seq = group.mailbox_seq,
         incoming = group.source.as_ref().map(SourcePosition::encode).unwrap_or_default(),
-        held,
+        held = held.map(SourcePosition::encode).unwrap_or_default(),
         "superseded: the seq holds a version written from a later offset of the same log and partition; this write changes nothing"
     );
 }

@@ -22,7 +22,8 @@ fn now_secs() -> u64 {
     now_ms() / 1000
 }
 
-fn dlq(config: &Path, args: &[&str]) -> (Output, Vec<Value>) {
+/// `materializer --config <config> dlq <args>`: its output and its JSON lines.
+pub(crate) fn dlq(config: &Path, args: &[&str]) -> (Output, Vec<Value>) {
     let config = config.to_str().expect("utf-8 path");
     let mut all = vec!["--config", config, "dlq"];
     all.extend_from_slice(args);
@@ -31,7 +32,7 @@ fn dlq(config: &Path, args: &[&str]) -> (Output, Vec<Value>) {
     (out, lines)
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

@@ -10,11 +10,11 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::time::Duration;
 
+use crate::dlq::{dlq, stderr};
 use serde_json::Value;
-use support::cli::{json_lines, replay, run_materializer};
+use support::cli::{replay, run_materializer};
 use support::kafka::{
     committed, create_topic, produce, read_all, unique, wait_for, Daemon, DaemonSetup,
 };
@@ -74,19 +74,6 @@ fn run_until_committed(setup: &DaemonSetup, partitions: i32, end: &[i64]) -> Dae
         || daemon.log(),
     );
     daemon
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn dlq(config: &Path, args: &[&str]) -> (std::process::Output, Vec<Value>) {
-    let config = config.to_str().expect("utf-8 path");
-    let mut all = vec!["--config", config, "dlq"];
-    all.extend_from_slice(args);
-    let out = run_materializer(&all, None);
-    let lines = json_lines(&out);
-    (out, lines)
 }
 
 #[tokio::test(flavor = "multi_thread")]

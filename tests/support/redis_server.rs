@@ -374,24 +374,24 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// One cluster-enabled server on a loopback port, not joined yet.
+    fn node(clock: Clock) -> std::sync::Arc<RedisServer> {
+        std::sync::Arc::new(RedisServer::start(
+            clock,
+            Listen::Tcp(free_port()),
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "15000",
+            ],
+        ))
+    }
+
     /// Starts three cluster-enabled servers on `clock`, joins them, and waits for
     /// `cluster_state:ok`.
     pub fn start(clock: Clock) -> Self {
-        let nodes: Vec<std::sync::Arc<RedisServer>> = (0..3)
-            .map(|_| {
-                let port = free_port();
-                std::sync::Arc::new(RedisServer::start(
-                    clock,
-                    Listen::Tcp(port),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-node-timeout",
-                        "15000",
-                    ],
-                ))
-            })
-            .collect();
+        let nodes: Vec<std::sync::Arc<RedisServer>> = (0..3).map(|_| Self::node(clock)).collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port().expect("tcp")))
@@ -436,17 +436,8 @@ impl RedisCluster {
     /// Adds an empty master (`redis-cli --cluster add-node`) and waits until every node knows
     /// it. Its slots come with [`rebalance_onto_empty_masters`](Self::rebalance_onto_empty_masters).
     pub fn add_master(&mut self, clock: Clock) {
-        let port = free_port();
-        let node = std::sync::Arc::new(RedisServer::start(
-            clock,
-            Listen::Tcp(port),
-            &[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-node-timeout",
-                "15000",
-            ],
-        ));
+        let node = Self::node(clock);
+        let port = node.port().expect("tcp");
         let first = format!("127.0.0.1:{}", self.nodes[0].port().expect("tcp"));
         let status = Command::new("redis-cli")
             .args([

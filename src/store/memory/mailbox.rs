@@ -92,7 +92,7 @@ impl UserState {
                 }
                 let held = mailbox.groups.get(&seq).and_then(|g| g.source.as_ref());
                 if rules::superseded(held, group.source.as_ref()) {
-                    rules::note_superseded(group, &held.map(|h| h.encode()).unwrap_or_default());
+                    rules::note_superseded(group, held);
                     return Ok(AppendOutcome::Superseded);
                 }
                 mailbox.put_group(

@@ -190,7 +190,8 @@ impl RedisStore {
             Some(6) => Ok(AppendOutcome::StaleEpoch),
             Some(8) => {
                 let held = reply.get(2).map(text).unwrap_or_default();
-                crate::model::rules::note_superseded(group, &held);
+                let held = crate::model::SourcePosition::decode(&held);
+                crate::model::rules::note_superseded(group, held.as_ref());
                 Ok(AppendOutcome::Superseded)
             }
             _ => {

@@ -77,6 +77,24 @@ impl RedisStore {
         }
         Ok(policies)
     }
+
+    /// What the daemon's readiness watch reads of every master, in one pass over them: its
+    /// `maxmemory-policy`, and on a cluster the slots it reports open (`open_slots`).
+    pub async fn master_readings(
+        &self,
+    ) -> Result<(Vec<NodePolicy>, Vec<super::open_slots::OpenSlot>), StoreError> {
+        let mut policies = Vec::new();
+        let mut open = Vec::new();
+        for (node, mut connection) in self.masters().await? {
+            let policy = policy_of(&mut connection).await?;
+            if self.settings.cluster {
+                open.extend(super::open_slots::read(&node, &mut connection).await?);
+            }
+            policies.push(NodePolicy { node, policy });
+        }
+        open.sort();
+        Ok((policies, open))
+    }
 }
 
 /// `CONFIG GET maxmemory-policy`, falling back to `INFO memory` (a user without `CONFIG`, a

@@ -8,9 +8,10 @@
 //! key neither holds (a new day's bucket), is answered `TRYAGAIN` for ever, and that user's
 //! deliveries wait (the others flow). `redis-cli --cluster fix` closes it. `CLUSTER NODES` shows a
 //! node's own open slots on its `myself` line: `[1234->-<target id>]` (migrating) or
-//! `[1234-<-<source id>]` (importing); every master is asked.
+//! `[1234-<-<source id>]` (importing); every master is asked
+//! (`RedisStore::master_readings`).
 
-use super::{classified, RedisStore};
+use super::{classified, Connection};
 use crate::model::StoreError;
 
 /// One open slot as one master reports it.
@@ -70,24 +71,17 @@ pub(super) fn parse(node: &str, cluster_nodes: &str) -> Vec<OpenSlot> {
         .collect()
 }
 
-impl RedisStore {
-    /// Every slot a master reports migrating or importing (none on a single server).
-    pub async fn open_slots(&self) -> Result<Vec<OpenSlot>, StoreError> {
-        if !self.settings.cluster {
-            return Ok(Vec::new());
-        }
-        let mut open = Vec::new();
-        for (node, mut connection) in self.masters().await? {
-            let nodes: String = redis::cmd("CLUSTER")
-                .arg("NODES")
-                .query_async(&mut connection)
-                .await
-                .map_err(classified)?;
-            open.extend(parse(&node, &nodes));
-        }
-        open.sort();
-        Ok(open)
-    }
+/// The slots the cluster master `node` (reached on `connection`) reports migrating or importing.
+pub(super) async fn read(
+    node: &str,
+    connection: &mut Connection,
+) -> Result<Vec<OpenSlot>, StoreError> {
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(connection)
+        .await
+        .map_err(classified)?;
+    Ok(parse(node, &nodes))
 }
 
 #[cfg(test)]

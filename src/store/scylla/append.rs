@@ -235,7 +235,7 @@ impl ScyllaStore {
                 // owner's position.
                 let held = snapshot.identity_source(slot, stored(seq));
                 if rules::superseded(held, group.source.as_ref()) {
-                    rules::note_superseded(group, &held.map(|h| h.encode()).unwrap_or_default());
+                    rules::note_superseded(group, held);
                     return finish(Ok(AppendOutcome::Superseded)).await;
                 }
                 let row_digest = replacement_key(content, existing_digest, expected);

@@ -287,10 +287,7 @@ impl ScyllaStore {
                     if same {
                         answers.push(Ok(AppendOutcome::Unchanged));
                     } else if rules::superseded(held, group.source.as_ref()) {
-                        rules::note_superseded(
-                            group,
-                            &held.map(|h| h.encode()).unwrap_or_default(),
-                        );
+                        rules::note_superseded(group, held);
                         answers.push(Ok(AppendOutcome::Superseded));
                     } else if answers.is_empty() {
                         // A replace goes alone (it deletes the old rows after its commit).
