@@ -121,6 +121,9 @@ pub fn watch_redis_masters(
 ) -> tokio::task::JoinHandle<()> {
     use crate::store::redis::eviction::{verdict, Verdict};
     use crate::store::redis::open_slots::OpenSlot;
+    if let Some(start) = store.cluster_redirects() {
+        tokio::spawn(report_redirects(Arc::downgrade(&store), start));
+    }
     tokio::spawn(async move {
         let mut last: Option<Verdict> = None;
         let mut seen: Vec<OpenSlot> = Vec::new();
@@ -155,6 +158,7 @@ pub fn watch_redis_masters(
 
                 let stuck: Vec<OpenSlot> =
                     open.iter().filter(|s| seen.contains(s)).cloned().collect();
+                metrics::store_open_slots(stuck.len());
                 if stuck.is_empty() {
                     if !reported.is_empty() {
                         tracing::info!("no Redis Cluster slot is left open any more");
@@ -177,6 +181,42 @@ pub fn watch_redis_masters(
             tokio::time::sleep(MASTERS_RECHECK).await;
         }
     })
+}
+
+/// Exports the Redis Cluster redirections the store counted and sums up each
+/// [`MASTERS_RECHECK`] that had any in one INFO line: a rebalance is routine, so it is told
+/// once per period, never once per delivery. Ends with the store.
+async fn report_redirects(
+    store: std::sync::Weak<crate::store::redis::RedisStore>,
+    mut before: [u64; 5],
+) {
+    use crate::store::redis::REDIRECT_KINDS;
+    for (kind, total) in REDIRECT_KINDS.iter().zip(before) {
+        metrics::store_redirects(kind, total);
+    }
+    loop {
+        tokio::time::sleep(MASTERS_RECHECK).await;
+        let Some(now) = store.upgrade().and_then(|s| s.cluster_redirects()) else {
+            return;
+        };
+        let since: Vec<String> = REDIRECT_KINDS
+            .iter()
+            .zip(now.iter().zip(before.iter()))
+            .filter(|(_, (now, before))| now > before)
+            .map(|(kind, (now, before))| format!("{kind} {}", now - before))
+            .collect();
+        if !since.is_empty() {
+            tracing::info!(
+                "Redis Cluster redirections in the last {}s, each request sent again alone: {}",
+                MASTERS_RECHECK.as_secs(),
+                since.join(", ")
+            );
+        }
+        for (kind, total) in REDIRECT_KINDS.iter().zip(now) {
+            metrics::store_redirects(kind, total);
+        }
+        before = now;
+    }
 }
 
 /// What the brokers' metadata says of the subscribed topic.

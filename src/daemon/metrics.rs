@@ -45,6 +45,8 @@ pub(crate) const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_b
 pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
 pub const STORE_EVICTING: &str = "materializer_store_evicting";
+pub const STORE_OPEN_SLOTS: &str = "materializer_store_open_slots";
+pub const STORE_REDIRECTS_TOTAL: &str = "materializer_store_redirects_total";
 pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
 pub const TOPIC_PARTITIONS: &str = "materializer_topic_partitions";
 pub const SUBSCRIPTION_AVAILABLE: &str = "materializer_subscription_available";
@@ -287,6 +289,7 @@ fn zero_counters() {
     counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).absolute(0);
     // Only a Redis store can evict; every other store exports 0 from the start.
     gauge!(STORE_EVICTING).set(0.0);
+    gauge!(STORE_OPEN_SLOTS).set(0.0);
 }
 
 /// The in-flight byte budget (`kafka.max_in_flight_bytes`), beside [`in_flight_bytes`].
@@ -307,6 +310,18 @@ pub fn memory_limit(bytes: u64) {
 /// Whether the store may evict the mailboxes' keys ([`STORE_EVICTING`]).
 pub(crate) fn store_evicting(evicting: bool) {
     gauge!(STORE_EVICTING).set(if evicting { 1.0 } else { 0.0 });
+}
+
+/// Redis Cluster slots left open by an interrupted reshard on two reads in a row
+/// ([`STORE_OPEN_SLOTS`]; 0 on every other store).
+pub(crate) fn store_open_slots(slots: usize) {
+    gauge!(STORE_OPEN_SLOTS).set(slots as f64);
+}
+
+/// The Redis Cluster redirections batched appends met so far, by kind
+/// ([`STORE_REDIRECTS_TOTAL`]; the store counts them, this exports its totals).
+pub(crate) fn store_redirects(kind: &'static str, total: u64) {
+    counter!(STORE_REDIRECTS_TOTAL, "kind" => kind).absolute(total);
 }
 
 /// What the readiness probe learned of the subscription (`daemon::health`).

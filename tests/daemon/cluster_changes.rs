@@ -6,11 +6,9 @@
 //! ran its other scripts twice and counted `unchanged` for what it had `inserted`), the state
 //! equals the reference, and the log does not repeat the routine redirection per delivery.
 //!
-//! One exception is measured, not hidden: the redis crate's cluster client (1.8.1) sometimes
-//! stalls in a slot-map refresh that never finishes; the store's watch replaces the connection
-//! within seconds (`store/redis/cluster_watch.rs`), but requests the stalled client ran without
-//! delivering their answers time out, and their retries answer `unchanged`. The test tells
-//! the two cases apart by the watch's log line.
+//! The appends' own routing (`store/redis/slot_router.rs`) answers each redirection for its
+//! request alone, so the counts are exact on every run; the redirections are counted by kind
+//! (`materializer_store_redirects_total`) and summed up in the log, not logged per delivery.
 
 use crate::support;
 
@@ -62,42 +60,30 @@ async fn a_rebalance_onto_a_fourth_master_under_load_reports_every_outcome_once(
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 
     let reference = reference(&records, &offsets).await;
-    let timed_out = log
-        .matches("error=store unavailable (redis): timed out")
+    let redirects = |kind: &str| {
+        metrics.get(&format!(
+            "materializer_store_redirects_total{{kind=\"{kind}\"}}"
+        ))
+    };
+    let moved_lines = log.matches("Redis Cluster slots moved:").count();
+    let summaries = log
+        .matches("Redis Cluster redirections in the last")
         .count();
-    let replaced = log.matches("a fresh connection replaced it").count();
     eprintln!(
-        "rebalance under load: {timed_out} 'timed out' retries logged, {} slot refreshes, {replaced} fresh connections",
-        log.matches("beginning slot refresh").count(),
+        "rebalance under load: redirects moved {} ask {} tryagain {}; {moved_lines} 'slots moved' lines, {summaries} summaries",
+        redirects("moved"),
+        redirects("ask"),
+        redirects("tryagain"),
     );
-    if replaced == 0 {
-        // The client answered throughout: every outcome is the one of the single execution.
-        assert_counters_match(&reference, &metrics);
-    } else {
-        // The client stalled (a slot-map refresh that never finished) and the watch replaced
-        // it. A request whose answer the stalled client never delivered timed out: its outcome
-        // is unknown, and the retry of one that had run answers `unchanged`. Only those may
-        // differ, and they may only have moved from `inserted`/`replaced` to `unchanged`.
-        let count =
-            |word: &str| metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}"));
-        let expected = |word: &str| reference.groups.get(word).copied().unwrap_or(0) as f64;
-        let moved = count("unchanged") - expected("unchanged");
-        assert!(moved >= 0.0, "fewer unchanged than the reference");
-        assert_eq!(
-            count("inserted") + count("replaced") + moved,
-            expected("inserted") + expected("replaced"),
-            "only written outcomes can have been answered again"
-        );
-        for word in [
-            "conflict",
-            "rejected",
-            "expired_merged",
-            "trimmed",
-            "stale_epoch",
-        ] {
-            assert_eq!(count(word), expected(word), "{word}");
-        }
+    for line in log
+        .lines()
+        .filter(|l| l.contains("slots moved") || l.contains("redirections in"))
+        .take(3)
+    {
+        eprintln!("  {line}");
     }
+    // Every outcome is the one of the single execution that changed the store.
+    assert_counters_match(&reference, &metrics);
     assert_dead_letters_are_the_references(&reference, &setup.dlq_topic);
     assert_same_state(&reference, &cluster.store().await).await;
     let retries = log.matches("store unavailable; retrying").count();
@@ -105,9 +91,9 @@ async fn a_rebalance_onto_a_fourth_master_under_load_reports_every_outcome_once(
         "rebalance under load: {} records, {retries} 'store unavailable' lines",
         records.len()
     );
-    // A redirection is routine: it never reaches the daemon's retry log (a stall does).
+    // A redirection is routine: it never reaches the daemon's retry log.
     assert!(
-        replaced > 0 || retries <= 10,
+        retries <= 10,
         "a routine redirection logged per delivery ({retries} lines)"
     );
 }

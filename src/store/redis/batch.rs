@@ -5,29 +5,20 @@
 //! them, on one connection in one round trip.
 //!
 //! On a Redis Cluster each run is its own request (its script call, then its own `WAIT` with
-//! `wait_replicas > 0`), routed by the slot of its user's hash tag, all sent at once: the cluster
-//! client writes the requests of one node back to back on that node's connection, so the batch
+//! `wait_replicas > 0`), sent to the master of its user's slot by the store's `SlotRouter`, all
+//! at once: the requests of one node share its multiplexed connection back to back, so the batch
 //! still costs about one round trip per node. One request per script call is what keeps every
-//! outcome the answer of the one execution that changed the store while slots move (SPEC 7.2, "The
-//! cluster may change under load"): the client answers a `MOVED`, `ASK`, `TRYAGAIN`,
-//! `CLUSTERDOWN` or `LOADING` by re-sending the **request** that got it (the redis crate, 1.8,
-//! re-sends a whole pipeline when one of its commands is redirected, so a pipeline of several
-//! scripts would run the others twice and answer `unchanged` for what it had `inserted`). Those
-//! answers come before a script runs, so the request re-sent is one that changed nothing. A
-//! script names every key of its user (`KEYS`, one hash tag, one slot): while that slot
-//! migrates and the user's keys are split between the two nodes, the server answers
-//! `TRYAGAIN` instead of running it, which is the guarantee that a script never sees half a
-//! mailbox; the client retries that request alone, with its own backoff (the redis crate's
-//! defaults: shorter waits made the 1.8 client stop answering after a topology change, every
-//! request timing out until the process restarted; see docs/decisions.md).
+//! outcome the answer of the one execution that changed the store while slots move (SPEC 7.2,
+//! "The cluster may change under load"): a `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN` or
+//! `LOADING` answer comes before the script runs, and the router sends again the request that
+//! got it and no other (see `slot_router.rs` for why not the redis crate's cluster client).
 
 use std::collections::HashMap;
 
-use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Pipeline, RedisError, Value};
 
 use super::keys::{self, KeySet};
-use super::{classified, protocol, validate_group, Connection, RedisStore};
+use super::{classified, protocol, validate_group, RedisStore};
 use crate::model::{AppendOutcome, EventGroup, StoreError};
 
 /// The Redis Cluster slot of a key (CRC16/XMODEM of its hash tag, or of the key, mod 16,384).
@@ -76,14 +67,7 @@ impl RedisStore {
                 .first()
                 .map_or(0, |g| slot_of_key(&keys::tag(&g.mailbox.user_id)));
             async move {
-                let mut answers = self
-                    .append_pipeline(
-                        copy,
-                        holder,
-                        &[run],
-                        Some(Route::new(slot, SlotAddr::Master)),
-                    )
-                    .await;
+                let mut answers = self.append_pipeline(copy, holder, &[run], Some(slot)).await;
                 let answer = answers.pop().unwrap_or_default();
                 if answer.is_empty() && !run.is_empty() {
                     return vec![Err(protocol(
@@ -96,32 +80,18 @@ impl RedisStore {
         .await
     }
 
-    /// Sends `pipe` (errors answered per command) to the master of `route`'s slot on a cluster
-    /// (one run's request), or as the connection routes it.
+    /// Sends `pipe` (errors answered per command) to the master of `slot` on a cluster (one
+    /// run's request, redirections followed for it alone by the store's [`SlotRouter`]), or on
+    /// the one connection.
+    ///
+    /// [`SlotRouter`]: super::slot_router::SlotRouter
     async fn send_pipeline(
         &self,
         pipe: &Pipeline,
-        route: Option<Route>,
+        slot: Option<u16>,
     ) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
-        match (route, &self.conn()) {
-            (Some(route), Connection::Cluster(cluster)) => {
-                let mut cluster = cluster.clone();
-                let values = cluster
-                    .route_pipeline(
-                        pipe.clone(),
-                        0,
-                        pipe.len(),
-                        SingleNodeRoutingInfo::SpecificNode(route),
-                    )
-                    .await?;
-                Ok(values
-                    .into_iter()
-                    .map(|v| match v {
-                        Value::ServerError(e) => Err(RedisError::from(e)),
-                        other => Ok(other),
-                    })
-                    .collect())
-            }
+        match (slot, &self.router) {
+            (Some(slot), Some(router)) => router.send(slot, pipe).await,
             _ => pipe.query_async(&mut self.conn()).await,
         }
     }
@@ -135,7 +105,7 @@ impl RedisStore {
         copy: KeySet,
         holder: &str,
         runs: &[&[&EventGroup]],
-        route: Option<Route>,
+        slot: Option<u16>,
     ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
         // An invalid group is refused before anything is sent (final, it changes nothing, so
         // the rest of its run goes on); the valid ones of each run are sent as its command.
@@ -158,7 +128,7 @@ impl RedisStore {
         let mut scripted: Vec<Vec<Result<AppendOutcome, StoreError>>> =
             (0..runs.len()).map(|_| Vec::new()).collect();
         if !sent.is_empty() {
-            for (i, answers) in self.send_runs(copy, holder, &valid, &sent, route).await {
+            for (i, answers) in self.send_runs(copy, holder, &valid, &sent, slot).await {
                 scripted[i] = answers;
             }
             // A run script the server refused as a whole (a Lua runtime error) names no
@@ -212,26 +182,35 @@ impl RedisStore {
         holder: &str,
         runs: &[Vec<&EventGroup>],
         sent: &[usize],
-        route: Option<Route>,
+        slot: Option<u16>,
     ) -> Vec<(usize, Vec<Result<AppendOutcome, StoreError>>)> {
-        let mut answered = self.send_runs_once(copy, holder, runs, sent, route).await;
+        let mut answered = self.send_runs_once(copy, holder, runs, sent, slot).await;
         let missing: Vec<usize> = answered
             .iter()
             .filter(|(_, a)| a.is_none())
             .map(|(i, _)| *i)
             .collect();
         if !missing.is_empty() {
-            let mut conn = self.conn();
-            let mut loaded = Ok(());
-            for script in [&self.scripts.append, &self.scripts.append_run] {
-                if let Err(e) = script.prepare_invoke().load_async(&mut conn).await {
-                    loaded = Err(classified(e));
-                    break;
+            let scripts = [&self.scripts.append, &self.scripts.append_run];
+            let loaded = match (slot, &self.router) {
+                // The master of the slot, wherever the table says it is now.
+                (Some(slot), Some(router)) => router.load_scripts(slot, &scripts).await,
+                _ => {
+                    let mut conn = self.conn();
+                    let mut loaded = Ok(());
+                    for script in scripts {
+                        if let Err(e) = script.prepare_invoke().load_async(&mut conn).await {
+                            loaded = Err(e);
+                            break;
+                        }
+                    }
+                    loaded
                 }
             }
+            .map_err(classified);
             let again = match loaded {
                 Ok(()) => {
-                    self.send_runs_once(copy, holder, runs, &missing, route)
+                    self.send_runs_once(copy, holder, runs, &missing, slot)
                         .await
                 }
                 Err(error) => missing
@@ -270,7 +249,7 @@ impl RedisStore {
         holder: &str,
         runs: &[Vec<&EventGroup>],
         sent: &[usize],
-        route: Option<Route>,
+        slot: Option<u16>,
     ) -> Vec<(usize, Option<Vec<Result<AppendOutcome, StoreError>>>)> {
         let wanted = self.settings.wait_replicas;
         let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
@@ -289,7 +268,7 @@ impl RedisStore {
         if wanted > 0 {
             pipe.cmd("WAIT").arg(wanted).arg(timeout_ms);
         }
-        let replies = match self.send_pipeline(&pipe, route).await {
+        let replies = match self.send_pipeline(&pipe, slot).await {
             Ok(replies) => replies,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 return sent.iter().map(|i| (*i, None)).collect();

@@ -84,6 +84,12 @@ impl ConnectionLike for Connection {
 }
 
 impl RedisStore {
+    /// Redirections the batched appends met on a Redis Cluster, by kind (as
+    /// [`REDIRECT_KINDS`](super::slot_router::REDIRECT_KINDS) names them); `None` on one server.
+    pub fn cluster_redirects(&self) -> Option<[u64; 5]> {
+        self.router.as_ref().map(|r| r.redirects())
+    }
+
     /// Connects (standalone or cluster) and checks the server answers.
     pub async fn connect(
         settings: RedisSettings,
@@ -136,6 +142,9 @@ impl RedisStore {
         }
         let store = Self {
             connection,
+            router: settings
+                .cluster
+                .then(|| super::slot_router::SlotRouter::new(&settings)),
             settings,
             policy,
             scripts: Scripts::new(),

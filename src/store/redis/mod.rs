@@ -33,6 +33,8 @@ pub mod open_slots;
 mod patrol;
 mod repair;
 mod scan;
+mod slot_router;
+pub use slot_router::REDIRECT_KINDS;
 pub mod scripts;
 
 pub use connection::{Connection, RedisSettings};
@@ -71,6 +73,9 @@ pub struct RedisStore {
     /// The connection every request uses; on a cluster, swapped by `cluster_watch` when it
     /// stops answering.
     connection: cluster_watch::Shared,
+    /// On a cluster, the routing of batched appends (their redirections answered one request
+    /// at a time).
+    router: Option<std::sync::Arc<slot_router::SlotRouter>>,
     settings: RedisSettings,
     policy: RetentionPolicy,
     scripts: Scripts,
