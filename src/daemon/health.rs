@@ -158,7 +158,11 @@ pub fn watch_redis_masters(
 
                 let stuck: Vec<OpenSlot> =
                     open.iter().filter(|s| seen.contains(s)).cloned().collect();
-                metrics::store_open_slots(stuck.len());
+                // A slot is open on both its ends (migrating on one, importing on the other).
+                let mut slots: Vec<_> = stuck.iter().map(|s| s.slot).collect();
+                slots.sort_unstable();
+                slots.dedup();
+                metrics::store_open_slots(slots.len());
                 if stuck.is_empty() {
                     if !reported.is_empty() {
                         tracing::info!("no Redis Cluster slot is left open any more");

@@ -264,6 +264,14 @@ fn describe() {
         "1 when a Redis master's maxmemory-policy evicts keys (only run with store.redis.allow_eviction = true), 0 otherwise"
     );
     describe_gauge!(
+        STORE_OPEN_SLOTS,
+        "Redis Cluster slots left migrating or importing on two reads 10 s apart (an interrupted reshard: their users wait), 0 otherwise"
+    );
+    describe_counter!(
+        STORE_REDIRECTS_TOTAL,
+        "Redis Cluster redirections of batched appends by kind (moved, ask, tryagain, clusterdown, loading), each request sent again alone"
+    );
+    describe_gauge!(
         TOPIC_COMPACTED,
         "1 when the dispatch topic's cleanup.policy contains compact (repairs are refused), 0 when it does not, -1 when it could not be read"
     );

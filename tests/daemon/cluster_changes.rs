@@ -189,6 +189,12 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
         },
         || daemon.log(),
     );
+    let metrics = daemon.metrics();
+    assert_eq!(metrics.get("materializer_store_open_slots"), 1.0);
+    assert!(
+        metrics.get("materializer_store_redirects_total{kind=\"tryagain\"}") > 0.0,
+        "the stuck user's script is answered TRYAGAIN (its keys would be split): counted"
+    );
     let store = cluster.store().await;
     for user in &others {
         assert_eq!(scan_seqs(&store, user).await, vec![1], "{user} flows");
@@ -225,5 +231,6 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
         || daemon.log(),
     );
     assert_eq!(scan_seqs(&store, stuck).await, vec![1, 2]);
+    assert_eq!(daemon.metrics().get("materializer_store_open_slots"), 0.0);
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 }
