@@ -20,9 +20,14 @@ pub(crate) fn colour(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
 
 /// Installs the global subscriber once; later calls are no-ops.
 pub(crate) fn init(config: &LogConfig) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.filter))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let text = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .filter(|t| EnvFilter::try_new(t).is_ok())
+        .unwrap_or_else(|| config.filter.clone());
+    let mut filter = EnvFilter::try_new(&text).unwrap_or_else(|_| EnvFilter::new("info"));
+    if let Some(directive) = quiet_cluster_client(&text) {
+        filter = filter.add_directive(directive);
+    }
     let no_color = std::env::var("NO_COLOR").ok();
     let ansi = colour(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
@@ -35,9 +40,28 @@ pub(crate) fn init(config: &LogConfig) {
     };
 }
 
+/// The redis crate's cluster client logs a WARN for every reconnect attempt to a node that is
+/// down (thousands in the seconds of a failover) and for every slot-map refresh: the daemon says
+/// what matters itself, once per change (slots that moved, redirections summed up every 10 s,
+/// readiness). Its lines are kept at ERROR unless the filter names the crate's targets.
+fn quiet_cluster_client(filter: &str) -> Option<tracing_subscriber::filter::Directive> {
+    if filter.contains("redis::") || filter.split(',').any(|d| d.starts_with("redis=")) {
+        return None;
+    }
+    "redis::cluster_handling=error".parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::colour;
+    use super::{colour, quiet_cluster_client};
+
+    #[test]
+    fn the_cluster_clients_reconnect_lines_are_quiet_unless_asked_for() {
+        assert!(quiet_cluster_client("info").is_some());
+        assert!(quiet_cluster_client("debug,mailbox_materializer=trace").is_some());
+        assert!(quiet_cluster_client("info,redis::cluster_handling=warn").is_none());
+        assert!(quiet_cluster_client("info,redis=debug").is_none());
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

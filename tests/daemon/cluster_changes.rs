@@ -234,3 +234,199 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
     assert_eq!(daemon.metrics().get("materializer_store_open_slots"), 0.0);
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 }
+
+/// SPEC 7.2 "a graceful or forced failover": 3 masters with a replica each, writes acknowledged
+/// by one replica (`wait_replicas = 1`). Under load, a replica takes over with `CLUSTER
+/// FAILOVER`, then another master is killed with SIGKILL (its replica is promoted after the
+/// node timeout), then the killed node is started again (it rejoins as a replica). The state
+/// equals the reference: nothing acknowledged is lost. The outcome counts may differ in one way
+/// only, `inserted`/`replaced` answered `unchanged`: a write the killed master ran and
+/// replicated but never answered, and every write the promoted replica ran while it had no
+/// replica of its own to acknowledge it (until the killed node rejoined), is retried and finds
+/// itself already there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forced_failover_under_load_keeps_every_acknowledged_write() {
+    let mut cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
+            .await
+            .expect("cluster start");
+    let mut setup = DaemonSetup::new("failover", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    setup.store_extra = vec![
+        "wait_replicas = 1".to_owned(),
+        "wait_timeout_ms = 500".to_owned(),
+    ];
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records = stream(300, 10, 47);
+    let quarter = records.len() / 4;
+    let mut offsets = produce(&setup.topic, &records[..quarter]).await;
+    let mut daemon = Daemon::start(&setup);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // A graceful failover: a replica takes over its master's slots.
+    let masters = cluster.masters(None);
+    let promoted = (0..cluster.nodes.len())
+        .find(|i| !masters.contains(i))
+        .expect("a replica");
+    assert!(cluster.nodes[promoted]
+        .raw("CLUSTER FAILOVER")
+        .starts_with("+OK"));
+    offsets.extend(produce(&setup.topic, &records[quarter..2 * quarter]).await);
+
+    // A forced one: another master dies; its replica is promoted after the node timeout.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cluster.masters(None).contains(&promoted) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failover never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let killed = cluster
+        .masters(None)
+        .into_iter()
+        .find(|m| *m != promoted)
+        .expect("another master");
+    std::sync::Arc::get_mut(&mut cluster.nodes[killed])
+        .expect("the node is not shared")
+        .stop();
+    offsets.extend(produce(&setup.topic, &records[2 * quarter..3 * quarter]).await);
+    // The replica takes over once the others mark the master failed (the node timeout, 2 s).
+    // Only then may the killed node come back: a master without persistence that restarts
+    // before its replica took over is an empty master, and its replica syncs to that emptiness
+    // (the daemon then finds damaged mailboxes and fails them closed, as it should).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while cluster.masters(Some(killed)).len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "no replica took over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.wait_ok(Some(killed));
+        cluster
+    })
+    .await
+    .expect("failover");
+
+    // The killed node comes back and rejoins as a replica (its writes can be acknowledged
+    // again by a replica of the promoted master).
+    std::sync::Arc::get_mut(&mut cluster.nodes[killed])
+        .expect("the node is not shared")
+        .restart();
+    offsets.extend(produce(&setup.topic, &records[3 * quarter..]).await);
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(180));
+    let metrics = daemon.metrics();
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+
+    let reference = reference(&records, &offsets).await;
+    assert_same_state(&reference, &cluster.store().await).await;
+    assert_dead_letters_are_the_references(&reference, &setup.dlq_topic);
+    let count =
+        |word: &str| metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}"));
+    let expected = |word: &str| reference.groups.get(word).copied().unwrap_or(0) as f64;
+    let answered_again = count("unchanged") - expected("unchanged");
+    eprintln!(
+        "failover under load: {} records, {answered_again} answers of a write whose first answer was lost",
+        records.len()
+    );
+    assert!(answered_again >= 0.0, "fewer unchanged than the reference");
+    assert_eq!(
+        count("inserted") + count("replaced") + answered_again,
+        expected("inserted") + expected("replaced"),
+        "only written outcomes can have been answered again"
+    );
+    for word in [
+        "conflict",
+        "rejected",
+        "expired_merged",
+        "trimmed",
+        "stale_epoch",
+    ] {
+        assert_eq!(count(word), expected(word), "{word}");
+    }
+}
+
+/// SPEC 7.2 and 8.1: `apply` while the cluster is resharded prints the outcomes of the
+/// reference. Inputs of distinct users are applied again and again while `rebalance` moves
+/// slots onto a fourth master: each first `apply` prints `inserted` for every line, the second
+/// `unchanged` for every line (a request re-sent whole after one redirected command would print
+/// `unchanged` the first time; a lost one `inserted` the second time).
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_during_a_rebalance_prints_the_references_outcomes() {
+    use support::cli::{assert_one_outcome_per_line, numbered_dispatches_for, run_materializer};
+
+    let cluster = tokio::task::spawn_blocking(|| {
+        let mut cluster = RedisCluster::start(Clock::Real);
+        cluster.add_master(Clock::Real);
+        std::sync::Arc::new(cluster)
+    })
+    .await
+    .expect("cluster start");
+    let urls = cluster.seed_urls();
+    let dir = std::env::temp_dir().join(format!("mm-apply-reshard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("cluster.toml");
+    let nodes: Vec<String> = urls[1..].iter().map(|u| format!("\"{u}\"")).collect();
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{}\"\ncluster = true\ncluster_nodes = [{}]\n",
+            urls[0],
+            nodes.join(", ")
+        ),
+    )
+    .expect("write config");
+    let config = config.to_str().expect("utf-8 path").to_owned();
+
+    let rebalance = {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || cluster.rebalance_onto_empty_masters())
+    };
+    let lines = 1_500;
+    let mut rounds = 0;
+    let mut during = 0;
+    let mut inputs = Vec::new();
+    loop {
+        let moving = !rebalance.is_finished();
+        let input = numbered_dispatches_for(
+            &format!("a{rounds}"),
+            lines,
+            support::reference::now_ms(),
+            lines,
+        );
+        let config = config.clone();
+        let (first, second) = tokio::task::spawn_blocking(move || {
+            let first = run_materializer(&["--config", &config, "apply", "-"], Some(&input));
+            let second = run_materializer(&["--config", &config, "apply", "-"], Some(&input));
+            (first, (second, input))
+        })
+        .await
+        .expect("apply");
+        assert_one_outcome_per_line(&first, lines, "inserted");
+        assert_one_outcome_per_line(&second.0, lines, "unchanged");
+        inputs.push(second.1);
+        rounds += 1;
+        if moving && !rebalance.is_finished() {
+            during += 1;
+        }
+        if !moving {
+            break;
+        }
+    }
+    rebalance.await.expect("rebalance");
+    eprintln!("apply during a rebalance: {rounds} rounds of {lines} lines, {during} wholly while slots moved");
+    assert!(during >= 1, "no apply ran while slots moved");
+    // Every input is stored: applied once more after the rebalance, every line is unchanged.
+    for input in &inputs {
+        let config = config.clone();
+        let input = input.clone();
+        let again = tokio::task::spawn_blocking(move || {
+            run_materializer(&["--config", &config, "apply", "-"], Some(&input))
+        })
+        .await
+        .expect("apply");
+        assert_one_outcome_per_line(&again, lines, "unchanged");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

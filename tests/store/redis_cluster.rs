@@ -219,3 +219,86 @@ async fn staging_garbage_is_collected_on_every_master() {
         );
     }
 }
+
+/// SPEC 7.2 "a stale slot map": a mailbox's slot is moved to another master behind the
+/// store's back (`CLUSTER SETSLOT ... IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT ... NODE`, as
+/// `redis-cli --cluster reshard` does it). The store's table still names the old master: the
+/// next batched append is answered `MOVED`, sent again to the new master alone, and answers
+/// what the mailbox's state says (`inserted`; its replay `unchanged`), with the redirection
+/// counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moved_behind_the_stores_back_is_answered_right() {
+    use conformance::group;
+    use mailbox_materializer::model::AppendOutcome;
+
+    let cluster = tokio::task::spawn_blocking(|| ClusterHarness::start(NOW0))
+        .await
+        .expect("cluster start");
+    let f = cluster
+        .fixture_with_prefix(RetentionPolicy::default())
+        .await;
+    let mb = mailbox("moved-behind", 1);
+    let first = group(&mb, 1, TODAY0, 1, "one");
+    assert_eq!(
+        f.store.append_many(&[&first]).await,
+        vec![Ok(AppendOutcome::Inserted)]
+    );
+    let before = f.store.cluster_redirects().expect("a cluster store");
+
+    let nodes = &cluster.cluster.nodes;
+    let epoch_key = MailboxKeys::new(&f.prefix, &mb).epoch;
+    let value = |reply: String| {
+        reply
+            .lines()
+            .find(|l| !l.starts_with('$') && !l.is_empty())
+            .unwrap_or_default()
+            .trim_start_matches(':')
+            .trim()
+            .to_owned()
+    };
+    let slot = value(nodes[0].raw(&format!("CLUSTER KEYSLOT {epoch_key}")));
+    let holds = |n: &usize| value(nodes[*n].raw(&format!("CLUSTER COUNTKEYSINSLOT {slot}"))) != "0";
+    let source = (0..nodes.len())
+        .find(holds)
+        .expect("the owner holds the keys");
+    let target = (source + 1) % nodes.len();
+    let id = |n: usize| value(nodes[n].raw("CLUSTER MYID"));
+    let target_port = nodes[target].port().expect("tcp");
+    assert!(nodes[target]
+        .raw(&format!("CLUSTER SETSLOT {slot} IMPORTING {}", id(source)))
+        .starts_with("+OK"));
+    assert!(nodes[source]
+        .raw(&format!("CLUSTER SETSLOT {slot} MIGRATING {}", id(target)))
+        .starts_with("+OK"));
+    let keys: Vec<String> = nodes[source]
+        .raw(&format!("CLUSTER GETKEYSINSLOT {slot} 100"))
+        .lines()
+        .filter(|l| !l.starts_with('*') && !l.starts_with('$') && !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(!keys.is_empty());
+    let migrated = nodes[source].raw(&format!(
+        "MIGRATE 127.0.0.1 {target_port} \"\" 0 5000 KEYS {}",
+        keys.join(" ")
+    ));
+    assert!(migrated.starts_with("+OK"), "{migrated}");
+    for n in [target, source, (source + 2) % nodes.len()] {
+        assert!(nodes[n]
+            .raw(&format!("CLUSTER SETSLOT {slot} NODE {}", id(target)))
+            .starts_with("+OK"));
+    }
+
+    let second = group(&mb, 2, TODAY0, 1, "two");
+    assert_eq!(
+        f.store.append_many(&[&second]).await,
+        vec![Ok(AppendOutcome::Inserted)],
+        "answered by the new master, as the mailbox's state says"
+    );
+    let after = f.store.cluster_redirects().expect("a cluster store");
+    assert!(after[0] > before[0], "the MOVED was counted: {after:?}");
+    assert_eq!(
+        f.store.append_many(&[&first, &second]).await,
+        vec![Ok(AppendOutcome::Unchanged), Ok(AppendOutcome::Unchanged)]
+    );
+    assert!(holds(&target) && !holds(&source));
+}

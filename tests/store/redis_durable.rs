@@ -121,6 +121,20 @@ async fn a_paused_replica_holds_every_write() {
     for result in fresh.append_many(&[&second, &other]).await {
         assert!(unavailable(&result), "a batched write: {result:?}");
     }
+    // Nor is a verdict read from that state final, batched or not: it may come from a master
+    // that restarted empty and is about to be demoted (a forced failover), so it is retried
+    // until a replica acknowledges (regression: the batch answered `corrupt` here).
+    let damaged = mailbox("u-durable-damaged", 1);
+    master.raw(&format!(
+        "SET {} x",
+        mailbox_materializer::store::redis::keys::MailboxKeys::new("mm", &damaged).epoch
+    ));
+    let damaged_group = group(&damaged, 1, day, 1, "d");
+    let alone = fresh.append(&damaged_group).await;
+    assert!(unavailable(&alone), "a verdict alone: {alone:?}");
+    for result in fresh.append_many(&[&damaged_group, &other]).await {
+        assert!(unavailable(&result), "a batched verdict: {result:?}");
+    }
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let outcome = loop {

@@ -195,6 +195,8 @@ pub struct DaemonSetup {
     pub properties_extra: Vec<String>,
     /// Extra sections at the end of the file (`[retention]` ...).
     pub sections_extra: Vec<String>,
+    /// Lines appended to the store's section (`[store.redis]`, `[store.scylla]`, ...).
+    pub store_extra: Vec<String>,
 }
 
 impl DaemonSetup {
@@ -217,6 +219,7 @@ impl DaemonSetup {
             ],
             properties_extra: Vec::new(),
             sections_extra: Vec::new(),
+            store_extra: Vec::new(),
         }
     }
 
@@ -252,6 +255,7 @@ impl DaemonSetup {
                 self.snapshot().display()
             ),
         };
+        let store = format!("{store}{}\n", self.store_extra.join("\n"));
         let text = format!(
             "{store}
 [kafka]

@@ -376,6 +376,10 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// One cluster-enabled server on a loopback port, not joined yet.
     fn node(clock: Clock) -> std::sync::Arc<RedisServer> {
+        Self::node_with_timeout(clock, "15000")
+    }
+
+    fn node_with_timeout(clock: Clock, node_timeout_ms: &str) -> std::sync::Arc<RedisServer> {
         std::sync::Arc::new(RedisServer::start(
             clock,
             Listen::Tcp(free_port()),
@@ -383,7 +387,7 @@ impl RedisCluster {
                 "--cluster-enabled",
                 "yes",
                 "--cluster-node-timeout",
-                "15000",
+                node_timeout_ms,
             ],
         ))
     }
@@ -391,7 +395,45 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers on `clock`, joins them, and waits for
     /// `cluster_state:ok`.
     pub fn start(clock: Clock) -> Self {
-        let nodes: Vec<std::sync::Arc<RedisServer>> = (0..3).map(|_| Self::node(clock)).collect();
+        Self::create((0..3).map(|_| Self::node(clock)).collect(), 0)
+    }
+
+    /// Three masters, each with one replica (`--cluster-replicas 1`), and a node timeout of 2 s
+    /// so that a master killed with SIGKILL is replaced by its replica within seconds.
+    pub fn start_with_replicas(clock: Clock) -> Self {
+        Self::create(
+            (0..6)
+                .map(|_| Self::node_with_timeout(clock, "2000"))
+                .collect(),
+            1,
+        )
+    }
+
+    /// Which nodes are masters now (`ROLE`), by index in [`nodes`](Self::nodes), leaving out
+    /// `skip` (a node that was stopped).
+    pub fn masters(&self, skip: Option<usize>) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|i| Some(*i) != skip && self.nodes[*i].raw("ROLE").contains("master"))
+            .collect()
+    }
+
+    /// Waits until every node that answers says `cluster_state:ok` with every slot served.
+    pub fn wait_ok(&self, skip: Option<usize>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !(0..self.nodes.len()).filter(|i| Some(*i) != skip).all(|i| {
+            let info = self.nodes[i].raw("CLUSTER INFO");
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster never became ok"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    fn create(nodes: Vec<std::sync::Arc<RedisServer>>, replicas: u32) -> Self {
+        let known = format!("cluster_known_nodes:{}", nodes.len());
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port().expect("tcp")))
@@ -400,7 +442,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .status()
             .expect("redis-cli is required (scripts/install-services installs redis-tools)");
@@ -414,7 +456,7 @@ impl RedisCluster {
             let ok = nodes.iter().all(|n| {
                 let info = n.raw("CLUSTER INFO");
                 info.contains("cluster_state:ok")
-                    && info.contains("cluster_known_nodes:3")
+                    && info.contains(&known)
                     && info.contains("cluster_slots_ok:16384")
             });
             let maps: Vec<String> = nodes

@@ -309,18 +309,20 @@ impl RedisStore {
                 _ => -1,
             };
             if acks < i64::from(wanted) {
-                // Not durable: every write of the pipeline is retried (and replays
-                // idempotently). A run ends at its first write, which answers the error.
+                // Not durable: every answer of the pipeline is retried (writes replay
+                // idempotently). Verdicts too (a conflict, a corrupt mailbox): they were read
+                // from state no replica acknowledged, such as a master that restarted empty and
+                // still serves its slots until the cluster demotes it; when the state is real,
+                // the retry answers the same once replicas acknowledge. Each run answers the
+                // error for its first group and stops there.
                 let error = crate::store::classify::redis::too_few_replicas(
                     acks.max(0),
                     wanted,
                     timeout_ms,
                 );
                 for answers in answered.iter_mut().filter_map(|(_, a)| a.as_mut()) {
-                    if let Some(first_ok) = answers.iter().position(Result::is_ok) {
-                        answers.truncate(first_ok);
-                        answers.push(Err(error.clone()));
-                    }
+                    answers.clear();
+                    answers.push(Err(error.clone()));
                 }
             }
         }
