@@ -16,7 +16,8 @@
 //!
 //! Run: `KAFKA_BOOTSTRAP=$(scripts/kafka start) cargo bench --bench daemon_throughput`
 //! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
-//! record count; set `SCYLLA_NODES` to add the Scylla rows). Prints a Markdown report.
+//! record count; set `SCYLLA_NODES` to add the Scylla rows; `BENCH_ONLY=reshard` runs only the
+//! rows of a Redis Cluster resharded under load). Prints a Markdown report.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -206,6 +207,9 @@ fn consumer(bootstrap: &str, topic: &str, group: &str) -> StreamConsumer {
 struct Rate {
     per_sec: f64,
     cpu: String,
+    /// Groups answered `unchanged` (daemon rows): every group of these workloads is new, so
+    /// each is the answer of a second execution of a script that had already run.
+    unchanged: u64,
 }
 
 /// The baseline: a bare consumer reading every record.
@@ -223,6 +227,7 @@ async fn bare_consumer(bootstrap: &str, w: &Workload, pids: &[(&'static str, Str
     Rate {
         per_sec: w.records as f64 / meter.started.elapsed().as_secs_f64(),
         cpu: meter.stop(),
+        unchanged: 0,
     }
 }
 
@@ -246,6 +251,7 @@ async fn sequential_loop(bootstrap: &str, w: &Workload, pids: &[(&'static str, S
     Rate {
         per_sec: w.records as f64 / meter.started.elapsed().as_secs_f64(),
         cpu: meter.stop(),
+        unchanged: 0,
     }
 }
 
@@ -298,7 +304,11 @@ async fn daemon_run(
     );
     let _ = tx.send(true);
     task.await.expect("daemon task").expect("daemon");
-    Rate { per_sec: rate, cpu }
+    Rate {
+        per_sec: rate,
+        cpu,
+        unchanged: counts.groups.get("unchanged").copied().unwrap_or(0),
+    }
 }
 
 /// `materializer` run once per entry of `runs` (each a string of arguments), one after the
@@ -337,6 +347,7 @@ fn cli_run(runs: &[String], records: u64, pids: &[(&'static str, String)]) -> Ra
     Rate {
         per_sec: records as f64 / wall,
         cpu: format!("materializer {:.2}, {others}", seconds / wall),
+        unchanged: 0,
     }
 }
 
@@ -402,6 +413,7 @@ fn redis_pipe(
     Rate {
         per_sec: w.records as f64 / wall,
         cpu: meter.stop(),
+        unchanged: 0,
     }
 }
 
@@ -458,6 +470,91 @@ async fn cluster_rows(
     (single, clustered)
 }
 
+/// SPEC 7.2 "The cluster may change under load": the daemon into a Redis Cluster of 3 masters
+/// plus an empty fourth, first as it is (the steady baseline), then while `redis-cli --cluster
+/// rebalance --cluster-use-empty-masters` moves a quarter of the slots onto the fourth, started
+/// with the daemon. Each row names the redirections the store met, the groups answered twice
+/// (`unchanged`: every group of the workload is new) and every redis-server's CPU.
+async fn reshard_rows(
+    bootstrap: &str,
+    w: &Workload,
+    pids: &[(&'static str, String)],
+) -> Vec<String> {
+    const NAMES: [&str; 4] = [
+        "redis-server 1",
+        "redis-server 2",
+        "redis-server 3",
+        "redis-server 4 (new)",
+    ];
+    let mut rows = vec![
+        format!(
+            "\n### A Redis Cluster resharded under load ({} records, {} users, {PARTITIONS} partitions)\n",
+            w.records, w.users
+        ),
+        "| path | records/s | ratio | answered twice | redirections (moved/ask/tryagain) | rebalance | CPU (cores: process) |".to_owned(),
+        "|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    let mut steady = None;
+    for moving in [false, true] {
+        let cluster = tokio::task::spawn_blocking(|| {
+            let mut cluster = redis_server::RedisCluster::start(Clock::Real);
+            cluster.add_master(Clock::Real);
+            Arc::new(cluster)
+        })
+        .await
+        .expect("cluster start");
+        let mut cluster_pids = pids.to_vec();
+        for (name, node) in NAMES.iter().zip(&cluster.nodes) {
+            if let Some(pid) = redis_pid(node) {
+                cluster_pids.push((name, pid));
+            }
+        }
+        let store = Arc::new(cluster.store().await);
+        let rebalance = moving.then(|| {
+            let cluster = cluster.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                cluster.rebalance_onto_empty_masters();
+                started.elapsed()
+            })
+        });
+        let started = Instant::now();
+        let rate = daemon_run(
+            bootstrap,
+            w,
+            &format!("{}-reshard-{moving}", w.topic),
+            store.clone(),
+            &cluster_pids,
+        )
+        .await;
+        let run = started.elapsed();
+        let took = rebalance.map(|h| h.join().expect("rebalance"));
+        let r = store.cluster_redirects().unwrap_or_default();
+        let baseline = *steady.get_or_insert(rate.per_sec);
+        let name = if moving {
+            "daemon while 4,096 slots move onto the fourth master (ratio to steady)"
+        } else {
+            "daemon, 3 masters + an empty fourth, nothing moves (steady baseline)"
+        };
+        rows.push(format!(
+            "| {name} | {:.0} | {:.2} | {} | {}/{}/{} | {} | {} |",
+            rate.per_sec,
+            rate.per_sec / baseline,
+            rate.unchanged,
+            r[0],
+            r[1],
+            r[2],
+            took.map_or("none".to_owned(), |t| format!(
+                "{:.1} s of the run's {:.1} s",
+                t.as_secs_f64(),
+                run.as_secs_f64()
+            )),
+            rate.cpu
+        ));
+    }
+    rows
+}
+
 fn redis_pid(server: &RedisServer) -> Option<String> {
     server
         .raw("INFO server")
@@ -503,6 +600,13 @@ async fn main() {
     }
 
     let warm = prepare(&bootstrap, "warm", records, records / 10).await;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("reshard") {
+        println!("## Daemon throughput while a Redis Cluster is resharded");
+        for line in reshard_rows(&bootstrap, &warm, &pids).await {
+            println!("{line}");
+        }
+        return;
+    }
     let fresh = prepare(&bootstrap, "fresh", records, records).await;
     let mut report = Vec::new();
     for w in [&warm, &fresh] {
