@@ -38,7 +38,13 @@ pub(crate) struct Telemetry {
     backend: &'static str,
     progress: Arc<Progress>,
     health: Arc<Health>,
+    /// When the last "store unavailable; retrying" line was written, and how many were held
+    /// back since (see [`Telemetry::attempt_failed`]).
+    retry_lines: Arc<Mutex<(Option<std::time::Instant>, u64)>>,
 }
+
+/// At most one "store unavailable; retrying" line per this long, for the whole process.
+const RETRY_LINE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Telemetry {
     pub(crate) fn new(backend: &'static str, progress: Arc<Progress>, health: Arc<Health>) -> Self {
@@ -46,6 +52,7 @@ impl Telemetry {
             backend,
             progress,
             health,
+            retry_lines: Arc::default(),
         }
     }
 
@@ -93,9 +100,24 @@ impl Telemetry {
                 under_repair: false,
             } => {
                 self.health.write_failed();
-                // Every attempt of a long outage would flood the log: the first and every 10th.
+                // Every attempt of a long outage would flood the log: the first and every 10th
+                // of each delivery, and of those at most one line a second for the process (a
+                // failover fails every delivery of a master at once), with how many were held
+                // back.
                 if attempt.is_multiple_of(10) {
-                    tracing::warn!(partition, offset, error = %error, attempt, "store unavailable; retrying");
+                    let held_back = {
+                        let mut lines = lock(&self.retry_lines);
+                        if lines.0.is_some_and(|at| at.elapsed() < RETRY_LINE_EVERY) {
+                            lines.1 += 1;
+                            None
+                        } else {
+                            lines.0 = Some(std::time::Instant::now());
+                            Some(std::mem::take(&mut lines.1))
+                        }
+                    };
+                    if let Some(held_back) = held_back {
+                        tracing::warn!(partition, offset, error = %error, attempt, held_back, "store unavailable; retrying");
+                    }
                 }
             }
             Disposition::Retry { under_repair: true } => {
