@@ -432,6 +432,11 @@ pub struct KafkaConfig {
     /// A replica that joined its group and got no partition assignment at all (not even an
     /// empty one) for this long while the topic has partitions turns not ready, saying so.
     pub assignment_timeout_ms: u64,
+    /// Mailboxes this replica may hold failing closed (corrupt, each holding only itself) before
+    /// it turns not ready: beyond it an incident damages mailboxes in bulk (an evicting Redis, a
+    /// log written out of order) and an operator must look. Each costs its head record and about
+    /// 300 bytes while it waits; the replica keeps applying every other mailbox's records.
+    pub max_blocked_mailboxes: u64,
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
@@ -477,6 +482,7 @@ impl Default for KafkaConfig {
             statistics_interval_ms: 2000,
             stalled_after_ms: 30_000,
             assignment_timeout_ms: 120_000,
+            max_blocked_mailboxes: 1_000,
             properties: BTreeMap::new(),
         }
     }

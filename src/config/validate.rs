@@ -299,6 +299,12 @@ impl Config {
                 1000,
                 3_600_000,
             ),
+            (
+                "kafka.max_blocked_mailboxes",
+                kafka.max_blocked_mailboxes,
+                1,
+                1_000_000,
+            ),
         ] {
             if !(low..=high).contains(&value) {
                 return Err(invalid(key, format!("{value} is outside {low}..={high}")));

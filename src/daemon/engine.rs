@@ -25,6 +25,7 @@
 mod handover;
 mod housekeeping;
 mod letters;
+mod reread;
 
 use letters::LetterDone;
 
@@ -80,6 +81,37 @@ struct PartitionState {
     letters: usize,
     /// The generation of the assignment that opened this window (`DaemonContext::generation`).
     generation: u64,
+    /// A healed mailbox's skipped deliveries are to be re-read: the window is closing and is
+    /// read again from its watermark once its calls and dead letters are back.
+    reread: bool,
+    /// Opened by a re-read: the offset the window it replaced had read up to, while the
+    /// re-read is behind it.
+    reread_until: Option<i64>,
+}
+
+impl PartitionState {
+    fn new(generation: u64) -> Self {
+        Self {
+            blocked: HashMap::new(),
+            paused: false,
+            stored: None,
+            start: None,
+            last_record: Instant::now(),
+            stalled: false,
+            letters: 0,
+            generation,
+            reread: false,
+            reread_until: None,
+        }
+    }
+}
+
+/// A partition between its old window and the one a re-read opens (see [`Engine::reread`]).
+struct Rereading {
+    token: u64,
+    from: i64,
+    until: Option<i64>,
+    generation: u64,
 }
 
 /// Settings the engine takes from the configuration once.
@@ -94,6 +126,7 @@ pub(crate) struct EngineSettings {
     pub commit_offsets: bool,
     pub shutdown_deadline: Duration,
     pub stalled_after: Duration,
+    pub max_blocked_mailboxes: usize,
 }
 
 impl EngineSettings {
@@ -109,6 +142,8 @@ impl EngineSettings {
             commit_offsets,
             shutdown_deadline: Duration::from_millis(kafka.shutdown_deadline_ms),
             stalled_after: Duration::from_millis(kafka.stalled_after_ms),
+            max_blocked_mailboxes: usize::try_from(kafka.max_blocked_mailboxes)
+                .unwrap_or(usize::MAX),
         }
     }
 }
@@ -146,6 +181,12 @@ pub(crate) struct Engine {
     promoted_reported: u64,
     /// Revokes waiting for the calls already sent (see `handover`).
     handovers: Vec<handover::Pending>,
+    /// Partitions whose window closed for a re-read, until the poll thread says it seeked.
+    rereading: HashMap<i32, Rereading>,
+    /// The last re-read's token.
+    rereads: u64,
+    /// More mailboxes fail closed than `kafka.max_blocked_mailboxes` (logged once per crossing).
+    over_blocked_limit: bool,
 }
 
 impl Engine {
@@ -171,6 +212,9 @@ impl Engine {
             fatal: None,
             promoted_reported,
             handovers: Vec::new(),
+            rereading: HashMap::new(),
+            rereads: 0,
+            over_blocked_limit: false,
         }
     }
 
@@ -315,6 +359,12 @@ impl Engine {
                 }
                 self.advance();
             }
+            IntakeEvent::Reread {
+                partition,
+                offset,
+                token,
+                ok,
+            } => self.reread_started(partition, offset, token, ok),
             IntakeEvent::Error(error) => {
                 let code = error
                     .rdkafka_error_code()
@@ -334,6 +384,7 @@ impl Engine {
     /// removed; nothing of them is committed past their watermark.
     fn revoke(&mut self, partitions: Vec<i32>) {
         for partition in partitions {
+            self.rereading.remove(&partition);
             metrics::partition_revoked(partition);
             if let Some(window) = self.driver.close(&partition) {
                 let abandoned = window.pipeline.in_flight();
@@ -349,6 +400,9 @@ impl Engine {
     }
 
     fn assign(&mut self, partition: i32, generation: u64) {
+        // A re-read in progress is superseded: the assignment reads from the committed offset,
+        // which is at or before the re-read's start.
+        self.rereading.remove(&partition);
         if let Some(window) = self.driver.window_mut(&partition) {
             // Still open: an earlier assignment's window, closing or not. The new assignment
             // owns it from here, so a late hand-over of the earlier one leaves it alone.
@@ -366,16 +420,7 @@ impl Engine {
         self.driver.open(
             partition,
             self.settings.max_records,
-            PartitionState {
-                blocked: HashMap::new(),
-                paused: false,
-                stored: None,
-                start: None,
-                last_record: Instant::now(),
-                stalled: false,
-                letters: 0,
-                generation,
-            },
+            PartitionState::new(generation),
         );
         metrics::partition_assigned(partition, 0);
         // Lag is known as soon as the partition is: ask the broker now, off this task.
@@ -507,6 +552,8 @@ impl Engine {
                 tracing::debug!(error = %e, "offset store refused");
             }
         }
+        self.rereads_due();
+        self.reread_progress();
         self.apply_backpressure();
     }
 
@@ -599,7 +646,13 @@ impl Policy<i32, PartitionState> for DaemonPolicy<'_> {
                     .blocked(partition, step.at.offset, user, error, state.blocked.len());
             }
         }
-        Verdict::Retry(self.backoff.delay(step.attempt))
+        let delay = self.backoff.delay(step.attempt);
+        if disposition == Disposition::Block {
+            // A corrupt mailbox holds only itself: its other deliveries are skipped and re-read
+            // from the log once it heals (`engine/reread.rs`).
+            return Verdict::Park(delay);
+        }
+        Verdict::Retry(delay)
     }
 
     fn delivery_final(

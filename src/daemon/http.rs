@@ -35,6 +35,9 @@ pub struct Health {
     /// Failing while a Redis Cluster slot stays migrating or importing (an interrupted reshard;
     /// `health::watch_redis_masters`).
     store_slots: Condition,
+    /// Failing while more mailboxes fail closed than `kafka.max_blocked_mailboxes` (the
+    /// engine's housekeeping).
+    blocked: Condition,
 }
 
 /// A readiness condition that a probe decides as a whole: whether it fails, and its `/readyz`
@@ -115,6 +118,12 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// The mailboxes this replica holds failing closed, against its limit.
+    pub(crate) fn set_blocked(&self, failing: bool, line: Option<String>) {
+        self.blocked.set(failing, line);
+        super::metrics::ready(self.ready());
+    }
+
     /// A store write failed transiently just now.
     pub(crate) fn write_failed(&self) {
         self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
@@ -141,7 +150,7 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nsubscription: {}\npartitions: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nsubscription: {}\npartitions: {}\nblocked mailboxes: {}\ndead letters: {}\n",
             word(self.store_ok(), "unreachable"),
             word(!recent_write_failure, "failing"),
             self.store_policy.line(),
@@ -149,6 +158,7 @@ impl Health {
             word(self.broker_ok(), "unreachable"),
             self.subscription.line(),
             word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
+            self.blocked.line(),
             word(
                 !self.dead_letters_failing.load(Ordering::Relaxed),
                 "failing"
@@ -168,6 +178,7 @@ impl Health {
             && !self.subscription.failing()
             && !self.store_policy.failing()
             && !self.store_slots.failing()
+            && !self.blocked.failing()
     }
 }
 

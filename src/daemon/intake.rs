@@ -87,6 +87,15 @@ pub(crate) enum IntakeEvent {
     /// record handed over: transaction markers and aborted transactions take offsets but are
     /// never delivered, and only the position says they were read.
     Positions(Vec<(i32, i64)>),
+    /// A re-read the engine asked for (`DaemonContext::request_reread`): every record of the
+    /// partition handed over after this event comes from `offset` on (`ok`), and none before
+    /// it does. `ok` is false when the consumer refused the seek.
+    Reread {
+        partition: i32,
+        offset: i64,
+        token: u64,
+        ok: bool,
+    },
 }
 
 /// The running poll thread.
@@ -218,6 +227,35 @@ fn poll_loop(
         } else {
             Duration::ZERO
         };
+        // A re-read: the records of the partition polled so far go first, then the seek, then
+        // the event; librdkafka drops what it fetched before the seek.
+        for (partition, offset, token) in consumer.context().take_rereads() {
+            if !flush(tx, &mut batch) {
+                return;
+            }
+            sent.remove(&partition);
+            let ok = match consumer.seek(
+                consumer.context().topic.as_str(),
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(10),
+            ) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(partition, offset, error = %e, "the partition could not be read again from the offset");
+                    false
+                }
+            };
+            let event = IntakeEvent::Reread {
+                partition,
+                offset,
+                token,
+                ok,
+            };
+            if tx.blocking_send(event).is_err() {
+                return;
+            }
+        }
         let polled = consumer.poll(timeout);
         // Rebalance events raised inside this poll come after the records polled before it.
         let group_events = consumer.context().take_group_events();

@@ -347,6 +347,10 @@ pub struct DaemonContext {
     /// (a lost assignment's is never waited for) can only close windows opened by that
     /// assignment or an earlier one, never a newer assignment of the same partition.
     pub generation: std::sync::atomic::AtomicU64,
+    /// Partitions the engine wants read again from an offset (a blocked mailbox healed: its
+    /// skipped deliveries come from the log), with the request's token; the poll thread seeks
+    /// between two polls and answers with `IntakeEvent::Reread`.
+    pub rereads: Mutex<Vec<(i32, i64, u64)>>,
 }
 
 impl DaemonContext {
@@ -364,6 +368,7 @@ impl DaemonContext {
             assigned_notify: Arc::default(),
             waiting_since: Mutex::new(Some(std::time::Instant::now())),
             generation: std::sync::atomic::AtomicU64::new(0),
+            rereads: Mutex::new(Vec::new()),
         }
     }
 
@@ -375,6 +380,15 @@ impl DaemonContext {
     /// The group events queued since the last call.
     pub(crate) fn take_group_events(&self) -> Vec<GroupEvent> {
         std::mem::take(&mut *lock(&self.group_events))
+    }
+
+    /// Asks the poll thread to read `partition` again from `offset` (see `rereads`).
+    pub(crate) fn request_reread(&self, partition: i32, offset: i64, token: u64) {
+        lock(&self.rereads).push((partition, offset, token));
+    }
+
+    pub(crate) fn take_rereads(&self) -> Vec<(i32, i64, u64)> {
+        std::mem::take(&mut *lock(&self.rereads))
     }
 }
 

@@ -27,6 +27,11 @@ pub const RECORDS_TOTAL: &str = "materializer_records_total";
 pub const GROUPS_TOTAL: &str = "materializer_groups_total";
 pub const DLQ_TOTAL: &str = "materializer_dlq_total";
 pub const PARTITION_BLOCKED: &str = "materializer_partition_blocked";
+pub const PARTITION_BLOCKED_SKIPPED: &str = "materializer_partition_blocked_skipped";
+pub const PARTITION_REREAD_BEHIND: &str = "materializer_partition_reread_behind";
+pub const REREADS_TOTAL: &str = "materializer_rereads_total";
+pub const BLOCKED_MAILBOXES: &str = "materializer_blocked_mailboxes";
+pub const BLOCKED_MAILBOXES_LIMIT: &str = "materializer_blocked_mailboxes_limit";
 pub const CONSUMER_LAG: &str = "materializer_consumer_lag";
 pub(crate) const APPLY_DURATION: &str = "materializer_apply_duration_seconds";
 pub(crate) const STORE_CALL_DURATION: &str = "materializer_store_call_duration_seconds";
@@ -264,6 +269,18 @@ fn describe() {
         "1 when a Redis master's maxmemory-policy evicts keys (only run with store.redis.allow_eviction = true), 0 otherwise"
     );
     describe_gauge!(
+        BLOCKED_MAILBOXES,
+        "Mailboxes this replica holds failing closed (corrupt), all partitions; each holds only itself"
+    );
+    describe_gauge!(
+        BLOCKED_MAILBOXES_LIMIT,
+        "kafka.max_blocked_mailboxes: more blocked mailboxes than this turn the replica not ready"
+    );
+    describe_counter!(
+        REREADS_TOTAL,
+        "Partitions read again from their committed position because a blocked mailbox was repaired (its skipped deliveries come from the log)"
+    );
+    describe_gauge!(
         STORE_OPEN_SLOTS,
         "Redis Cluster slots left migrating or importing on two reads 10 s apart (an interrupted reshard: their users wait), 0 otherwise"
     );
@@ -295,6 +312,8 @@ fn zero_counters() {
         counter!(REPLAY_RECORDS_TOTAL, "outcome" => *outcome).absolute(0);
     }
     counter!(PROMOTE_EXPIRED_BUCKETS_TOTAL).absolute(0);
+    counter!(REREADS_TOTAL).absolute(0);
+    gauge!(BLOCKED_MAILBOXES).set(0.0);
     // Only a Redis store can evict; every other store exports 0 from the start.
     gauge!(STORE_EVICTING).set(0.0);
     gauge!(STORE_OPEN_SLOTS).set(0.0);
@@ -471,6 +490,10 @@ pub(crate) fn unknown_fields<S: AsRef<str>>(paths: &[S]) {
 struct PartitionGauges {
     lag: Option<f64>,
     blocked: f64,
+    /// Deliveries skipped for the partition's blocked mailboxes (re-read once they heal).
+    skipped: f64,
+    /// Records a re-read still has to go to reach where the partition had been read.
+    reread_behind: Option<f64>,
     committed: Option<f64>,
     last_record_timestamp: Option<f64>,
     unreadable: f64,
@@ -512,6 +535,28 @@ pub(crate) fn partition_blocked(partition: i32, blocked_mailboxes: usize) {
     partitions().entry(partition).or_default().blocked = blocked_mailboxes as f64;
 }
 
+/// The deliveries skipped for `partition`'s blocked mailboxes so far (they wait in the log).
+pub(crate) fn partition_blocked_skipped(partition: i32, skipped: u64) {
+    partitions().entry(partition).or_default().skipped = skipped as f64;
+}
+
+/// The mailboxes this replica holds failing closed, and `kafka.max_blocked_mailboxes`.
+pub(crate) fn blocked_mailboxes(blocked: usize, limit: usize) {
+    gauge!(BLOCKED_MAILBOXES).set(blocked as f64);
+    gauge!(BLOCKED_MAILBOXES_LIMIT).set(limit as f64);
+}
+
+/// A re-read of `partition` started (a blocked mailbox healed).
+pub(crate) fn reread_started(partition: i32) {
+    counter!(REREADS_TOTAL).increment(1);
+    partitions().entry(partition).or_default().reread_behind = None;
+}
+
+/// How far a re-read of `partition` is behind where it had been read to (0 once caught up).
+pub(crate) fn reread_behind(partition: i32, records: i64) {
+    partitions().entry(partition).or_default().reread_behind = Some(records.max(0) as f64);
+}
+
 /// Call after each successful commit, for each committed partition.
 pub(crate) fn committed_offset(partition: i32, offset: i64) {
     partitions().entry(partition).or_default().committed = Some(offset as f64);
@@ -541,7 +586,7 @@ pub(crate) fn partition_unreadable(partition: i32, unreadable: bool) {
 fn render_partitions(out: &mut String) {
     let table = partitions().clone();
     type Pick = fn(&PartitionGauges) -> Option<f64>;
-    let families: [(&str, &str, Pick); 5] = [
+    let families: [(&str, &str, Pick); 7] = [
         (
             CONSUMER_LAG,
             "Records of the partition after the committed watermark (high watermark minus watermark)",
@@ -551,6 +596,16 @@ fn render_partitions(out: &mut String) {
             PARTITION_BLOCKED,
             "Mailboxes of the partition failing closed on a corrupt store state (0 when flowing)",
             |g| Some(g.blocked),
+        ),
+        (
+            PARTITION_BLOCKED_SKIPPED,
+            "Deliveries of the partition's blocked mailboxes skipped so far: read again from the log once the mailbox is repaired",
+            |g| Some(g.skipped),
+        ),
+        (
+            PARTITION_REREAD_BEHIND,
+            "Records a re-read of the partition (after a blocked mailbox was repaired) still has to read to get back to where it was",
+            |g| g.reread_behind,
         ),
         (
             COMMITTED_OFFSET,

@@ -144,7 +144,7 @@ impl Telemetry {
             offset,
             user = %user.as_str(),
             reason = %reason,
-            "corrupt mailbox: failing closed; its later deliveries wait and the committed offset stays before it until it is repaired (materializer replay --reset-mailboxes)"
+            "corrupt mailbox: failing closed; its later deliveries are skipped (the rest of the partition flows) and the committed offset stays before it until it is repaired (materializer replay --reset-mailboxes); then the partition is read again from there"
         );
         metrics::partition_blocked(partition, now_blocked);
     }
@@ -166,9 +166,14 @@ impl Telemetry {
         let Some(last) = records.last() else {
             return;
         };
+        // A record with a delivery skipped for a blocked mailbox is counted when it is read
+        // again after the repair, not now.
+        let done = records.iter().filter(|r| !r.skipped);
         let mut counts = [0u64; 3];
-        for record in records {
+        let mut final_records = 0u64;
+        for record in done {
             counts[record.outcome as usize] += 1;
+            final_records += 1;
         }
         let mut progress = lock(&self.progress.0);
         for (outcome, n) in RecordOutcome::ALL.iter().zip(counts) {
@@ -177,7 +182,7 @@ impl Telemetry {
                 *progress.records.entry(outcome.as_str()).or_default() += n;
             }
         }
-        progress.final_records += records.len() as u64;
+        progress.final_records += final_records;
         drop(progress);
         if let Some(ms) = timestamp_ms(last) {
             metrics::last_record_timestamp(partition, ms);

@@ -95,6 +95,11 @@ pub struct Step<'a, S> {
 pub(crate) enum Verdict<E> {
     /// Try the delivery again after this delay; it stays at its lane's head meanwhile.
     Retry(Duration),
+    /// The same, and park its user meanwhile ([`PartitionPipeline::park`]): its other
+    /// deliveries are skipped, so the rest of the window flows (a corrupt mailbox holds only
+    /// itself). The front end re-reads the source from [`PartitionPipeline::reread_from`] once
+    /// the delivery is final.
+    Park(Duration),
     /// Take the result as final here (reported, not waited for).
     Final,
     /// Stop the run.
@@ -345,6 +350,14 @@ where
             match policy.not_final(step, &mut window.state, &result, disposition) {
                 Verdict::Retry(delay) => {
                     self.restart(key, delivery, attempt + 1, delay, policy);
+                    return Ok(());
+                }
+                Verdict::Park(delay) => {
+                    for settled in window.pipeline.park(key.at) {
+                        self.settle(key.source, settled, policy);
+                    }
+                    self.restart(key, delivery, attempt + 1, delay, policy);
+                    self.pump(policy);
                     return Ok(());
                 }
                 Verdict::Final => {}

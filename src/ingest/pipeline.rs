@@ -128,6 +128,9 @@ pub(crate) struct FinalRecord<M> {
     /// The record's deliveries with their final results, in record order.
     pub deliveries: Vec<(Arc<Delivery>, Result<DeliveryOutcome, StoreError>)>,
     pub malformed: Option<DecodeError>,
+    /// Some delivery was skipped (its user is parked): the record is not done with yet, it is
+    /// read again once that user heals, and counted then.
+    pub skipped: bool,
 }
 
 impl<M> FinalRecord<M> {
@@ -163,6 +166,9 @@ struct Slot<R, M> {
     meta: M,
     deliveries: Vec<Arc<Delivery>>,
     results: Vec<Option<Result<DeliveryOutcome, StoreError>>>,
+    /// Deliveries of a parked (blocked) user, skipped: neither applied nor kept waiting (see
+    /// [`PartitionPipeline::park`]).
+    skipped: Vec<bool>,
     pending: usize,
     malformed: Option<DecodeError>,
     dispatch_id: Option<String>,
@@ -229,12 +235,33 @@ struct Lane {
     ready: bool,
 }
 
+/// A user whose mailbox fails closed (corrupt), parked so it holds only itself: its head
+/// delivery (the one that failed) stays at its lane's head and is retried; every other delivery
+/// of the user, already in the window or admitted later, is skipped, so the rest of the window
+/// flows and releases its records. The watermark stays at or before the head's record and, once
+/// the head is final, at the first skipped delivery until the front end re-reads the source from
+/// there ([`PartitionPipeline::reread_from`]): the skipped deliveries are applied from the log,
+/// never from memory. Bound: one entry (a delivery reference and three numbers) and the head's
+/// record per parked user.
+#[derive(Debug)]
+struct Parked {
+    head: DeliveryRef,
+    /// The offset of the first delivery skipped.
+    first_skipped: Option<i64>,
+    /// Deliveries skipped so far.
+    skipped: u64,
+    /// The head is final: what was skipped waits for the re-read.
+    healed: bool,
+}
+
 /// The window of one source.
 #[derive(Debug)]
 pub(crate) struct PartitionPipeline<R, M = ()> {
     max_records: usize,
     slots: BTreeMap<i64, Slot<R, M>>,
     lanes: HashMap<UserId, Lane>,
+    /// Users failing closed (see [`Parked`]).
+    parked: HashMap<UserId, Parked>,
     /// Lanes with nothing out and something to run, in the order they became so.
     ready: VecDeque<UserId>,
     /// One past the highest admitted offset.
@@ -252,6 +279,7 @@ impl<R, M> PartitionPipeline<R, M> {
             max_records: max_records.max(1),
             slots: BTreeMap::new(),
             lanes: HashMap::new(),
+            parked: HashMap::new(),
             ready: VecDeque::new(),
             next_offset: None,
             bytes: 0,
@@ -283,9 +311,94 @@ impl<R, M> PartitionPipeline<R, M> {
         self.slots.is_empty()
     }
 
-    /// The offset to commit: the first record not yet final, or one past the last admitted.
+    /// The offset to commit: the first record not yet final, or one past the last admitted, and
+    /// never past the first delivery a parked user skipped.
     pub(crate) fn watermark(&self) -> Option<i64> {
-        self.slots.keys().next().copied().or(self.next_offset)
+        let window = self.slots.keys().next().copied().or(self.next_offset);
+        let skipped = self.parked.values().filter_map(|p| p.first_skipped).min();
+        match (window, skipped) {
+            (Some(w), Some(s)) => Some(w.min(s)),
+            (w, s) => w.or(s),
+        }
+    }
+
+    /// Where the source must be read again from: the first delivery a parked user skipped, once
+    /// that user's head is final (its mailbox is healthy again). `None` while no healed user
+    /// waits for its skipped deliveries.
+    pub(crate) fn reread_from(&self) -> Option<i64> {
+        self.parked
+            .values()
+            .filter(|p| p.healed)
+            .filter_map(|p| p.first_skipped)
+            .min()
+    }
+
+    /// One past the highest admitted offset (or the offset [`Self::skip_to`] moved to).
+    pub(crate) fn next_offset(&self) -> Option<i64> {
+        self.next_offset
+    }
+
+    /// Deliveries skipped for parked users, by user, and the offset each user's first skipped
+    /// delivery is at.
+    pub(crate) fn skipped(&self) -> impl Iterator<Item = (&UserId, u64, Option<i64>)> {
+        self.parked
+            .iter()
+            .map(|(user, p)| (user, p.skipped, p.first_skipped))
+    }
+
+    /// Parks the user of the delivery at `head` (its result failed closed; it stays at its
+    /// lane's head and is retried by the caller): every other delivery of the user in the window
+    /// is skipped, and so is every one admitted later (see [`Parked`]). Returns the records this
+    /// settled (their other deliveries were all final). Parking a parked user changes nothing.
+    pub(crate) fn park(&mut self, head: DeliveryRef) -> Vec<Settled> {
+        let Some(user) = self.delivery(head).map(|d| d.mailbox().user_id.clone()) else {
+            return Vec::new();
+        };
+        if self.parked.contains_key(&user) {
+            return Vec::new();
+        }
+        let mut rest: Vec<DeliveryRef> = Vec::new();
+        if let Some(lane) = self.lanes.get_mut(&user) {
+            rest.extend(lane.queue.iter().filter(|at| **at != head));
+            lane.queue.retain(|at| *at == head);
+            lane.out.retain(|at| *at == head);
+        }
+        let mut parked = Parked {
+            head,
+            first_skipped: None,
+            skipped: 0,
+            healed: false,
+        };
+        let mut settled = Vec::new();
+        for at in rest {
+            if let Some(done) = self.skip(at) {
+                settled.push(done);
+            }
+            parked.skipped += 1;
+            parked.first_skipped =
+                Some(parked.first_skipped.map_or(at.offset, |f| f.min(at.offset)));
+        }
+        self.parked.insert(user, parked);
+        settled
+    }
+
+    /// Marks the delivery at `at` skipped (its user is parked); its record settles when it was
+    /// the last one pending.
+    fn skip(&mut self, at: DeliveryRef) -> Option<Settled> {
+        let slot = self.slots.get_mut(&at.offset)?;
+        if slot.stage != Stage::Running
+            || slot.results.get(at.index)?.is_some()
+            || slot.skipped[at.index]
+        {
+            return None;
+        }
+        slot.skipped[at.index] = true;
+        slot.pending -= 1;
+        let settled = (slot.pending == 0).then(|| slot.settle(at.offset));
+        if settled.as_ref().is_some_and(|s| s.dead_letter.is_none()) {
+            slot.raw = None;
+        }
+        settled
     }
 
     /// The source says no record below `offset` is still to come: the offsets between the last
@@ -322,6 +435,7 @@ impl<R, M> PartitionPipeline<R, M> {
             meta,
             deliveries: Vec::new(),
             results: Vec::new(),
+            skipped: Vec::new(),
             pending: 0,
             malformed: None,
             dispatch_id: None,
@@ -332,7 +446,16 @@ impl<R, M> PartitionPipeline<R, M> {
                 slot.dispatch_id = record.dispatch_id().map(str::to_owned);
                 let deliveries: Vec<Arc<Delivery>> =
                     record.deliveries().into_iter().map(Arc::new).collect();
+                slot.skipped = vec![false; deliveries.len()];
                 for (index, delivery) in deliveries.iter().enumerate() {
+                    if let Some(parked) = self.parked.get_mut(&delivery.mailbox().user_id) {
+                        // A parked user's later deliveries are re-read from the source once it
+                        // heals; none is kept here.
+                        slot.skipped[index] = true;
+                        parked.skipped += 1;
+                        parked.first_skipped.get_or_insert(offset);
+                        continue;
+                    }
                     let lane = self
                         .lanes
                         .entry(delivery.mailbox().user_id.clone())
@@ -344,7 +467,7 @@ impl<R, M> PartitionPipeline<R, M> {
                         self.ready.push_back(delivery.mailbox().user_id.clone());
                     }
                 }
-                slot.pending = deliveries.len();
+                slot.pending = slot.skipped.iter().filter(|s| !**s).count();
                 slot.results = vec![None; deliveries.len()];
                 slot.deliveries = deliveries;
             }
@@ -378,7 +501,10 @@ impl<R, M> PartitionPipeline<R, M> {
     ) -> Option<Settled> {
         let slot = self.slots.get_mut(&at.offset)?;
         let delivery = slot.deliveries.get(at.index).cloned()?;
-        if slot.stage != Stage::Running || slot.results[at.index].is_some() {
+        if slot.stage != Stage::Running
+            || slot.results[at.index].is_some()
+            || slot.skipped[at.index]
+        {
             return None;
         }
         slot.results[at.index] = Some(result);
@@ -392,6 +518,15 @@ impl<R, M> PartitionPipeline<R, M> {
         }
 
         let user = delivery.mailbox().user_id.clone();
+        if let Some(parked) = self.parked.get_mut(&user).filter(|p| p.head == at) {
+            // The parked user's head is final: its mailbox is healthy again. Nothing skipped:
+            // it flows again at once; otherwise its skipped deliveries wait for the re-read.
+            if parked.first_skipped.is_some() {
+                parked.healed = true;
+            } else {
+                self.parked.remove(&user);
+            }
+        }
         if let Some(lane) = self.lanes.get_mut(&user) {
             if lane.queue.front() == Some(&at) {
                 lane.queue.pop_front();
@@ -522,13 +657,29 @@ impl<R, M> PartitionPipeline<R, M> {
     /// moves past them.
     pub(crate) fn pop_final(&mut self) -> Vec<FinalRecord<M>> {
         let mut out = Vec::new();
-        while let Some(entry) = self.slots.first_entry() {
-            if entry.get().stage != Stage::Final {
+        // Records after one that only a parked head holds leave too (its record stays, and so
+        // does the watermark): a blocked mailbox holds only itself.
+        let mut heads: HashMap<i64, usize> = HashMap::new();
+        for parked in self.parked.values().filter(|p| !p.healed) {
+            *heads.entry(parked.head.offset).or_default() += 1;
+        }
+        let mut leaving = Vec::new();
+        for (offset, slot) in &self.slots {
+            if slot.stage == Stage::Final {
+                leaving.push(*offset);
+            } else if !(slot.stage == Stage::Running
+                && heads.get(offset).is_some_and(|n| *n == slot.pending))
+            {
                 break;
             }
-            let slot = entry.remove();
+        }
+        for offset in leaving {
+            let Some(slot) = self.slots.remove(&offset) else {
+                continue;
+            };
             self.bytes -= slot.raw_bytes;
             let outcome = slot.outcome();
+            let skipped = slot.skipped.iter().any(|s| *s);
             let deliveries = slot
                 .deliveries
                 .into_iter()
@@ -540,6 +691,7 @@ impl<R, M> PartitionPipeline<R, M> {
                 meta: slot.meta,
                 deliveries,
                 malformed: slot.malformed,
+                skipped,
             });
         }
         out

@@ -5,6 +5,7 @@
 //! - `kafka`: end to end, kill -9, rebalances, pauses, dead letters, memory during a catch-up.
 //! - `failures` and `faults`: inputs and server faults that must never hold a partition forever
 //!   or commit what was not final.
+//! - `blocked`: SPEC 7, a corrupt mailbox that receives thousands of records holds only itself.
 //! - `cluster_changes`: SPEC 7.2, a Redis Cluster resharded under load.
 //! - `fleet`: SPEC 7.2, zombies fenced on every topology and three replicas per rebalance
 //!   protocol under churn.
@@ -25,6 +26,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod blocked;
 mod cluster_changes;
 mod dashboard_metrics;
 mod demo_serve;

@@ -29,6 +29,10 @@ impl Engine {
                 .or_else(|| starts.get(partition).copied());
             state.start = state.start.or_else(|| starts.get(partition).copied());
             metrics::partition_blocked(*partition, state.blocked.len());
+            metrics::partition_blocked_skipped(
+                *partition,
+                window.pipeline.skipped().map(|(_, n, _)| n).sum(),
+            );
             if let Some(offset) = committed.get(partition) {
                 metrics::committed_offset(*partition, *offset);
             }
@@ -67,7 +71,32 @@ impl Engine {
             metrics::partition_unreadable(*partition, stalled);
         }
         self.telemetry.health().set_consumer(!any_stalled);
+        let blocked: usize = self
+            .driver
+            .windows()
+            .map(|(_, w)| w.state.blocked.len())
+            .sum();
+        let limit = self.settings.max_blocked_mailboxes;
+        metrics::blocked_mailboxes(blocked, limit);
+        let over = blocked > limit;
+        if over && !self.over_blocked_limit {
+            tracing::error!(
+                blocked,
+                limit,
+                "not ready: more mailboxes fail closed than kafka.max_blocked_mailboxes; damage in bulk (an evicting Redis, a log written out of order?): find the cause, repair them with materializer replay --reset-mailboxes (every other mailbox keeps flowing meanwhile)"
+            );
+        }
+        self.over_blocked_limit = over;
+        self.telemetry.health().set_blocked(
+            over,
+            over.then(|| {
+                format!(
+                    "{blocked} mailboxes fail closed, more than kafka.max_blocked_mailboxes = {limit}: repair them with replay --reset-mailboxes"
+                )
+            }),
+        );
         self.telemetry.health().refresh();
+        self.rereads_due();
     }
 }
 

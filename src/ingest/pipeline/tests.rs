@@ -298,3 +298,95 @@ fn the_watermark_skips_offsets_the_source_says_hold_no_record() {
     assert_eq!(admit(&mut p, 6, &[("a", 2)]).ready.len(), 1);
     assert_eq!(p.watermark(), Some(6));
 }
+
+/// SPEC 7 "a corrupt mailbox holds only itself": once its user is parked, the user's other
+/// deliveries (already waiting, and admitted later) are skipped, the other users' records leave
+/// the window however many the parked user receives, and the watermark stays at the head's
+/// record. Once the head is final, the watermark stays at the first skipped delivery and the
+/// window asks to be read again from there.
+#[test]
+fn a_parked_mailbox_holds_only_itself_and_asks_for_a_reread_once_healed() {
+    let mut p = P::new(8);
+    let head = admit(&mut p, 0, &[("hot", 1)]).ready;
+    assert_eq!(head, vec![at(0, 0)]);
+    assert!(admit(&mut p, 1, &[("hot", 2)]).ready.is_empty());
+    // hot's head fails closed: parked. Its waiting delivery at offset 1 is skipped.
+    let settled = p.park(at(0, 0));
+    assert_eq!(
+        settled.len(),
+        1,
+        "offset 1 held only hot's skipped delivery"
+    );
+    assert_eq!(p.watermark(), Some(0));
+    // Many more records: hot's are skipped, b's flow and leave; the window never fills.
+    for offset in 2..100 {
+        let users: &[(&str, u64)] = if offset % 2 == 0 {
+            &[("hot", offset as u64 + 1)]
+        } else {
+            &[("b", offset as u64)]
+        };
+        for r in admit(&mut p, offset, users).ready {
+            complete(&mut p, r, ok());
+        }
+        let popped = p.pop_final();
+        assert!(
+            popped.iter().all(|f| f.meta != 0),
+            "the head's record stays"
+        );
+        assert!(
+            !p.is_full(),
+            "offset {offset}: the window holds only hot's head"
+        );
+        assert_eq!(
+            p.watermark(),
+            Some(0),
+            "nothing past hot's head is committable"
+        );
+    }
+    assert_eq!(p.in_flight(), 1);
+    assert_eq!(p.reread_from(), None, "hot is still blocked");
+    let (_, skipped, first) = p.skipped().next().expect("hot is parked");
+    assert_eq!((skipped, first), (50, Some(1)));
+
+    // The head heals (a repair): its record leaves, the watermark waits at the first skipped
+    // delivery, and hot's later deliveries are still skipped until the window is read again.
+    complete(&mut p, at(0, 0), ok());
+    assert_eq!(p.pop_final().len(), 1);
+    assert_eq!(p.watermark(), Some(1));
+    assert_eq!(p.reread_from(), Some(1));
+    assert!(admit(&mut p, 100, &[("hot", 200)]).ready.is_empty());
+    assert_eq!(p.watermark(), Some(1));
+}
+
+/// A record holding a parked head and another user's delivery leaves only when both are final;
+/// a record holding a skipped delivery and a refused one still goes to the dead-letter topic.
+#[test]
+fn records_shared_with_a_parked_mailbox_settle_by_their_other_deliveries() {
+    let mut p = P::new(8);
+    let ready = admit(&mut p, 0, &[("hot", 1), ("b", 1)]).ready;
+    assert_eq!(ready.len(), 2);
+    assert!(p.park(at(0, 0)).is_empty());
+    complete(&mut p, at(0, 1), ok());
+    for r in admit(&mut p, 1, &[("c", 1)]).ready {
+        complete(&mut p, r, ok());
+    }
+    let popped: Vec<i64> = p.pop_final().iter().map(|f| f.meta).collect();
+    assert_eq!(
+        popped,
+        vec![1],
+        "the head's record stays; the next one leaves"
+    );
+    let refused = Err(StoreError::Rejected {
+        kind: crate::model::error::RejectKind::FutureCreatedAt,
+        detail: "x".to_owned(),
+    });
+    let ready = admit(&mut p, 2, &[("hot", 2), ("d", 1)]).ready;
+    assert_eq!(
+        ready,
+        vec![at(2, 1)],
+        "hot's delivery is skipped at admission"
+    );
+    let (_, settled) = complete(&mut p, at(2, 1), refused);
+    let settled = settled.expect("settled by d's refusal");
+    assert!(settled.dead_letter.is_some());
+}
