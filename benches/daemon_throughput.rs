@@ -17,7 +17,8 @@
 //! Run: `KAFKA_BOOTSTRAP=$(scripts/kafka start) cargo bench --bench daemon_throughput`
 //! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
 //! record count; set `SCYLLA_NODES` to add the Scylla rows; `BENCH_ONLY=reshard` runs only the
-//! rows of a Redis Cluster resharded under load). Prints a Markdown report.
+//! rows of a Redis Cluster resharded under load, `BENCH_ONLY=blocked` those of a corrupt hot
+//! mailbox beside healthy ones). Prints a Markdown report.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -113,9 +114,16 @@ struct Workload {
     topic: String,
     users: u64,
     records: u64,
+    /// The records a daemon run waits for (all of them, unless some belong to a mailbox that
+    /// fails closed: those are skipped and not counted).
+    expect: u64,
     /// Every record, per partition, in offset order.
     by_partition: HashMap<i32, Vec<String>>,
 }
+
+/// The hot mailbox of the `blocked` rows: every [`HOT_EVERY`]th record of their workload.
+const HOT_USER: &str = "bench-hot";
+const HOT_EVERY: u64 = 10;
 
 fn record_json(i: u64, users: u64, today_ms: u64) -> (i32, String) {
     let user = i % users;
@@ -160,7 +168,11 @@ async fn prepare(bootstrap: &str, name: &'static str, records: u64, users: u64) 
     let mut by_partition: HashMap<i32, Vec<String>> = HashMap::new();
     let mut acks = Vec::new();
     for i in 0..records {
-        let (partition, record) = record_json(i, users, today);
+        let (partition, record) = if name == "hot" && i % HOT_EVERY == 0 {
+            (0, hot_record_json(i / HOT_EVERY + 1, today))
+        } else {
+            record_json(i, users, today)
+        };
         acks.push(
             producer
                 .send_result(
@@ -187,6 +199,7 @@ async fn prepare(bootstrap: &str, name: &'static str, records: u64, users: u64) 
         topic,
         users,
         records,
+        expect: records,
         by_partition,
     }
 }
@@ -210,6 +223,16 @@ struct Rate {
     /// Groups answered `unchanged` (daemon rows): every group of these workloads is new, so
     /// each is the answer of a second execution of a script that had already run.
     unchanged: u64,
+}
+
+/// The hot mailbox's record of `seq` (partition 0).
+fn hot_record_json(seq: u64, today_ms: u64) -> String {
+    serde_json::json!({
+        "dispatch_id": format!("bench/hot/{seq}"), "group_id": "g", "committed_at": today_ms,
+        "deliveries": [{"user_id": HOT_USER, "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"kind": "message", "body": "hot"}}]}]
+    })
+    .to_string()
 }
 
 /// The baseline: a bare consumer reading every record.
@@ -291,15 +314,15 @@ async fn daemon_run(
     }
     let meter = CpuMeter::start(pids);
     let first = progress.snapshot().final_records;
-    while progress.snapshot().final_records < w.records {
+    while progress.snapshot().final_records < w.expect {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let rate = (w.records - first) as f64 / meter.started.elapsed().as_secs_f64();
+    let rate = (w.expect - first) as f64 / meter.started.elapsed().as_secs_f64();
     let cpu = meter.stop();
     let counts = progress.snapshot();
     assert_eq!(
         counts.records.get("applied").copied(),
-        Some(w.records),
+        Some(w.expect),
         "every record applied: {counts:?}"
     );
     let _ = tx.send(true);
@@ -555,6 +578,77 @@ async fn reshard_rows(
     rows
 }
 
+/// SPEC 7 "a corrupt mailbox holds only itself": the daemon into Redis with a workload where
+/// one mailbox (on partition 0) gets every 10th record, first healthy (the baseline), then with
+/// that mailbox damaged before the run (its epoch key overwritten: every write of it fails
+/// closed). The rate is the healthy mailboxes' records/s in both runs.
+async fn blocked_rows(bootstrap: &str, pids: &[(&'static str, String)]) -> Vec<String> {
+    let records = records_wanted();
+    let w = prepare(bootstrap, "hot", records, records / 10).await;
+    let hot = records.div_ceil(HOT_EVERY);
+    let mut rows = vec![
+        format!(
+            "\n### One corrupt hot mailbox ({} records, every {HOT_EVERY}th for one mailbox on partition 0, {} other users, {PARTITIONS} partitions)\n",
+            w.records, w.users
+        ),
+        "| path | healthy records/s | ratio | CPU (cores: process) |".to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
+    let mut baseline = None;
+    for damaged in [false, true] {
+        let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+        let mut redis_pids = pids.to_vec();
+        if let Some(pid) = redis_pid(&server) {
+            redis_pids.push(("redis-server", pid));
+        }
+        if damaged {
+            server.raw(&format!("SET mm:epoch:{{{HOT_USER}}} damaged"));
+        }
+        let store = Arc::new(
+            RedisStore::connect(
+                RedisSettings::new(server.url(), "mm"),
+                RetentionPolicy::default(),
+            )
+            .await
+            .expect("redis"),
+        );
+        let run = Workload {
+            name: w.name,
+            topic: w.topic.clone(),
+            users: w.users,
+            records: w.records,
+            expect: if damaged { w.records - hot } else { w.records },
+            by_partition: HashMap::new(),
+        };
+        let rate = daemon_run(
+            bootstrap,
+            &run,
+            &format!("{}-blocked-{damaged}", w.topic),
+            store,
+            &redis_pids,
+        )
+        .await;
+        // The healthy share of the baseline's records/s.
+        let healthy = if damaged {
+            rate.per_sec
+        } else {
+            rate.per_sec * (w.records - hot) as f64 / w.records as f64
+        };
+        let base = *baseline.get_or_insert(healthy);
+        let name = if damaged {
+            "daemon, the hot mailbox corrupt: its records skipped (ratio to healthy)"
+        } else {
+            "daemon, every mailbox healthy (baseline)"
+        };
+        rows.push(format!(
+            "| {name} | {healthy:.0} | {:.2} | {} |",
+            healthy / base,
+            rate.cpu
+        ));
+    }
+    rows
+}
+
 fn redis_pid(server: &RedisServer) -> Option<String> {
     server
         .raw("INFO server")
@@ -599,6 +693,13 @@ async fn main() {
         pids.push(("kafka", kafka));
     }
 
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("blocked") {
+        println!("## Daemon throughput beside a corrupt hot mailbox");
+        for line in blocked_rows(&bootstrap, &pids).await {
+            println!("{line}");
+        }
+        return;
+    }
     let warm = prepare(&bootstrap, "warm", records, records / 10).await;
     if std::env::var("BENCH_ONLY").as_deref() == Ok("reshard") {
         println!("## Daemon throughput while a Redis Cluster is resharded");

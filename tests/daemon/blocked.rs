@@ -11,7 +11,8 @@
 //!   again from the committed offset;
 //! - after `replay --reset-mailboxes --user hot`, the daemon finds `hot` healthy, reads the
 //!   partition again from the committed offset (`materializer_rereads_total`), and the offset
-//!   catches up with every one of `hot`'s records applied in order.
+//!   catches up with every one of `hot`'s records applied in order; a kill -9 after that goes on
+//!   from the committed offset.
 
 use crate::support;
 
@@ -278,12 +279,32 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
         || daemon.log().contains("the re-read caught up"),
         || daemon.log(),
     );
-    eprintln!(
-        "hot: {HOT_LATER} records skipped while blocked, re-read after the repair: {:?}",
-        daemon
-            .metrics()
-            .get("materializer_partition_reread_behind{partition=\"0\"}")
+    for line in daemon.log().lines().filter(|l| {
+        l.contains("read again from its committed position") || l.contains("re-read caught up")
+    }) {
+        eprintln!("  {line}");
+    }
+
+    // kill -9 after the repair: the next daemon goes on from the committed offset and hot takes
+    // new records like any mailbox.
+    daemon.kill9();
+    let mut daemon = Daemon::start(&setup);
+    let more = vec![
+        (0, record("hot", 11 + HOT_LATER)),
+        (1, record("u1", ROUNDS + 1)),
+    ];
+    let more_offsets = produce(&setup.topic, &more).await;
+    let mut ends = ends;
+    ends[0] = more_offsets[0] + 1;
+    ends[1] = more_offsets[1] + 1;
+    wait_for(
+        "the records after a kill -9 that followed the repair",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, PARTITIONS) == ends,
+        || daemon.log(),
     );
+    let want: Vec<u64> = (1..=11 + HOT_LATER).collect();
+    assert_eq!(scan_seqs(store.as_ref(), "hot").await, want);
     assert!(daemon.terminate(Duration::from_secs(30)).success());
     if let Backend::Scylla { nodes, keyspace } = &backend {
         let _ = scylla(nodes, keyspace)

@@ -44,7 +44,7 @@ impl Engine {
                 window.state.reread = true;
                 tracing::info!(
                     partition,
-                    from = ?window.pipeline.watermark(),
+                    from = window.pipeline.watermark().unwrap_or_default(),
                     "a blocked mailbox is healthy again: the partition is read again from its committed position, so its skipped deliveries are applied from the log"
                 );
             }
