@@ -294,7 +294,6 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
         (1, record("u1", ROUNDS + 1)),
     ];
     let more_offsets = produce(&setup.topic, &more).await;
-    let mut ends = ends;
     ends[0] = more_offsets[0] + 1;
     ends[1] = more_offsets[1] + 1;
     wait_for(
