@@ -212,6 +212,12 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
         metrics.get("materializer_partition_blocked_skipped{partition=\"0\"}") >= 1.0,
         "hot's later deliveries are counted as skipped"
     );
+    // Nothing of hot's thousands of records is held: what is in flight is its head's record.
+    let in_flight = metrics.get("materializer_in_flight_bytes");
+    assert!(
+        in_flight < 64.0 * 1024.0,
+        "{in_flight} bytes in flight with hot blocked"
+    );
 
     // kill -9 while hot is blocked: the next daemon starts from the committed offset, blocks hot
     // again, and the healthy mailboxes stay as they are.

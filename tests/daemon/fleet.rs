@@ -8,7 +8,8 @@
 //! - **Every rebalance protocol** (classic, `cooperative-sticky`, KIP-848 `group.protocol =
 //!   consumer`): three replicas (static members under cooperative-sticky, as the chart runs
 //!   them), a log that keeps arriving, rolling SIGTERM restarts, a kill -9
-//!   and a replica frozen past its session and continued. Every mailbox ends equal to the memory
+//!   and a replica frozen past its session and continued, with one mailbox damaged early and
+//!   repaired (`replay --reset-mailboxes`) only at the end. Every mailbox ends equal to the memory
 //!   reference of the whole log and the dead-letter topic holds exactly the expected records
 //!   (duplicates allowed). Each run prints what it measured: groups applied more than once, and
 //!   revokes of partitions that came straight back to the same replica (pauses of partitions the
@@ -315,7 +316,16 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
     }
     create_topic(&setup.topic, PARTITIONS).await;
     create_topic(&setup.dlq_topic, 1).await;
-    let records = stream(45, 8, 17 + protocol as u64);
+    // One mailbox, `hot`, is damaged early and repaired only at the end: it receives a record in
+    // every ten on partition 0 meanwhile, and must hold only itself through every hand-over.
+    let mut records = Vec::new();
+    for (i, r) in stream(45, 8, 17 + protocol as u64).into_iter().enumerate() {
+        if i % 10 == 0 {
+            let seq = i as u64 / 10 + 1;
+            records.push((0, record("hot", seq, &format!("hot-{seq}"), now_ms())));
+        }
+        records.push(r);
+    }
     let chunk = records.len().div_ceil(4);
     let chunks: Vec<&[(i32, Vec<u8>)]> = records.chunks(chunk).collect();
     let mut offsets = Vec::new();
@@ -367,6 +377,22 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
                 .join("\n---\n")
         },
     );
+
+    // hot's identity index is lost: its next write fails closed.
+    let store = redis_store(&redis.url()).await;
+    let runtime = tokio::runtime::Handle::current();
+    wait_for(
+        "hot's first group",
+        Duration::from_secs(60),
+        || {
+            tokio::task::block_in_place(|| {
+                runtime.block_on(support::reference::scan_seqs(&store, "hot"))
+            })
+            .contains(&1)
+        },
+        || "hot never got its first group".to_owned(),
+    );
+    assert!(redis.raw("DEL mm:mbseqbucket:{hot}:1").contains(":1"));
 
     // A rolling update: each replica in turn drains on SIGTERM and is replaced, while records
     // keep arriving.
@@ -422,6 +448,28 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
     );
     replicas[2].thaw();
 
+    // The operator repairs hot while the fleet runs: its partition's owner reads the partition
+    // again and applies what it skipped.
+    let (out, summary) = support::cli::replay(
+        &setup.config_file(support::redis_server::free_port()),
+        &[
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            "hot",
+            "--reset-mailboxes",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "replay: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let reference = reference(&records, &offsets).await;
     let ends = end_offsets(&records, &offsets);
     wait_for(
@@ -458,6 +506,14 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
         let status = replica.terminate(Duration::from_secs(40));
         assert!(status.success(), "SIGTERM exits 0: {status:?}");
     }
+
+    assert!(
+        logs.iter().any(|l| l
+            .lines()
+            .any(|line| line.contains("corrupt mailbox: failing closed")
+                && line.contains("user=hot"))),
+        "{protocol:?}: hot was blocked before its repair"
+    );
 
     // Exactly the expected dead letters (a record dead-lettered twice is allowed).
     let mut dead = BTreeMap::new();
