@@ -339,6 +339,8 @@ impl Engine {
             IntakeEvent::Group(GroupEvent::Lost) => {
                 let all = self.driver.sources();
                 self.revoke(all);
+                // A re-read waiting for its seek belongs to an assignment that is gone too.
+                self.rereading.clear();
             }
             IntakeEvent::Group(GroupEvent::Revoked(partitions)) => self.revoke(partitions),
             IntakeEvent::Records(records) => {
