@@ -149,6 +149,9 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
     }
     metrics::ready(false);
     let health = Arc::new(Health::default());
+    health
+        .liveness
+        .set_timeout(Duration::from_millis(config.http.liveness_timeout_ms));
     match http::serve(&config.http.listen, health.clone()).await {
         Ok(addr) => tracing::info!(%addr, "serving /metrics, /healthz, /readyz"),
         Err(e) => {

@@ -494,12 +494,16 @@ impl Default for KafkaConfig {
 pub struct HttpConfig {
     /// Address of `/metrics`, `/healthz`, `/readyz`.
     pub listen: String,
+    /// `/healthz` fails when the engine loop or the poll thread made no progress this long
+    /// while running (a wedged replica; see `daemon::liveness`).
+    pub liveness_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9898".to_owned(),
+            liveness_timeout_ms: 60_000,
         }
     }
 }

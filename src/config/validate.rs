@@ -335,6 +335,15 @@ impl Config {
             .listen
             .parse::<SocketAddr>()
             .map_err(|e| invalid("http.listen", format!("{:?}: {e}", self.http.listen)))?;
+        if !(1_000..=3_600_000).contains(&self.http.liveness_timeout_ms) {
+            return Err(invalid(
+                "http.liveness_timeout_ms",
+                format!(
+                    "{} is outside 1000..=3600000",
+                    self.http.liveness_timeout_ms
+                ),
+            ));
+        }
         Ok(())
     }
 }

@@ -236,6 +236,7 @@ impl Engine {
             intake = None;
         }
         loop {
+            self.telemetry.health().liveness.engine_beat();
             if self.fatal.is_some() && deadline.is_none() {
                 tracing::error!(reason = ?self.fatal, "a Kafka client failed fatally; draining and exiting so the process is restarted");
                 intake = None;
@@ -304,6 +305,7 @@ impl Engine {
             self.finish_handovers();
         }
         self.advance();
+        self.telemetry.health().liveness.engine_stopped();
         let mut report = RunReport::default();
         if self.intake_lost {
             report.failure = Some("the Kafka poll thread stopped".to_owned());
@@ -344,6 +346,7 @@ impl Engine {
             }
             IntakeEvent::Group(GroupEvent::Revoked(partitions)) => self.revoke(partitions),
             IntakeEvent::Records(records) => {
+                wedge::engine();
                 for polled in records {
                     self.admit(polled);
                 }
@@ -685,6 +688,24 @@ impl Policy<i32, PartitionState> for DaemonPolicy<'_> {
         self.telemetry.store_calls(calls);
         if let Some(elapsed) = elapsed {
             self.telemetry.store_call(elapsed.as_secs_f64());
+        }
+    }
+}
+
+/// A fault-injection point for the liveness tests: with `MATERIALIZER_WEDGE=engine` (test
+/// builds), the engine loop blocks for good on the first records it is handed, as a loop stuck
+/// in a call that never returns would.
+mod wedge {
+    #[cfg(not(feature = "failpoints"))]
+    pub(super) fn engine() {}
+
+    #[cfg(feature = "failpoints")]
+    pub(super) fn engine() {
+        if std::env::var("MATERIALIZER_WEDGE").as_deref() == Ok("engine") {
+            eprintln!("the engine loop is wedged");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
         }
     }
 }

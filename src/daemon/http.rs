@@ -1,4 +1,5 @@
-//! The daemon's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the process runs),
+//! The daemon's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the engine loop and
+//! the poll thread make progress: `liveness`),
 //! `/readyz` (the store and the broker answer).
 //!
 //! A deliberately tiny HTTP/1.1 responder on tokio: three GET routes, one response per connection,
@@ -38,6 +39,8 @@ pub struct Health {
     /// Failing while more mailboxes fail closed than `kafka.max_blocked_mailboxes` (the
     /// engine's housekeeping).
     blocked: Condition,
+    /// The engine loop's and the poll thread's heartbeats (`/healthz`).
+    pub(crate) liveness: super::liveness::Liveness,
 }
 
 /// A readiness condition that a probe decides as a whole: whether it fails, and its `/readyz`
@@ -241,7 +244,10 @@ async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<
                 "metrics recorder not installed\n".to_owned(),
             ),
         },
-        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
+        ("GET", "/healthz") => match health.liveness.check(now_ms()) {
+            Ok(()) => ("200 OK", "text/plain", "ok\n".to_owned()),
+            Err(line) => ("503 Service Unavailable", "text/plain", format!("{line}\n")),
+        },
         ("GET", "/readyz") => {
             let body = health.describe();
             if health.ready() {

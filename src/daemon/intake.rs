@@ -116,7 +116,10 @@ impl Intake {
             .name("kafka-poll".to_owned())
             .spawn({
                 let stop = stop.clone();
-                move || poll_loop(&consumer, &tx, &stop, &options)
+                move || {
+                    poll_loop(&consumer, &tx, &stop, &options);
+                    consumer.context().health.liveness.poll_stopped();
+                }
             })?;
         Ok((
             Self {
@@ -216,11 +219,20 @@ fn poll_loop(
         log: None,
         failed_at: None,
     };
-    let flush = |tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch| flush(tx, batch, options);
+    let liveness = &consumer.context().health.liveness;
+    // Every hand-over to the engine waits on it: that wait is the engine's to account for.
+    let send = |event: IntakeEvent| {
+        liveness.poll_waiting(true);
+        let sent = tx.blocking_send(event).is_ok();
+        liveness.poll_waiting(false);
+        sent
+    };
+    let flush = |_: &mpsc::Sender<IntakeEvent>, batch: &mut Batch| flush(&send, batch, options);
     let mut batch = Batch::default();
     // The positions last sent, so an idle partition's position is sent once, not every poll.
     let mut sent: HashMap<i32, i64> = HashMap::new();
     while !stop.load(Ordering::Acquire) {
+        liveness.poll_beat();
         // Block for the first record of a batch, then take whatever else is ready.
         let timeout = if batch.is_empty() {
             Duration::from_millis(100)
@@ -252,7 +264,7 @@ fn poll_loop(
                 token,
                 ok,
             };
-            if tx.blocking_send(event).is_err() {
+            if !send(event) {
                 return;
             }
         }
@@ -273,13 +285,14 @@ fn poll_loop(
                 identity.refresh(consumer);
             }
             for event in group_events {
-                if tx.blocking_send(IntakeEvent::Group(event)).is_err() {
+                if !send(IntakeEvent::Group(event)) {
                     return;
                 }
             }
         }
         match polled {
             Some(Ok(message)) => {
+                wedge::poll();
                 let record = RawRecord {
                     partition: message.partition(),
                     offset: message.offset(),
@@ -293,7 +306,7 @@ fn poll_loop(
                 }
             }
             Some(Err(error)) => {
-                if !flush(tx, &mut batch) || tx.blocking_send(IntakeEvent::Error(error)).is_err() {
+                if !flush(tx, &mut batch) || !send(IntakeEvent::Error(error)) {
                     return;
                 }
                 // A persistent error (an unreadable record) comes back at once: do not spin.
@@ -307,7 +320,7 @@ fn poll_loop(
                     identity.refresh(consumer);
                 }
                 let moved = moved_positions(consumer, &mut sent);
-                if !moved.is_empty() && tx.blocking_send(IntakeEvent::Positions(moved)).is_err() {
+                if !moved.is_empty() && !send(IntakeEvent::Positions(moved)) {
                     return;
                 }
             }
@@ -340,7 +353,7 @@ fn moved_positions(
 
 /// Decodes the batch, tags each record with its source position, and hands it over; false
 /// when the engine is gone.
-fn flush(tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch, options: &DecodeOptions) -> bool {
+fn flush(send: &dyn Fn(IntakeEvent) -> bool, batch: &mut Batch, options: &DecodeOptions) -> bool {
     if batch.is_empty() {
         return true;
     }
@@ -359,7 +372,24 @@ fn flush(tx: &mpsc::Sender<IntakeEvent>, batch: &mut Batch, options: &DecodeOpti
             Polled { raw, decoded }
         })
         .collect();
-    tx.blocking_send(IntakeEvent::Records(records)).is_ok()
+    send(IntakeEvent::Records(records))
+}
+
+/// A fault-injection point for the liveness tests: with `MATERIALIZER_WEDGE=poll` (test
+/// builds), the poll thread blocks for good on the first record it polls.
+mod wedge {
+    #[cfg(not(feature = "failpoints"))]
+    pub(super) fn poll() {}
+
+    #[cfg(feature = "failpoints")]
+    pub(super) fn poll() {
+        if std::env::var("MATERIALIZER_WEDGE").as_deref() == Ok("poll") {
+            eprintln!("the poll thread is wedged");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -486,7 +486,10 @@ impl DaemonContext {
             }
             return;
         }
-        let watermarks = match answer.recv_timeout(self.handover_wait) {
+        self.health.liveness.poll_waiting(true);
+        let answered = answer.recv_timeout(self.handover_wait);
+        self.health.liveness.poll_waiting(false);
+        let watermarks = match answered {
             Ok(watermarks) => watermarks,
             Err(e) => {
                 tracing::warn!(error = %e, "revoke: no hand-over answer; the next owner starts at the last commit");

@@ -51,6 +51,7 @@ pub mod health;
 pub mod http;
 pub mod intake;
 pub mod kafka;
+pub mod liveness;
 pub(crate) mod log_identity;
 pub(crate) mod logging;
 pub mod memory_limit;

@@ -22,7 +22,10 @@ async fn a_slow_store_makes_the_daemon_not_ready_and_dead_letters_nothing() {
         Listen::Unix,
         &["--enable-debug-command", "yes"],
     );
-    let setup = DaemonSetup::new("slowstore", Some(redis.url()));
+    let mut setup = DaemonSetup::new("slowstore", Some(redis.url()));
+    // A slow store is readiness's business, never liveness's: `/healthz` stays ok even with a
+    // liveness bound well below the store's 8 s of silence.
+    setup.http_extra = vec!["liveness_timeout_ms = 3000".to_owned()];
     create_topic(&setup.topic, PARTITIONS).await;
     create_topic(&setup.dlq_topic, 1).await;
     let records = stream(40, 4, 11);
@@ -58,7 +61,14 @@ async fn a_slow_store_makes_the_daemon_not_ready_and_dead_letters_nothing() {
         || daemon.metrics().sum("materializer_consumer_lag") > 0.0,
         || daemon.metrics().text,
     );
-    let _ = sleeper.wait();
+    while sleeper.try_wait().ok().flatten().is_none() {
+        assert_eq!(
+            support::kafka::http_get(daemon.http_port, "/healthz").map(|(s, _)| s),
+            Some(200),
+            "a slow store never fails liveness"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     let ends = end_offsets(&records, &offsets);
     wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(120));

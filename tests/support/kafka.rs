@@ -197,6 +197,8 @@ pub struct DaemonSetup {
     pub sections_extra: Vec<String>,
     /// Lines appended to the store's section (`[store.redis]`, `[store.scylla]`, ...).
     pub store_extra: Vec<String>,
+    /// Lines appended to the `[http]` section.
+    pub http_extra: Vec<String>,
 }
 
 impl DaemonSetup {
@@ -220,6 +222,7 @@ impl DaemonSetup {
             properties_extra: Vec::new(),
             sections_extra: Vec::new(),
             store_extra: Vec::new(),
+            http_extra: Vec::new(),
         }
     }
 
@@ -276,6 +279,7 @@ statistics_interval_ms = 500
 {properties_extra}
 [http]
 listen = \"127.0.0.1:{http_port}\"
+{http_extra}
 {sections_extra}
 ",
             brokers = bootstrap(),
@@ -287,6 +291,7 @@ listen = \"127.0.0.1:{http_port}\"
             group_properties = self.group_properties.join("\n"),
             properties_extra = self.properties_extra.join("\n"),
             sections_extra = self.sections_extra.join("\n"),
+            http_extra = self.http_extra.join("\n"),
         );
         let path = self.dir.join(format!("materializer-{http_port}.toml"));
         std::fs::write(&path, text).expect("write config");
