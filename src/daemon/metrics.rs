@@ -228,7 +228,10 @@ fn describe() {
         REPLAY_RECORDS_TOTAL,
         "Records read by replay, by outcome (applied, dead_lettered, malformed, corrupt, skipped, planned)"
     );
-    describe_gauge!(READY, "1 when the store and the broker answer, 0 otherwise");
+    describe_gauge!(
+        READY,
+        "1 when /readyz answers 200 (store and broker reachable, store writes and dead letters succeeding, every partition readable, the topic subscribed, no Redis evicting or slot left open, blocked mailboxes within their limit), 0 otherwise"
+    );
     describe_gauge!(
         BUILD_INFO,
         "Always 1; the labels name the running version and the configured store backend"
