@@ -42,10 +42,14 @@ RUN apt-get update \
  && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin materializer
 COPY --from=binary /out/materializer /usr/local/bin/materializer
 COPY config/materializer.example.toml /etc/materializer/materializer.toml
+# The shipped configuration listens on every interface (a probe comes from outside the
+# container). In the file, not in the environment: the environment overrides the file, so an
+# image variable would override every mounted configuration's http.listen.
+RUN sed -i 's/^listen = "127.0.0.1:9898"$/listen = "0.0.0.0:9898"/' /etc/materializer/materializer.toml \
+ && grep -q '^listen = "0.0.0.0:9898"$' /etc/materializer/materializer.toml
 USER 10001:10001
 # /metrics, /healthz, /readyz
 EXPOSE 9898
 # Mount the real configuration over this file (see deploy/); secrets come from the environment.
-ENV MATERIALIZER_HTTP_LISTEN=0.0.0.0:9898
 ENTRYPOINT ["/usr/local/bin/materializer"]
 CMD ["run", "--config", "/etc/materializer/materializer.toml"]
