@@ -19,28 +19,19 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailbox_materializer::model::RetentionPolicy;
-use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
-use mailbox_materializer::store::{MailboxStore, SystemClock};
+use mailbox_materializer::store::MailboxStore;
 use support::kafka::{committed, create_topic, produce, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
-use support::reference::{now_ms, redis_store, scan_seqs};
+use support::reference::{
+    drop_scylla_keyspace, group_record, lose_scylla_identity_rows, redis_store, scan_seqs,
+    scylla_store,
+};
 
 const PARTITIONS: i32 = 4;
 const HEALTHY: usize = 200;
 const ROUNDS: u64 = 10;
 /// `hot`'s records after its damage: far more than its partition's window (64).
 const HOT_LATER: u64 = 2_000;
-
-fn record(user: &str, seq: u64) -> Vec<u8> {
-    serde_json::json!({
-        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": now_ms(),
-        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
-            "events": [{"event_ordinal": 0, "payload": {"body": format!("{user}-{seq}")}}]}]
-    })
-    .to_string()
-    .into_bytes()
-}
 
 fn is_hot(bytes: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Value>(bytes)
@@ -57,7 +48,7 @@ impl Backend {
     async fn store(&self) -> Arc<dyn MailboxStore> {
         match self {
             Self::Redis(server) => Arc::new(redis_store(&server.url()).await),
-            Self::Scylla { nodes, keyspace } => Arc::new(scylla(nodes, keyspace).await),
+            Self::Scylla { nodes, keyspace } => Arc::new(scylla_store(nodes, keyspace).await),
         }
     }
 
@@ -69,42 +60,10 @@ impl Backend {
                 assert!(deleted.contains(":1"), "deleted: {deleted}");
             }
             Self::Scylla { nodes, keyspace } => {
-                let store = scylla(nodes, keyspace).await;
-                let slot: i32 = store
-                    .session()
-                    .query_unpaged(
-                        format!("SELECT live_slot FROM {keyspace}.user_mailbox WHERE user_id = 'hot' AND slot = -1 AND seq = 0"),
-                        (),
-                    )
-                    .await
-                    .expect("live slot")
-                    .into_rows_result()
-                    .expect("rows")
-                    .first_row::<(Option<i32>,)>()
-                    .expect("a row")
-                    .0
-                    .unwrap_or(0);
-                store
-                    .session()
-                    .query_unpaged(
-                        format!("DELETE FROM {keyspace}.user_mailbox WHERE user_id = 'hot' AND slot = {slot} AND seq > 0"),
-                        (),
-                    )
-                    .await
-                    .expect("identity rows deleted");
+                lose_scylla_identity_rows(&scylla_store(nodes, keyspace).await, "hot").await;
             }
         }
     }
-}
-
-async fn scylla(nodes: &str, keyspace: &str) -> ScyllaStore {
-    ScyllaStore::connect(
-        ScyllaSettings::new(vec![nodes.to_owned()], keyspace),
-        RetentionPolicy::default(),
-        Arc::new(SystemClock),
-    )
-    .await
-    .expect("connect to the CQL server")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -132,7 +91,9 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
     create_topic(&setup.topic, PARTITIONS).await;
     create_topic(&setup.dlq_topic, 1).await;
     let mut daemon = Daemon::start(&setup);
-    let first: Vec<(i32, Vec<u8>)> = (1..=10).map(|seq| (0, record("hot", seq))).collect();
+    let first: Vec<(i32, Vec<u8>)> = (1..=10)
+        .map(|seq| (0, group_record("hot", seq, "b")))
+        .collect();
     produce(&setup.topic, &first).await;
     wait_for(
         "hot's first records committed",
@@ -150,11 +111,11 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
         for u in 0..HEALTHY {
             later.push((
                 (u % PARTITIONS as usize) as i32,
-                record(&format!("u{u}"), round),
+                group_record(&format!("u{u}"), round, "b"),
             ));
             if hot_seq < 10 + HOT_LATER {
                 hot_seq += 1;
-                later.push((0, record("hot", hot_seq)));
+                later.push((0, group_record("hot", hot_seq, "b")));
             }
         }
     }
@@ -239,26 +200,7 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
 
     // The operator repairs hot while the daemon runs: the partition is read again and every one
     // of hot's records lands, in order; the offset catches up.
-    let config = setup.config_file(free_port());
-    let (out, summary) = support::cli::replay(
-        &config,
-        &[
-            "--partition",
-            "0",
-            "--from-offset",
-            "0",
-            "--user",
-            "hot",
-            "--reset-mailboxes",
-            "--progress",
-            "off",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "replay: {summary}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    support::cli::repair(&setup.config_file(free_port()), 0, "hot");
     wait_for(
         "hot's partition committed to its end",
         Duration::from_secs(180),
@@ -296,8 +238,8 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
     daemon.kill9();
     let mut daemon = Daemon::start(&setup);
     let more = vec![
-        (0, record("hot", 11 + HOT_LATER)),
-        (1, record("u1", ROUNDS + 1)),
+        (0, group_record("hot", 11 + HOT_LATER, "b")),
+        (1, group_record("u1", ROUNDS + 1, "b")),
     ];
     let more_offsets = produce(&setup.topic, &more).await;
     ends[0] = more_offsets[0] + 1;
@@ -312,11 +254,7 @@ async fn holds_only_itself(setup: DaemonSetup, backend: Backend) {
     assert_eq!(scan_seqs(store.as_ref(), "hot").await, want);
     assert!(daemon.terminate(Duration::from_secs(30)).success());
     if let Backend::Scylla { nodes, keyspace } = &backend {
-        let _ = scylla(nodes, keyspace)
-            .await
-            .session()
-            .query_unpaged(format!("DROP KEYSPACE IF EXISTS {keyspace}"), ())
-            .await;
+        drop_scylla_keyspace(&scylla_store(nodes, keyspace).await).await;
     }
 }
 
@@ -333,7 +271,10 @@ async fn more_blocked_mailboxes_than_the_limit_turn_the_replica_not_ready() {
     let users = ["va", "vb"];
     produce(
         &setup.topic,
-        &users.iter().map(|u| (0, record(u, 1))).collect::<Vec<_>>(),
+        &users
+            .iter()
+            .map(|u| (0, group_record(u, 1, "b")))
+            .collect::<Vec<_>>(),
     )
     .await;
     wait_for(
@@ -346,8 +287,9 @@ async fn more_blocked_mailboxes_than_the_limit_turn_the_replica_not_ready() {
         let deleted = server.raw(&format!("DEL mm:mbseqbucket:{{{user}}}:1"));
         assert!(deleted.contains(":1"), "deleted: {deleted}");
     }
-    let mut later: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, record(u, 2))).collect();
-    later.push((0, record("bystander", 1)));
+    let mut later: Vec<(i32, Vec<u8>)> =
+        users.iter().map(|u| (0, group_record(u, 2, "b"))).collect();
+    later.push((0, group_record("bystander", 1, "b")));
     produce(&setup.topic, &later).await;
     wait_for(
         "readiness false naming the limit",

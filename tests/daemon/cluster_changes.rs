@@ -15,10 +15,10 @@ use crate::support;
 use std::time::Duration;
 
 use support::kafka::{create_topic, produce, Daemon, DaemonSetup};
-use support::redis_server::{Clock, RedisCluster};
+use support::redis_server::{resp_value, Clock, RedisCluster};
 use support::reference::{
     assert_counters_match, assert_dead_letters_are_the_references, assert_same_state, end_offsets,
-    reference, stream, wait_committed, PARTITIONS,
+    group_record, reference, stream, wait_committed, PARTITIONS,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -98,28 +98,6 @@ async fn a_rebalance_onto_a_fourth_master_under_load_reports_every_outcome_once(
     );
 }
 
-/// One record of one group of `user` at `seq`.
-fn record(user: &str, seq: u64) -> Vec<u8> {
-    serde_json::json!({
-        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": support::reference::now_ms(),
-        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
-            "events": [{"event_ordinal": 0, "payload": {"body": format!("{user}-{seq}")}}]}]
-    })
-    .to_string()
-    .into_bytes()
-}
-
-/// The value of a RESP bulk or integer reply of `raw`.
-fn resp_value(reply: &str) -> String {
-    reply
-        .lines()
-        .find(|l| !l.starts_with('$') && !l.is_empty())
-        .unwrap_or_default()
-        .trim_start_matches(':')
-        .trim()
-        .to_owned()
-}
-
 /// SPEC 7.2: a slot left migrating by an interrupted reshard holds only the users of that slot,
 /// turns readiness false with the slot named, and resumes by itself once the operator runs
 /// `redis-cli --cluster fix`.
@@ -146,7 +124,7 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
         .collect();
 
     // The stuck user's mailbox exists before the reshard starts.
-    let mut offsets = produce(&setup.topic, &[(0, record(stuck, 1))]).await;
+    let mut offsets = produce(&setup.topic, &[(0, group_record(stuck, 1, "b"))]).await;
     let mut daemon = Daemon::start(&setup);
     wait_for(
         "the first record committed",
@@ -172,8 +150,8 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
         .starts_with("+OK"));
 
     // The stuck user's next record waits; every other user's records land.
-    let mut records = vec![(0, record(stuck, 2))];
-    records.extend(others.iter().map(|u| (0, record(u, 1))));
+    let mut records = vec![(0, group_record(stuck, 2, "b"))];
+    records.extend(others.iter().map(|u| (0, group_record(u, 1, "b"))));
     offsets.extend(produce(&setup.topic, &records).await);
     wait_for(
         "readiness false with the slot named",

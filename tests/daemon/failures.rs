@@ -7,22 +7,7 @@ use std::time::Duration;
 
 use support::kafka::{committed, create_topic, produce, read_all, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{Clock, Listen, RedisServer};
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
-    serde_json::json!({
-        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": now_ms(),
-        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
-            "events": [{"event_ordinal": 0, "payload": {"body": body}}]}]
-    })
-    .to_string()
-    .into_bytes()
-}
+use support::reference::{group_record, now_ms};
 
 /// A record of `n` deliveries to distinct users, all dated a year ahead: every delivery is
 /// refused (future_created_at), so the whole record goes to the dead-letter topic.

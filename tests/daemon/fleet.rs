@@ -450,24 +450,10 @@ async fn three_replicas_under_churn(protocol: Protocol, name: &str) -> (f64, usi
 
     // The operator repairs hot while the fleet runs: its partition's owner reads the partition
     // again and applies what it skipped.
-    let (out, summary) = support::cli::replay(
+    support::cli::repair(
         &setup.config_file(support::redis_server::free_port()),
-        &[
-            "--partition",
-            "0",
-            "--from-offset",
-            "0",
-            "--user",
-            "hot",
-            "--reset-mailboxes",
-            "--progress",
-            "off",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "replay: {summary}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        0,
+        "hot",
     );
 
     let reference = reference(&records, &offsets).await;

@@ -10,17 +10,7 @@ use std::time::Duration;
 
 use support::kafka::{create_topic, http_get, produce, wait_for, Daemon, DaemonSetup};
 use support::redis_server::{Clock, Listen, RedisServer};
-use support::reference::now_ms;
-
-fn record(user: &str, seq: u64) -> Vec<u8> {
-    serde_json::json!({
-        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": now_ms(),
-        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
-            "events": [{"event_ordinal": 0, "payload": {"n": seq}}]}]
-    })
-    .to_string()
-    .into_bytes()
-}
+use support::reference::group_record;
 
 async fn a_wedged_loop_fails_liveness(wedge: &str, named: &str) {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
@@ -46,7 +36,7 @@ async fn a_wedged_loop_fails_liveness(wedge: &str, named: &str) {
         Some(200),
         "an idle replica is live: {idle:?}"
     );
-    produce(&setup.topic, &[(0, record("u", 1))]).await;
+    produce(&setup.topic, &[(0, group_record("u", 1, "1"))]).await;
     wait_for(
         &format!("/healthz to fail naming the {named}"),
         Duration::from_secs(60),

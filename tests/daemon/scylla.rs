@@ -4,18 +4,16 @@
 
 use crate::support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use mailbox_materializer::model::{RetentionPolicy, UserId};
-use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
-use mailbox_materializer::store::SystemClock;
+use mailbox_materializer::model::UserId;
 use support::cassandra::PrivateCassandra;
 use support::kafka::{committed, create_topic, produce, wait_for, Daemon, DaemonSetup};
 use support::redis_server::free_port;
 use support::reference::{
-    assert_dead_letters_are_the_references, assert_same_state, end_offsets, now_ms, reference,
-    scan_seqs, stream, wait_committed, PARTITIONS,
+    assert_dead_letters_are_the_references, assert_same_state, drop_scylla_keyspace, end_offsets,
+    group_record, lose_scylla_identity_rows, now_ms, reference, scan_seqs, scylla_store, stream,
+    wait_committed, PARTITIONS,
 };
 
 fn shared_nodes() -> String {
@@ -26,33 +24,6 @@ fn shared_nodes() -> String {
 
 fn keyspace(name: &str) -> String {
     format!("mmd_{name}_{}", std::process::id())
-}
-
-async fn scylla_store(nodes: &str, keyspace: &str) -> ScyllaStore {
-    ScyllaStore::connect(
-        ScyllaSettings::new(vec![nodes.to_owned()], keyspace),
-        RetentionPolicy::default(),
-        Arc::new(SystemClock),
-    )
-    .await
-    .expect("connect to the CQL server")
-}
-
-async fn drop_keyspace(store: &ScyllaStore) {
-    let _ = store
-        .session()
-        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", store.keyspace()), ())
-        .await;
-}
-
-fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
-    serde_json::json!({
-        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": now_ms(),
-        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
-            "events": [{"event_ordinal": 0, "payload": {"body": body}}]}]
-    })
-    .to_string()
-    .into_bytes()
 }
 
 /// The CQL server is stopped and started again (on its data) while records arrive: the daemon
@@ -167,31 +138,7 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         );
     }
     // Lose the victim's identity rows in its live slot: its next append fails closed.
-    let ks = store.keyspace().to_owned();
-    let slot: i32 = store
-        .session()
-        .query_unpaged(
-            format!(
-                "SELECT live_slot FROM {ks}.user_mailbox WHERE user_id = 'victim' AND slot = -1 AND seq = 0"
-            ),
-            (),
-        )
-        .await
-        .expect("live slot")
-        .into_rows_result()
-        .expect("rows")
-        .first_row::<(Option<i32>,)>()
-        .expect("a row")
-        .0
-        .unwrap_or(0);
-    store
-        .session()
-        .query_unpaged(
-            format!("DELETE FROM {ks}.user_mailbox WHERE user_id = 'victim' AND slot = {slot} AND seq > 0"),
-            (),
-        )
-        .await
-        .expect("identity rows deleted");
+    lose_scylla_identity_rows(&store, "victim").await;
     produce(
         &setup.topic,
         &[
@@ -212,26 +159,7 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         || daemon.log(),
     );
 
-    let (out, summary) = support::cli::replay(
-        &config,
-        &[
-            "--partition",
-            "0",
-            "--from-offset",
-            "0",
-            "--user",
-            "victim",
-            "--reset-mailboxes",
-            "--progress",
-            "off",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "replay: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let summary = support::cli::repair(&config, 0, "victim");
     assert_eq!(summary["swapped_users"], serde_json::json!(["victim"]));
     wait_for(
         "the daemon to resume past the repaired mailbox",
@@ -242,5 +170,5 @@ async fn a_scylla_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
     assert_eq!(scan_seqs(&store, "victim").await, vec![1, 2, 3]);
     assert_eq!(scan_seqs(&store, "bystander").await, vec![1, 2]);
     drop(daemon);
-    drop_keyspace(&store).await;
+    drop_scylla_keyspace(&store).await;
 }

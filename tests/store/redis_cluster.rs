@@ -247,22 +247,15 @@ async fn a_slot_moved_behind_the_stores_back_is_answered_right() {
 
     let nodes = &cluster.cluster.nodes;
     let epoch_key = MailboxKeys::new(&f.prefix, &mb).epoch;
-    let value = |reply: String| {
-        reply
-            .lines()
-            .find(|l| !l.starts_with('$') && !l.is_empty())
-            .unwrap_or_default()
-            .trim_start_matches(':')
-            .trim()
-            .to_owned()
-    };
-    let slot = value(nodes[0].raw(&format!("CLUSTER KEYSLOT {epoch_key}")));
-    let holds = |n: &usize| value(nodes[*n].raw(&format!("CLUSTER COUNTKEYSINSLOT {slot}"))) != "0";
+    use crate::support::redis_server::resp_value;
+    let slot = resp_value(&nodes[0].raw(&format!("CLUSTER KEYSLOT {epoch_key}")));
+    let holds =
+        |n: &usize| resp_value(&nodes[*n].raw(&format!("CLUSTER COUNTKEYSINSLOT {slot}"))) != "0";
     let source = (0..nodes.len())
         .find(holds)
         .expect("the owner holds the keys");
     let target = (source + 1) % nodes.len();
-    let id = |n: usize| value(nodes[n].raw("CLUSTER MYID"));
+    let id = |n: usize| resp_value(&nodes[n].raw("CLUSTER MYID"));
     let target_port = nodes[target].port().expect("tcp");
     assert!(nodes[target]
         .raw(&format!("CLUSTER SETSLOT {slot} IMPORTING {}", id(source)))

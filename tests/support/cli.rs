@@ -56,6 +56,33 @@ pub fn replay(config: &Path, args: &[&str]) -> (Output, Value) {
     (out, summary)
 }
 
+/// `replay --reset-mailboxes` of `user` from the start of `partition`, as an operator repairs
+/// one mailbox while the daemon runs: it must succeed; its JSON summary.
+pub fn repair(config: &Path, partition: i32, user: &str) -> Value {
+    let partition = partition.to_string();
+    let (out, summary) = replay(
+        config,
+        &[
+            "--partition",
+            &partition,
+            "--from-offset",
+            "0",
+            "--user",
+            user,
+            "--reset-mailboxes",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "replay: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    summary
+}
+
 /// `n` dispatch records, one a line, for `apply` at a batch boundary: each record delivers one
 /// group of mailbox seq = its line number to one of 37 users (so lanes hold several deliveries
 /// in order), all created at `created_ms`. Users are named after `tag` to keep runs apart.

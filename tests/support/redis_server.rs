@@ -113,6 +113,17 @@ pub fn faketime_spec(unix_secs: u64) -> String {
     )
 }
 
+/// The value of a RESP bulk or integer reply of [`RedisServer::raw`] (`$3\r\nabc` or `:42`).
+pub fn resp_value(reply: &str) -> String {
+    reply
+        .lines()
+        .find(|l| !l.starts_with('$') && !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches(':')
+        .trim()
+        .to_owned()
+}
+
 /// A loopback port that is free now, with `port + 10000` free too (the cluster bus).
 pub fn free_port() -> u16 {
     for _ in 0..200 {

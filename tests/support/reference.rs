@@ -220,3 +220,70 @@ pub async fn redis_store(url: &str) -> RedisStore {
         .await
         .expect("connect to the test redis")
 }
+
+/// A Scylla store on `nodes` in `keyspace` (created if missing), on the real clock.
+pub async fn scylla_store(
+    nodes: &str,
+    keyspace: &str,
+) -> mailbox_materializer::store::scylla::ScyllaStore {
+    use mailbox_materializer::store::scylla::{ScyllaSettings, ScyllaStore};
+    ScyllaStore::connect(
+        ScyllaSettings::new(vec![nodes.to_owned()], keyspace),
+        RetentionPolicy::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("connect to the CQL server")
+}
+
+/// Deletes the identity rows of `user`'s live slot (epoch 1) on Scylla: its next append fails
+/// closed (`index_lost`).
+pub async fn lose_scylla_identity_rows(
+    store: &mailbox_materializer::store::scylla::ScyllaStore,
+    user: &str,
+) {
+    let ks = store.keyspace().to_owned();
+    let slot: i32 = store
+        .session()
+        .query_unpaged(
+            format!(
+                "SELECT live_slot FROM {ks}.user_mailbox WHERE user_id = '{user}' AND slot = -1 AND seq = 0"
+            ),
+            (),
+        )
+        .await
+        .expect("live slot")
+        .into_rows_result()
+        .expect("rows")
+        .first_row::<(Option<i32>,)>()
+        .expect("a row")
+        .0
+        .unwrap_or(0);
+    store
+        .session()
+        .query_unpaged(
+            format!("DELETE FROM {ks}.user_mailbox WHERE user_id = '{user}' AND slot = {slot} AND seq > 0"),
+            (),
+        )
+        .await
+        .expect("identity rows deleted");
+}
+
+/// Drops the keyspace of a test's Scylla store.
+pub async fn drop_scylla_keyspace(store: &mailbox_materializer::store::scylla::ScyllaStore) {
+    let _ = store
+        .session()
+        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", store.keyspace()), ())
+        .await;
+}
+
+/// One record of one group of `user` at `seq` (epoch 1, today), its one event carrying `body`.
+pub fn group_record(user: &str, seq: u64, body: &str) -> Vec<u8> {
+    serde_json::json!({
+        "dispatch_id": format!("{user}/{seq}"), "group_id": "g", "committed_at": now_ms(),
+        "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": seq,
+            "events": [{"event_ordinal": 0, "payload": {"body": body}}]}]
+    })
+    .to_string()
+    .into_bytes()
+}
