@@ -657,6 +657,17 @@ impl<R, M> PartitionPipeline<R, M> {
     /// moves past them.
     pub(crate) fn pop_final(&mut self) -> Vec<FinalRecord<M>> {
         let mut out = Vec::new();
+        if self.parked.values().all(|p| p.healed) {
+            // No parked head in the window: final records leave from the front.
+            while let Some(entry) = self.slots.first_entry() {
+                if entry.get().stage != Stage::Final {
+                    break;
+                }
+                let slot = entry.remove();
+                out.push(self.leave(slot));
+            }
+            return out;
+        }
         // Records after one that only a parked head holds leave too (its record stays, and so
         // does the watermark): a blocked mailbox holds only itself.
         let mut heads: HashMap<i64, usize> = HashMap::new();
@@ -674,27 +685,31 @@ impl<R, M> PartitionPipeline<R, M> {
             }
         }
         for offset in leaving {
-            let Some(slot) = self.slots.remove(&offset) else {
-                continue;
-            };
-            self.bytes -= slot.raw_bytes;
-            let outcome = slot.outcome();
-            let skipped = slot.skipped.iter().any(|s| *s);
-            let deliveries = slot
-                .deliveries
-                .into_iter()
-                .zip(slot.results)
-                .filter_map(|(d, r)| r.map(|r| (d, r)))
-                .collect();
-            out.push(FinalRecord {
-                outcome,
-                meta: slot.meta,
-                deliveries,
-                malformed: slot.malformed,
-                skipped,
-            });
+            if let Some(slot) = self.slots.remove(&offset) {
+                out.push(self.leave(slot));
+            }
         }
         out
+    }
+
+    /// A final record leaving the window: its bytes are no longer charged.
+    fn leave(&mut self, slot: Slot<R, M>) -> FinalRecord<M> {
+        self.bytes -= slot.raw_bytes;
+        let outcome = slot.outcome();
+        let skipped = slot.skipped.iter().any(|s| *s);
+        let deliveries = slot
+            .deliveries
+            .into_iter()
+            .zip(slot.results)
+            .filter_map(|(d, r)| r.map(|r| (d, r)))
+            .collect();
+        FinalRecord {
+            outcome,
+            meta: slot.meta,
+            deliveries,
+            malformed: slot.malformed,
+            skipped,
+        }
     }
 
     fn release_raw(&mut self, slot: &mut Slot<R, M>) {
