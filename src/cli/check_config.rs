@@ -211,10 +211,37 @@ async fn check_store(config: &Config) -> Vec<Check> {
         )),
     };
     let mut checks = vec![Check { name, result }];
+    if backend != Backend::Memory {
+        checks.push(check_grants(config, &opened).await);
+    }
     if let Some(redis) = opened.redis() {
         checks.push(check_eviction(redis, config.store.redis.allow_eviction).await);
     }
     checks
+}
+
+/// The store user's or role's permissions, probed without changing anything
+/// ([`crate::store::OpenedStore::missing_grants`]): a missing one FAILs, named.
+async fn check_grants(config: &Config, opened: &crate::store::OpenedStore) -> Check {
+    let backend = config.store.backend;
+    let result = match opened.missing_grants().await {
+        Err(e) => Err(format!("cannot probe the grants: {e}")),
+        Ok(missing) if missing.is_empty() => Ok(match backend {
+            Backend::Redis => format!(
+                "the ACL user may run every command the product sends, on the keys {}:*",
+                config.store.redis.key_prefix
+            ),
+            _ => format!(
+                "the role may read and write every table of keyspace {}",
+                config.store.scylla.keyspace
+            ),
+        }),
+        Ok(missing) => Err(super::missing_grants_message(backend, &missing)),
+    };
+    Check {
+        name: format!("store grants ({})", backend.as_str()),
+        result,
+    }
 }
 
 /// Every master's `maxmemory-policy` (SPEC 5): anything but `noeviction` FAILs unless

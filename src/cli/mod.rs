@@ -10,6 +10,7 @@ mod demo;
 mod dlq;
 mod output;
 mod run;
+mod schema;
 mod top;
 
 use std::path::PathBuf;
@@ -116,6 +117,9 @@ pub enum Command {
     /// The dead-letter topic: list and show its letters, and re-drive their records once the
     /// cause is fixed.
     Dlq(dlq::DlqArgs),
+    /// The store's schema: `apply` creates or migrates it (the only command that needs DDL
+    /// grants), `check` reports what is missing. Only the Scylla backend has one.
+    Schema(schema::SchemaArgs),
     /// A live view of running replicas from their /metrics and /readyz: readiness and why,
     /// records/s, dead letters/s, store errors and latency, lag per partition (worst first).
     /// Keys: s sort, f filter, q quit. Off a terminal: --once [--json].
@@ -211,6 +215,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Replay(args) => return run::replay(&config, args).await,
         Command::Dlq(args) => return dlq::run(&config, args).await,
         Command::Top(args) => return top::run(&config, args).await,
+        Command::Schema(args) => return schema::run(&config, args).await,
         _ => {}
     }
     let writes = matches!(
@@ -242,7 +247,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Run
         | Command::Replay(_)
         | Command::Dlq(_)
-        | Command::Top(_) => ExitCode::SUCCESS,
+        | Command::Top(_)
+        | Command::Schema(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
@@ -295,6 +301,16 @@ pub(crate) async fn open_store_to_write(
 ) -> Result<(OpenedStore, Option<String>), OpenFailure> {
     use crate::store::redis::eviction::{verdict, Verdict};
     let opened = open_store(config).await.map_err(OpenFailure::Unavailable)?;
+    let missing = opened
+        .missing_grants()
+        .await
+        .map_err(|e| OpenFailure::Unavailable(format!("probing the store's grants: {e}")))?;
+    if !missing.is_empty() {
+        return Err(OpenFailure::Unavailable(missing_grants_message(
+            config.store.backend,
+            &missing,
+        )));
+    }
     let Some(redis) = opened.redis() else {
         return Ok((opened, None));
     };
@@ -308,6 +324,24 @@ pub(crate) async fn open_store_to_write(
         Verdict::Safe { .. } => Ok((opened, None)),
         Verdict::Allowed(warning) => Ok((opened, Some(warning))),
         Verdict::Refused(refusal) => Err(OpenFailure::Refused(refusal)),
+    }
+}
+
+/// What a store user or role lacks, as an operator reads it: the rules to add and where the
+/// full list is.
+pub(crate) fn missing_grants_message(backend: Backend, missing: &[String]) -> String {
+    match backend {
+        Backend::Redis => format!(
+            "the Redis ACL user may not do what this product needs: add the rules {} (e.g. \
+             `ACL SETUSER <user> {}`; README \"Grants\" has the whole list)",
+            missing.join(" "),
+            missing.join(" ")
+        ),
+        _ => format!(
+            "the CQL role may not do what this product needs: {} (README \"Grants\" has the \
+             GRANT statements)",
+            missing.join("; ")
+        ),
     }
 }
 

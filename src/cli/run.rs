@@ -108,7 +108,7 @@ async fn termination() {
 /// Connects to the store, retrying with backoff until it answers or a signal arrives: a daemon
 /// started before its store comes up waits (not ready) instead of crash-looping. `Err` is the
 /// exit status: 0 after a signal, 1 for a store refused (a Redis that evicts keys).
-async fn connect_store(config: &Config) -> Result<OpenedStore, ExitCode> {
+async fn connect_store(config: &Config, health: &Health) -> Result<OpenedStore, ExitCode> {
     let retry = config.kafka.backoff();
     let mut attempt = 0;
     let signal = termination();
@@ -119,6 +119,7 @@ async fn connect_store(config: &Config) -> Result<OpenedStore, ExitCode> {
                 if let Some(warning) = warning {
                     tracing::warn!("{warning}");
                 }
+                health.set_store_waiting(None);
                 return Ok(opened);
             }
             Err(OpenFailure::Refused(refusal)) => {
@@ -126,7 +127,8 @@ async fn connect_store(config: &Config) -> Result<OpenedStore, ExitCode> {
                 return Err(ExitCode::FAILURE);
             }
             Err(OpenFailure::Unavailable(e)) => {
-                tracing::warn!(error = %e, attempt, "store unreachable; retrying");
+                tracing::warn!(error = %e, attempt, "store not usable yet; retrying");
+                health.set_store_waiting(Some(e));
                 tokio::select! {
                     _ = tokio::time::sleep(retry.delay(attempt)) => {}
                     _ = &mut signal => return Err(ExitCode::SUCCESS),
@@ -159,7 +161,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let opened = match connect_store(config).await {
+    let opened = match connect_store(config, &health).await {
         Ok(opened) => opened,
         Err(code) => return code,
     };

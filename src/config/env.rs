@@ -24,6 +24,10 @@ pub const ENV: &[(&str, Setter)] = &[
         c.store.redis.url = v;
         Ok(())
     }),
+    ("MATERIALIZER_REDIS_PASSWORD_FILE", |c, v| {
+        c.store.redis.password_file = Some(PathBuf::from(v));
+        Ok(())
+    }),
     ("MATERIALIZER_SCYLLA_NODES", |c, v| {
         c.store.scylla.nodes = split_list(&v);
         Ok(())
@@ -38,6 +42,10 @@ pub const ENV: &[(&str, Setter)] = &[
     }),
     ("MATERIALIZER_SCYLLA_PASSWORD", |c, v| {
         c.store.scylla.password = Some(v);
+        Ok(())
+    }),
+    ("MATERIALIZER_SCYLLA_PASSWORD_FILE", |c, v| {
+        c.store.scylla.password_file = Some(PathBuf::from(v));
         Ok(())
     }),
     ("MATERIALIZER_SCYLLA_LOCAL_DC", |c, v| {

@@ -19,6 +19,7 @@ use crate::model::{RetentionPolicy, RetentionPolicyError};
 
 mod env;
 mod redact;
+mod secrets;
 mod validate;
 
 pub use env::{Setter, ENV, KAFKA_PROPERTY_ENV_PREFIX};
@@ -177,6 +178,10 @@ pub struct RedisConfig {
     /// master). Refused by default: an evicted key takes mailbox groups with it. When true the
     /// daemon warns at start and exports `materializer_store_evicting` 1.
     pub allow_eviction: bool,
+    /// A file holding the password (a mounted secret), read at start and put into `url`'s
+    /// credentials (`redis://user@host` becomes `redis://user:<password>@host`). The URL must
+    /// not carry a password of its own. Env: `MATERIALIZER_REDIS_PASSWORD_FILE`.
+    pub password_file: Option<PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -192,6 +197,7 @@ impl Default for RedisConfig {
             wait_replicas: 0,
             wait_timeout_ms: 1_000,
             allow_eviction: false,
+            password_file: None,
         }
     }
 }
@@ -213,6 +219,7 @@ impl fmt::Debug for RedisConfig {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
             .field("allow_eviction", &self.allow_eviction)
+            .field("password_file", &self.password_file)
             .finish()
     }
 }
@@ -233,8 +240,16 @@ pub struct ScyllaConfig {
     pub serial_consistency: String,
     /// Username, when the cluster requires authentication (or `MATERIALIZER_SCYLLA_USERNAME`).
     pub username: Option<String>,
-    /// Password (prefer `MATERIALIZER_SCYLLA_PASSWORD`; never printed).
+    /// Password (prefer `MATERIALIZER_SCYLLA_PASSWORD` or `password_file`; never printed).
     pub password: Option<String>,
+    /// A file holding the password (a mounted secret), read at start; excludes `password`.
+    /// Env: `MATERIALIZER_SCYLLA_PASSWORD_FILE`.
+    pub password_file: Option<PathBuf>,
+    /// At connect, create what the schema lacks (a new keyspace, a column a newer release
+    /// added): needs DDL grants. `false`: refuse to start, naming what is missing, and leave the
+    /// schema to `materializer schema apply` run with a schema role. A complete schema is only
+    /// read, never altered, either way.
+    pub create_schema: bool,
     /// Time allowed to connect, in milliseconds.
     pub connect_timeout_ms: u64,
     /// The datacenter this process runs next to: requests go only to its nodes (datacenter-aware
@@ -297,6 +312,8 @@ impl Default for ScyllaConfig {
             serial_consistency: "SERIAL".to_owned(),
             username: None,
             password: None,
+            password_file: None,
+            create_schema: true,
             connect_timeout_ms: 10_000,
             local_dc: String::new(),
             max_in_flight_appends: DEFAULT_SCYLLA_APPENDS_IN_FLIGHT,
@@ -315,6 +332,8 @@ impl fmt::Debug for ScyllaConfig {
             .field("serial_consistency", &self.serial_consistency)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("password_file", &self.password_file)
+            .field("create_schema", &self.create_schema)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("local_dc", &self.local_dc)
             .field("max_in_flight_appends", &self.max_in_flight_appends)
@@ -390,7 +409,7 @@ impl Config {
 }
 
 /// `[kafka]`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap servers, comma-separated.
@@ -440,6 +459,10 @@ pub struct KafkaConfig {
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
+    /// librdkafka properties read from files at start (mounted secrets): `"sasl.password" =
+    /// "/var/run/secrets/kafka/password"`. A property may come from here or `properties`, not
+    /// both.
+    pub property_files: BTreeMap<String, PathBuf>,
 }
 
 /// librdkafka properties the daemon sets itself: its offset and delivery guarantees depend on
@@ -464,6 +487,42 @@ impl KafkaConfig {
     }
 }
 
+/// Secret properties (`sasl.password`, ...) show as `***`.
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    if is_secret_key(k) { "***" } else { v.as_str() },
+                )
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("topic", &self.topic)
+            .field("group_id", &self.group_id)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("max_in_flight_records", &self.max_in_flight_records)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("dlq_max_message_bytes", &self.dlq_max_message_bytes)
+            .field("max_record_bytes", &self.max_record_bytes)
+            .field("commit_interval_ms", &self.commit_interval_ms)
+            .field("retry_initial_ms", &self.retry_initial_ms)
+            .field("retry_max_ms", &self.retry_max_ms)
+            .field("shutdown_deadline_ms", &self.shutdown_deadline_ms)
+            .field("statistics_interval_ms", &self.statistics_interval_ms)
+            .field("stalled_after_ms", &self.stalled_after_ms)
+            .field("assignment_timeout_ms", &self.assignment_timeout_ms)
+            .field("max_blocked_mailboxes", &self.max_blocked_mailboxes)
+            .field("properties", &properties)
+            .field("property_files", &self.property_files)
+            .finish()
+    }
+}
+
 impl Default for KafkaConfig {
     fn default() -> Self {
         Self {
@@ -484,6 +543,7 @@ impl Default for KafkaConfig {
             assignment_timeout_ms: 120_000,
             max_blocked_mailboxes: 1_000,
             properties: BTreeMap::new(),
+            property_files: BTreeMap::new(),
         }
     }
 }
@@ -551,6 +611,7 @@ impl Config {
         config.apply_env(|name| std::env::var(name).ok())?;
         config.apply_env_properties(std::env::vars());
         config.apply_overrides(overrides);
+        config.read_secret_files(|path| std::fs::read_to_string(path))?;
         config.validate()?;
         Ok(config)
     }

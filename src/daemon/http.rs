@@ -39,6 +39,9 @@ pub struct Health {
     /// Failing while more mailboxes fail closed than `kafka.max_blocked_mailboxes` (the
     /// engine's housekeeping).
     blocked: Condition,
+    /// Why the store did not open yet at start (unreachable, a missing grant, an incomplete
+    /// schema): the `store:` line of `/readyz` until it opens.
+    store_waiting: std::sync::Mutex<Option<String>>,
     /// The engine loop's and the poll thread's heartbeats (`/healthz`).
     pub(crate) liveness: super::liveness::Liveness,
 }
@@ -83,6 +86,11 @@ impl Health {
     pub(crate) fn set_store(&self, ok: bool) {
         self.store_ok.store(ok, Ordering::Relaxed);
         super::metrics::ready(self.ready());
+    }
+
+    /// Why the store is not open yet (`None` once it is).
+    pub(crate) fn set_store_waiting(&self, why: Option<String>) {
+        *self.store_waiting.lock().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
     pub(crate) fn set_broker(&self, ok: bool) {
@@ -154,7 +162,15 @@ impl Health {
             < WRITE_FAILURE_WINDOW_MS;
         format!(
             "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nsubscription: {}\npartitions: {}\nblocked mailboxes: {}\ndead letters: {}\n",
-            word(self.store_ok(), "unreachable"),
+            if self.store_ok() {
+                "ok".to_owned()
+            } else {
+                self.store_waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "unreachable".to_owned())
+            },
             word(!recent_write_failure, "failing"),
             self.store_policy.line(),
             self.store_slots.line(),

@@ -20,6 +20,7 @@ use crate::model::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub(crate) use open::scylla_settings;
 pub use open::{open, OpenedStore};
 
 /// Expired day buckets one store compacted into gap boundaries, by every write and explicit

@@ -19,12 +19,27 @@ pub struct OpenedStore {
     memory_snapshot: Option<(Arc<MemoryStore>, PathBuf)>,
     /// The same store when it is Redis, for the Redis-only commands (patrol).
     redis: Option<Arc<RedisStore>>,
+    /// The same store when it is Scylla (its grants probe).
+    scylla: Option<Arc<ScyllaStore>>,
 }
 
 impl OpenedStore {
     /// The same store when it is Redis, for the Redis-only commands (patrol, check-config).
     pub fn redis(&self) -> Option<&Arc<RedisStore>> {
         self.redis.as_ref()
+    }
+
+    /// The permissions the store's user or role lacks for what this product does, each as
+    /// what to grant (Redis: an ACL rule such as `+zadd`; Scylla: the server's refusal, naming
+    /// the permission and the table). Empty for the memory store and a user with every grant.
+    pub async fn missing_grants(&self) -> Result<Vec<String>, crate::model::StoreError> {
+        if let Some(redis) = &self.redis {
+            return redis.missing_grants().await;
+        }
+        if let Some(scylla) = &self.scylla {
+            return scylla.missing_grants().await;
+        }
+        Ok(Vec::new())
     }
 
     /// Saves a memory store to its snapshot file, if one is configured.
@@ -71,6 +86,7 @@ pub async fn open(config: &Config) -> Result<OpenedStore, String> {
                 store,
                 memory_snapshot,
                 redis: None,
+                scylla: None,
             })
         }
         Backend::Redis => {
@@ -83,6 +99,7 @@ pub async fn open(config: &Config) -> Result<OpenedStore, String> {
                 store: store.clone(),
                 memory_snapshot: None,
                 redis: Some(store),
+                scylla: None,
             })
         }
         Backend::Scylla => {
@@ -93,21 +110,24 @@ pub async fn open(config: &Config) -> Result<OpenedStore, String> {
             )
             .await
             .map_err(|e| e.to_string())?;
+            let store = Arc::new(store);
             Ok(OpenedStore {
-                store: Arc::new(store),
+                store: store.clone(),
                 memory_snapshot: None,
                 redis: None,
+                scylla: Some(store),
             })
         }
     }
 }
 
 /// The Scylla store settings of a configuration (validated names).
-fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
+pub(crate) fn scylla_settings(scylla: &crate::config::ScyllaConfig) -> ScyllaSettings {
     let mut settings = ScyllaSettings::new(scylla.nodes.clone(), scylla.keyspace.clone());
     settings.replication = scylla.replication.clone();
     settings.username = scylla.username.clone();
     settings.password = scylla.password.clone();
+    settings.create_schema = scylla.create_schema;
     settings.connect_timeout = Duration::from_millis(scylla.connect_timeout_ms);
     settings.local_dc = Some(scylla.local_dc.clone()).filter(|dc| !dc.is_empty());
     settings.max_in_flight_appends = scylla.max_in_flight_appends;

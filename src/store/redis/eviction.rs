@@ -97,33 +97,43 @@ impl RedisStore {
     }
 }
 
-/// `CONFIG GET maxmemory-policy`, falling back to `INFO memory` (a user without `CONFIG`, a
-/// managed service that renames it).
+/// The `maxmemory_policy` line of `INFO memory`, falling back to `CONFIG GET
+/// maxmemory-policy` (a managed service that hides it from `INFO`). `INFO` first: the ACL user
+/// of the grants table has `+info` and no `+config|get`, which would also show secrets.
 async fn policy_of(connection: &mut Connection) -> Result<String, StoreError> {
-    let config: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
+    let info: Result<String, RedisError> = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(connection)
+        .await;
+    if let Some(policy) = info.as_ref().ok().and_then(|info| {
+        info.lines()
+            .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+            .map(|p| p.trim().to_owned())
+    }) {
+        return Ok(policy);
+    }
+    let config: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(connection)
-        .await;
-    if let Ok(reply) = &config {
-        if let Some(policy) = reply.get(1) {
-            return Ok(policy.clone());
-        }
-    }
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(connection)
         .await
-        .map_err(classified)?;
-    info.lines()
-        .find_map(|line| line.strip_prefix("maxmemory_policy:"))
-        .map(|p| p.trim().to_owned())
+        .map_err(|e| match &info {
+            Err(info_error) => StoreError::Unavailable {
+                backend: BACKEND,
+                detail: format!(
+                    "neither INFO memory ({info_error}) nor CONFIG GET maxmemory-policy ({e}) \
+                     tells the eviction policy"
+                ),
+            },
+            Ok(_) => classified(e),
+        })?;
+    config
+        .get(1)
+        .cloned()
         .ok_or_else(|| StoreError::Unavailable {
             backend: BACKEND,
-            detail: format!(
-                "neither CONFIG GET maxmemory-policy ({}) nor INFO memory tells the eviction policy",
-                config.err().map_or_else(|| "no value".to_owned(), |e| e.to_string())
-            ),
+            detail: "neither INFO memory nor CONFIG GET maxmemory-policy tells the eviction policy"
+                .to_owned(),
         })
 }
 

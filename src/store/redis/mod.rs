@@ -27,6 +27,7 @@ mod cluster_watch;
 mod connection;
 mod dump;
 pub mod eviction;
+pub mod grants;
 mod invoke;
 pub mod keys;
 pub mod open_slots;

@@ -28,6 +28,7 @@ mod append;
 mod commit;
 mod dump;
 mod failpoints;
+pub mod grants;
 mod inspect;
 mod repair;
 mod run;
@@ -38,7 +39,7 @@ mod statements;
 mod tls;
 mod truncate;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,6 +96,9 @@ pub struct ScyllaSettings {
     pub max_in_flight_appends: usize,
     /// Client-to-node TLS; `None`: plain connections.
     pub tls: Option<ScyllaTls>,
+    /// Create what the schema lacks at connect (needs DDL grants); `false`: refuse instead, and
+    /// leave creating it to `materializer schema apply` run with a schema role.
+    pub create_schema: bool,
 }
 
 /// TLS to the cluster.
@@ -136,6 +140,7 @@ impl ScyllaSettings {
             local_dc: None,
             max_in_flight_appends: crate::config::DEFAULT_SCYLLA_APPENDS_IN_FLIGHT,
             tls: None,
+            create_schema: true,
         }
     }
 }
@@ -212,66 +217,27 @@ fn applied(result: &QueryResult) -> Result<bool, StoreError> {
 }
 
 impl ScyllaStore {
-    /// Connects, creates the keyspace and tables if missing, refuses a mismatched schema, and
-    /// prepares every statement.
+    /// Connects, checks the schema (a mismatched one is refused; a missing keyspace, table or
+    /// column is created only when `create_schema` allows it, else refused naming what is
+    /// missing), and prepares every statement. A complete schema costs no DDL statement, so a
+    /// role without DDL grants runs against it (`materializer schema apply` creates it).
     pub async fn connect(
         settings: ScyllaSettings,
         policy: RetentionPolicy,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        let mut builder = SessionBuilder::new()
-            .known_nodes(&settings.nodes)
-            .connection_timeout(settings.connect_timeout);
-        if let (Some(user), Some(password)) = (&settings.username, &settings.password) {
-            builder = builder.user(user, password);
-        }
-        if let Some(tls) = &settings.tls {
-            builder = builder.tls_context(Some(tls::context(tls)?));
-        }
-        if let Some(dc) = &settings.local_dc {
-            // Only the local datacenter's nodes coordinate: a remote coordinator would make
-            // LOCAL_QUORUM mean a quorum of its own datacenter.
-            let policy = DefaultPolicy::builder()
-                .prefer_datacenter(dc.clone())
-                .permit_dc_failover(false)
-                .build();
-            let profile = ExecutionProfile::builder()
-                .load_balancing_policy(policy)
-                .build();
-            builder = builder.default_execution_profile_handle(profile.into_handle());
-        }
-        let session = tokio::time::timeout(settings.connect_timeout * 2, builder.build())
-            .await
-            .map_err(|_| StoreError::Unavailable {
-                backend: BACKEND,
-                detail: format!("no CQL connection to {:?}", settings.nodes),
-            })?
-            .map_err(cql::from)?;
-        if let Some(dc) = &settings.local_dc {
-            check_datacenter(&session, dc)?;
-        }
-        let ks = &settings.keyspace;
-        for statement in schema::create_statements(ks, &settings.replication) {
-            session
-                .query_unpaged(statement, ())
-                .await
-                .map_err(cql::from)?;
-        }
-        for (table, column, kind) in schema::ADDED_COLUMNS {
-            let added = session
-                .query_unpaged(format!("ALTER TABLE {ks}.{table} ADD {column} {kind}"), ())
-                .await;
-            if let Err(e) = added {
-                let text = e.to_string();
-                if !(text.contains("conflicts with an existing column")
-                    || text.contains("already exists"))
-                {
-                    return Err(cql::from(e));
-                }
+        let session = open_session(&settings).await?;
+        let missing = schema::missing(&session, &settings.keyspace).await?;
+        if !missing.is_empty() {
+            if !settings.create_schema {
+                return Err(schema::incomplete(&settings.keyspace, &missing));
+            }
+            schema::apply(&session, &settings).await?;
+            let still = schema::missing(&session, &settings.keyspace).await?;
+            if !still.is_empty() {
+                return Err(schema::incomplete(&settings.keyspace, &still));
             }
         }
-        session.await_schema_agreement().await.map_err(cql::from)?;
-        check_schema(&session, ks).await?;
         let statements = statements::prepare_all(&session, &settings).await?;
         Ok(Self {
             session: Arc::new(session),
@@ -372,6 +338,65 @@ impl ScyllaStore {
     }
 }
 
+/// A session to the cluster with the settings' credentials, TLS and routing; refuses a
+/// `local_dc` no node belongs to.
+async fn open_session(settings: &ScyllaSettings) -> Result<Session, StoreError> {
+    let mut builder = SessionBuilder::new()
+        .known_nodes(&settings.nodes)
+        .connection_timeout(settings.connect_timeout);
+    if let (Some(user), Some(password)) = (&settings.username, &settings.password) {
+        builder = builder.user(user, password);
+    }
+    if let Some(tls) = &settings.tls {
+        builder = builder.tls_context(Some(tls::context(tls)?));
+    }
+    if let Some(dc) = &settings.local_dc {
+        // Only the local datacenter's nodes coordinate: a remote coordinator would make
+        // LOCAL_QUORUM mean a quorum of its own datacenter.
+        let policy = DefaultPolicy::builder()
+            .prefer_datacenter(dc.clone())
+            .permit_dc_failover(false)
+            .build();
+        let profile = ExecutionProfile::builder()
+            .load_balancing_policy(policy)
+            .build();
+        builder = builder.default_execution_profile_handle(profile.into_handle());
+    }
+    let session = tokio::time::timeout(settings.connect_timeout * 2, builder.build())
+        .await
+        .map_err(|_| StoreError::Unavailable {
+            backend: BACKEND,
+            detail: format!("no CQL connection to {:?}", settings.nodes),
+        })?
+        .map_err(cql::from)?;
+    if let Some(dc) = &settings.local_dc {
+        check_datacenter(&session, dc)?;
+    }
+    Ok(session)
+}
+
+/// `materializer schema apply`: connects and creates or migrates the keyspace and tables (the
+/// only code that sends DDL); returns what was missing before, empty when nothing was.
+pub async fn apply_schema(settings: &ScyllaSettings) -> Result<Vec<String>, StoreError> {
+    let session = open_session(settings).await?;
+    let missing = schema::missing(&session, &settings.keyspace).await?;
+    if !missing.is_empty() {
+        schema::apply(&session, settings).await?;
+        let still = schema::missing(&session, &settings.keyspace).await?;
+        if !still.is_empty() {
+            return Err(schema::incomplete(&settings.keyspace, &still));
+        }
+    }
+    Ok(missing)
+}
+
+/// `materializer schema check`: what the schema lacks (empty when complete); a mismatched
+/// column is an error.
+pub async fn check_schema(settings: &ScyllaSettings) -> Result<Vec<String>, StoreError> {
+    let session = open_session(settings).await?;
+    schema::missing(&session, &settings.keyspace).await
+}
+
 /// Refuses a `local_dc` no node of the cluster belongs to: with datacenter-aware routing and no
 /// failover, every request would find no node.
 fn check_datacenter(session: &Session, dc: &str) -> Result<(), StoreError> {
@@ -391,45 +416,6 @@ fn check_datacenter(session: &Session, dc: &str) -> Result<(), StoreError> {
             known.into_iter().collect::<Vec<_>>().join(", ")
         ),
     })
-}
-
-async fn check_schema(session: &Session, keyspace: &str) -> Result<(), StoreError> {
-    let result = session
-        .query_unpaged(
-            "SELECT table_name, column_name, type, kind FROM system_schema.columns WHERE keyspace_name = ?",
-            (keyspace,),
-        )
-        .await
-        .map_err(cql::from)?;
-    let rows = result.into_rows_result().map_err(cql::from)?;
-    let mut found: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
-    for row in rows
-        .rows::<(String, String, String, String)>()
-        .map_err(cql::from)?
-    {
-        let (table, column, kind, role) = row.map_err(cql::from)?;
-        found.insert((table, column), (kind, role));
-    }
-    let mismatch = |detail: String| StoreError::Unavailable {
-        backend: BACKEND,
-        detail: format!(
-            "schema mismatch in keyspace {keyspace}: {detail}; use another keyspace or migrate it"
-        ),
-    };
-    for (table, columns) in schema::EXPECTED {
-        for (column, kind, role) in *columns {
-            match found.get(&((*table).to_owned(), (*column).to_owned())) {
-                Some((actual, actual_role)) if actual == kind && actual_role == role => {}
-                Some((actual, actual_role)) => {
-                    return Err(mismatch(format!(
-                        "{table}.{column} is {actual} ({actual_role}), expected {kind} ({role})"
-                    )))
-                }
-                None => return Err(mismatch(format!("{table}.{column} is missing"))),
-            }
-        }
-    }
-    Ok(())
 }
 
 #[async_trait]

@@ -1,4 +1,5 @@
-//! The CQL schema of the Scylla backend, created on start or checked against what exists.
+//! The CQL schema of the Scylla backend: what it is, what a keyspace lacks of it, and the one
+//! place that sends DDL (`materializer schema apply`, or a connect allowed to create it).
 //!
 //! - `user_mailbox`: **one partition per user**, so that a single lightweight transaction can
 //!   check and change everything a store operation decides on. Clustering `(slot, seq)`:
@@ -26,6 +27,14 @@
 //! - `repair_registry`: the repairs that took a fence, so that garbage collection finds the staging
 //!   copies of crashed repairs without scanning every user. One partition (`shard = 0`): repairs
 //!   are operator commands, few at a time.
+
+use std::collections::BTreeMap;
+
+use scylla::client::session::Session;
+
+use super::ScyllaSettings;
+use crate::model::StoreError;
+use crate::store::classify::cql;
 
 /// Days of events one partition of `mailbox_events` holds.
 ///
@@ -134,4 +143,106 @@ pub(crate) fn create_statements(keyspace: &str, replication: &str) -> Vec<String
                 PRIMARY KEY ((shard), user_id, holder))"
         ),
     ]
+}
+
+/// What the keyspace lacks, one word each (`keyspace mailbox`, `table mailbox.user_mailbox`,
+/// `column mailbox.user_mailbox.source_position text`); empty when the schema is complete. A
+/// column of another type or kind is an error: no statement of ours migrates it.
+///
+/// Reads `system_schema` only, which every role may read: a role without DDL grants runs this.
+pub(crate) async fn missing(session: &Session, keyspace: &str) -> Result<Vec<String>, StoreError> {
+    let keyspaces = session
+        .query_unpaged(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            (keyspace,),
+        )
+        .await
+        .map_err(cql::from)?
+        .into_rows_result()
+        .map_err(cql::from)?
+        .rows_num();
+    if keyspaces == 0 {
+        return Ok(vec![format!("keyspace {keyspace}")]);
+    }
+    let result = session
+        .query_unpaged(
+            "SELECT table_name, column_name, type, kind FROM system_schema.columns WHERE keyspace_name = ?",
+            (keyspace,),
+        )
+        .await
+        .map_err(cql::from)?;
+    let rows = result.into_rows_result().map_err(cql::from)?;
+    let mut found: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
+    for row in rows
+        .rows::<(String, String, String, String)>()
+        .map_err(cql::from)?
+    {
+        let (table, column, kind, role) = row.map_err(cql::from)?;
+        found.insert((table, column), (kind, role));
+    }
+    let mut missing = Vec::new();
+    for (table, columns) in EXPECTED {
+        if !found.keys().any(|(t, _)| t == table) {
+            missing.push(format!("table {keyspace}.{table}"));
+            continue;
+        }
+        for (column, kind, role) in *columns {
+            match found.get(&((*table).to_owned(), (*column).to_owned())) {
+                Some((actual, actual_role)) if actual == kind && actual_role == role => {}
+                Some((actual, actual_role)) => {
+                    return Err(StoreError::Unavailable {
+                        backend: "scylla",
+                        detail: format!(
+                            "schema mismatch in keyspace {keyspace}: {table}.{column} is {actual} \
+                             ({actual_role}), expected {kind} ({role}); use another keyspace or \
+                             migrate it"
+                        ),
+                    })
+                }
+                None => missing.push(format!("column {keyspace}.{table}.{column} {kind}")),
+            }
+        }
+    }
+    Ok(missing)
+}
+
+/// The error of a connect that found the schema incomplete and may not create it.
+pub(crate) fn incomplete(keyspace: &str, missing: &[String]) -> StoreError {
+    StoreError::Unavailable {
+        backend: "scylla",
+        detail: format!(
+            "the schema of keyspace {keyspace} is incomplete: missing {}; run `materializer \
+             schema apply` with a role that may create and alter it (README \"Grants\"), or set \
+             store.scylla.create_schema = true",
+            missing.join(", ")
+        ),
+    }
+}
+
+/// Creates the keyspace and tables and adds the columns later releases added: every DDL
+/// statement the backend has, each idempotent. Needs `CREATE` on the keyspace (on all keyspaces
+/// when the keyspace itself is missing) and `ALTER` on its tables.
+pub(crate) async fn apply(session: &Session, settings: &ScyllaSettings) -> Result<(), StoreError> {
+    let ks = &settings.keyspace;
+    for statement in create_statements(ks, &settings.replication) {
+        session
+            .query_unpaged(statement, ())
+            .await
+            .map_err(cql::from)?;
+    }
+    for (table, column, kind) in ADDED_COLUMNS {
+        let added = session
+            .query_unpaged(format!("ALTER TABLE {ks}.{table} ADD {column} {kind}"), ())
+            .await;
+        if let Err(e) = added {
+            let text = e.to_string();
+            if !(text.contains("conflicts with an existing column")
+                || text.contains("already exists"))
+            {
+                return Err(cql::from(e));
+            }
+        }
+    }
+    session.await_schema_agreement().await.map_err(cql::from)?;
+    Ok(())
 }
