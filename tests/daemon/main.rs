@@ -34,6 +34,7 @@ mod demo_serve;
 mod failures;
 mod faults;
 mod fleet;
+mod grants;
 mod kafka;
 mod kafka_codecs;
 mod liveness;

@@ -1,0 +1,273 @@
+//! Least privilege on Redis, tested live: a Redis ACL user with exactly the README's rules
+//! ("Grants") runs the daemon end to end, `replay --reset-mailboxes`, `dlq redrive` and
+//! `patrol`, and cannot reach another prefix's keys; a user missing any one rule makes
+//! `check-config --connect` print a FAIL line naming it, and the daemon wait not ready with the
+//! rule on `/readyz`: no record dead-lettered, none skipped, every one applied once the rule is
+//! granted.
+
+use crate::support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use mailbox_materializer::store::redis::grants::acl_rules;
+use support::cli::{repair, run_materializer};
+use support::kafka::{create_topic, http_get, produce, read_all, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+use support::reference::{group_record, redis_store, scan_seqs};
+
+/// The `ACL SETUSER` lines of the README's "Grants" section, in order: standalone, then a
+/// cluster with `WAIT`.
+fn readme_acl_lines() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    readme
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER materializer on >PASSWORD "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The README's standalone rules (everything after the password).
+fn readme_rules() -> Vec<String> {
+    let lines = readme_acl_lines();
+    lines[0]
+        .trim_start_matches("ACL SETUSER materializer on >PASSWORD ")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Sets user `materializer` (password `secret`) to exactly `rules` (reset first).
+fn set_user(server: &RedisServer, rules: &[String]) {
+    let reply = server.raw(&format!(
+        "ACL SETUSER materializer reset on >secret {}",
+        rules.join(" ")
+    ));
+    assert!(reply.starts_with("+OK"), "ACL SETUSER: {reply}");
+}
+
+fn acl_url(server: &RedisServer) -> String {
+    let port = server.port().expect("a TCP server");
+    format!("redis://materializer:secret@127.0.0.1:{port}")
+}
+
+fn admin_url(server: &RedisServer) -> String {
+    format!("redis://127.0.0.1:{}", server.port().expect("a TCP server"))
+}
+
+#[test]
+fn the_readmes_redis_acl_lines_are_the_ones_the_product_probes() {
+    let lines = readme_acl_lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(
+        lines[0],
+        format!(
+            "ACL SETUSER materializer on >PASSWORD {}",
+            acl_rules("mm", false, false)
+        )
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "ACL SETUSER materializer on >PASSWORD {}",
+            acl_rules("mm", true, true)
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_redis_acl() {
+    let server = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
+    set_user(&server, &readme_rules());
+    let setup = DaemonSetup::new("acl-redis", Some(acl_url(&server)));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let mut records: Vec<(i32, Vec<u8>)> = Vec::new();
+    for seq in 1..=5 {
+        records.push((0, group_record("alice", seq, "a")));
+        records.push((0, group_record("bob", seq, "b")));
+    }
+    // A same-day replace and a record 40 days ahead (dead-lettered: future_created_at).
+    records.push((0, group_record("alice", 3, "a-replaced")));
+    let ahead = serde_json::json!({
+        "dispatch_id": "carol/1", "group_id": "g",
+        "committed_at": support::reference::now_ms() + 40 * 86_400_000,
+        "deliveries": [{"user_id": "carol", "epoch": 1, "mailbox_seq": 1,
+            "events": [{"event_ordinal": 0, "payload": {"body": "c"}}]}]
+    });
+    records.push((0, ahead.to_string().into_bytes()));
+    produce(&setup.topic, &records).await;
+
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "every record final",
+        Duration::from_secs(60),
+        || daemon.metrics().sum("materializer_records_total") >= 12.0,
+        || daemon.log(),
+    );
+    let metrics = daemon.metrics();
+    assert_eq!(
+        metrics.get("materializer_groups_total{outcome=\"inserted\"}"),
+        10.0
+    );
+    assert_eq!(
+        metrics.get("materializer_groups_total{outcome=\"replaced\"}"),
+        1.0
+    );
+    assert_eq!(read_all(&setup.dlq_topic).len(), 1, "only carol's record");
+    let config = setup.config_file(free_port());
+
+    // A repair of alice's mailbox from the log while the daemon runs.
+    let summary = repair(&config, 0, "alice");
+    assert_eq!(
+        summary["swapped_users"],
+        serde_json::json!(["alice"]),
+        "{summary}"
+    );
+    let store = redis_store(&admin_url(&server)).await;
+    assert_eq!(scan_seqs(&store, "alice").await, vec![1, 2, 3, 4, 5]);
+    assert_eq!(scan_seqs(&store, "bob").await, vec![1, 2, 3, 4, 5]);
+
+    // A re-drive reads the dead letter and applies it again (still 40 days ahead: rejected
+    // again, by the store's script, which ran under the same user).
+    let config_arg = config.to_str().expect("utf-8 path");
+    let out = run_materializer(
+        &[
+            "--config",
+            config_arg,
+            "dlq",
+            "redrive",
+            "--kind",
+            "future_created_at",
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("ACL") && !stderr.to_lowercase().contains("noperm"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("future_created_at"), "{stdout}\n{stderr}");
+
+    let out = run_materializer(&["--config", config_arg, "patrol"], None);
+    assert!(
+        out.status.success(),
+        "patrol: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let patrol: serde_json::Value = serde_json::from_slice(&out.stdout).expect("patrol JSON");
+    assert!(patrol["visited"].as_u64() >= Some(2), "{patrol}");
+
+    let out = run_materializer(&["--config", config_arg, "check-config", "--connect"], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("ok    store grants (redis)"), "{stdout}");
+
+    // Another prefix stays out of reach.
+    server.raw("SET other:secret 1");
+    let client = redis::Client::open(acl_url(&server)).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect as materializer");
+    let denied: redis::RedisResult<Option<String>> = redis::cmd("GET")
+        .arg("other:secret")
+        .query_async(&mut conn)
+        .await;
+    let error = denied.expect_err("another prefix's key is denied");
+    assert!(
+        error.to_string().to_lowercase().contains("no permissions"),
+        "{error}"
+    );
+
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    assert!(!daemon.log().contains("NOPERM"), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_redis_acl_rule_is_named_and_the_daemon_waits_for_it() {
+    let server = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
+    let rules = readme_rules();
+    let setup = DaemonSetup::new("acl-redis-missing", Some(acl_url(&server)));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let config = setup.config_file(free_port());
+    let config_arg = config.to_str().expect("utf-8 path");
+
+    // Each rule the user needs, taken away alone: check-config names exactly it.
+    let needed: Vec<&String> = rules
+        .iter()
+        .filter(|r| r.starts_with('+') || r.starts_with('~'))
+        .collect();
+    assert!(needed.len() > 20, "{rules:?}");
+    for rule in &needed {
+        let without: Vec<String> = rules.iter().filter(|r| r != rule).cloned().collect();
+        set_user(&server, &without);
+        let out = run_materializer(&["--config", config_arg, "check-config", "--connect"], None);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // The probe names the rule; a user who may not even PING fails the connection itself,
+        // and Redis's own refusal names the command.
+        let named = |l: &&str| {
+            l.starts_with("FAIL  store")
+                && (l.contains(&format!("add the rules {rule} "))
+                    || l.contains(&format!("run the '{}' command", &rule[1..])))
+        };
+        let fail = stdout
+            .lines()
+            .find(named)
+            .unwrap_or_else(|| panic!("no FAIL line naming {rule}:\n{stdout}"));
+        assert_eq!(out.status.code(), Some(1), "{stdout}");
+        println!("without {rule}: {fail}");
+    }
+
+    // The daemon without +zadd: not ready, the rule named, nothing dead-lettered or skipped.
+    let without: Vec<String> = rules.iter().filter(|r| *r != "+zadd").cloned().collect();
+    set_user(&server, &without);
+    let records: Vec<(i32, Vec<u8>)> = (1..=5)
+        .map(|seq| (0, group_record("dave", seq, "d")))
+        .collect();
+    produce(&setup.topic, &records).await;
+    let daemon = Daemon::start(&setup);
+    wait_for(
+        "readyz names +zadd",
+        Duration::from_secs(30),
+        || {
+            http_get(daemon.http_port, "/readyz")
+                .is_some_and(|(status, body)| status == 503 && body.contains("+zadd"))
+        },
+        || daemon.log(),
+    );
+    wait_for(
+        "the log names +zadd",
+        Duration::from_secs(30),
+        || daemon.log().contains("add the rules +zadd"),
+        || daemon.log(),
+    );
+    assert_eq!(daemon.metrics().sum("materializer_records_total"), 0.0);
+    set_user(&server, &rules);
+    wait_for(
+        "every record applied",
+        Duration::from_secs(60),
+        || {
+            daemon
+                .metrics()
+                .get("materializer_groups_total{outcome=\"inserted\"}")
+                == 5.0
+        },
+        || daemon.log(),
+    );
+    wait_for(
+        "ready",
+        Duration::from_secs(30),
+        || daemon.ready_status() == Some(200),
+        || daemon.log(),
+    );
+    assert!(
+        read_all(&setup.dlq_topic).is_empty(),
+        "nothing dead-lettered"
+    );
+    let store = redis_store(&admin_url(&server)).await;
+    assert_eq!(scan_seqs(&store, "dave").await, vec![1, 2, 3, 4, 5]);
+}
