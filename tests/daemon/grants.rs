@@ -271,3 +271,204 @@ async fn a_missing_redis_acl_rule_is_named_and_the_daemon_waits_for_it() {
     let store = redis_store(&admin_url(&server)).await;
     assert_eq!(scan_seqs(&store, "dave").await, vec![1, 2, 3, 4, 5]);
 }
+
+/// The README's CQL block ("Grants"): its statements, `...` passwords replaced by `password`.
+fn readme_cql() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("```sql\nCREATE KEYSPACE mailbox")
+        .expect("the CQL block");
+    let block = &readme[start + "```sql\n".len()..];
+    let block = &block[..block.find("```").expect("its end")];
+    block
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or_default().trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.trim_end_matches(';')
+                .replace("'...'", "'password'")
+                .replace("'dc1': 3", "'datacenter1': 1")
+        })
+        .collect()
+}
+
+/// A session as `user`, retried while the server finishes setting up its default superuser.
+async fn cql_session(node: &str, user: &str, password: &str) -> scylla::client::session::Session {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let built = scylla::client::session_builder::SessionBuilder::new()
+            .known_node(node)
+            .user(user, password)
+            .build()
+            .await;
+        match built {
+            Ok(session) => return session,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("no CQL session as {user} yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("no CQL session as {user}: {e}"),
+        }
+    }
+}
+
+/// Least privilege on a CQL server with `PasswordAuthenticator` and `CassandraAuthorizer`: the
+/// schema role of the README creates the schema with `schema apply`; the runtime role, with
+/// exactly the README's grants and `create_schema = false`, runs the daemon, a repair and
+/// `check-config`; it may not change the schema; a runtime role without `MODIFY` is named by
+/// `check-config --connect`; before the schema exists the daemon waits, not ready, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_cql_grants() {
+    let server = support::cassandra::PrivateCassandra::start(
+        "auth",
+        (29642, 27600, 27699),
+        "authenticator: PasswordAuthenticator\nauthorizer: CassandraAuthorizer\nrole_manager: CassandraRoleManager\nroles_validity: 0ms\npermissions_validity: 0ms\ncredentials_validity: 0ms",
+    );
+    let node = server.contact_point();
+    let admin = cql_session(&node, "cassandra", "cassandra").await;
+    for statement in readme_cql() {
+        admin
+            .query_unpaged(statement.clone(), ())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    // A runtime role that may read but not write.
+    admin
+        .query_unpaged(
+            "CREATE ROLE reader WITH LOGIN = true AND PASSWORD = 'password'",
+            (),
+        )
+        .await
+        .expect("create reader");
+
+    let mut setup = DaemonSetup::new("acl-cql", None);
+    setup.scylla = Some((node.clone(), "mailbox".to_owned()));
+    setup.store_extra = vec!["create_schema = false".to_owned()];
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let records: Vec<(i32, Vec<u8>)> = (1..=5)
+        .flat_map(|seq| {
+            [
+                (0, group_record("erin", seq, "e")),
+                (0, group_record("finn", seq, "f")),
+            ]
+        })
+        .collect();
+    produce(&setup.topic, &records).await;
+    let as_role = |role: &'static str| {
+        vec![
+            ("MATERIALIZER_SCYLLA_USERNAME", role),
+            ("MATERIALIZER_SCYLLA_PASSWORD", "password"),
+        ]
+    };
+    let config = setup.config_file(free_port());
+    let config_arg = config.to_str().expect("utf-8 path").to_owned();
+    let materializer = |role: &'static str, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_materializer"))
+            .arg("--config")
+            .arg(&config_arg)
+            .args(args)
+            .envs(as_role(role))
+            .output()
+            .expect("materializer runs")
+    };
+
+    // Before the schema exists the daemon (runtime role) waits, not ready, naming what is missing.
+    let daemon = Daemon::start_with_env(&setup, &as_role("materializer"));
+    wait_for(
+        "readyz names the missing tables",
+        Duration::from_secs(60),
+        || {
+            http_get(daemon.http_port, "/readyz").is_some_and(|(status, body)| {
+                status == 503 && body.contains("missing table mailbox.user_mailbox")
+            })
+        },
+        || daemon.log(),
+    );
+    // The runtime role may not create it.
+    let out = materializer("materializer", &["schema", "apply"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("permission"), "{stderr}");
+    println!("schema apply as the runtime role: {stderr}");
+    // The schema role does; the waiting daemon then applies every record.
+    let out = materializer("materializer_schema", &["schema", "apply"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = materializer("materializer", &["schema", "check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    wait_for(
+        "every record applied",
+        Duration::from_secs(90),
+        || {
+            daemon
+                .metrics()
+                .get("materializer_groups_total{outcome=\"inserted\"}")
+                == 10.0
+        },
+        || daemon.log(),
+    );
+    assert!(
+        read_all(&setup.dlq_topic).is_empty(),
+        "nothing dead-lettered"
+    );
+
+    let out = materializer("materializer", &["check-config", "--connect"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("ok    store grants (scylla)"), "{stdout}");
+    let out = materializer(
+        "materializer",
+        &[
+            "replay",
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            "erin",
+            "--reset-mailboxes",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
+    assert_eq!(
+        summary["swapped_users"],
+        serde_json::json!(["erin"]),
+        "{summary}"
+    );
+    let out = materializer("materializer", &["scan", "--user", "erin", "--epoch", "1"]);
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("scan JSON");
+    assert_eq!(page["groups"].as_array().map(Vec::len), Some(5), "{page}");
+
+    // A role without MODIFY is named.
+    admin
+        .query_unpaged("GRANT SELECT ON KEYSPACE mailbox TO reader", ())
+        .await
+        .expect("grant select");
+    let out = materializer("reader", &["check-config", "--connect"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fail = stdout
+        .lines()
+        .find(|l| l.starts_with("FAIL  store grants (scylla)"))
+        .unwrap_or_else(|| panic!("no grants FAIL line:\n{stdout}"));
+    assert!(fail.contains("MODIFY"), "{fail}");
+    println!("without MODIFY: {fail}");
+    let out = materializer("reader", &["apply", "-"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MODIFY"));
+}

@@ -3,8 +3,9 @@
 //! The runtime role (the daemon and every command but `schema apply`) reads and writes the three
 //! tables and reads `system_schema` (every role may): `SELECT` and `MODIFY` on the keyspace.
 //! Lightweight transactions need both. The schema role (`materializer schema apply`) needs
-//! `CREATE` on all keyspaces (when it creates the keyspace; `CREATE` on the keyspace when an
-//! administrator created it) and `ALTER` on the keyspace (a column a newer release adds).
+//! `CREATE` on the keyspace an administrator created (`CREATE ON ALL KEYSPACES` when it creates
+//! the keyspace itself) and `ALTER` on it (a column a newer release adds). The README's
+//! "Grants" block is the list; a test runs the product with exactly it.
 //!
 //! The probe sends, per table, one conditional delete of a row that never exists (`IF EXISTS`):
 //! the server checks `MODIFY` and `SELECT` before it evaluates the condition, the condition
@@ -16,22 +17,6 @@ use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 use super::ScyllaStore;
 use crate::model::StoreError;
 use crate::store::classify::cql;
-
-/// The `GRANT` statements of the runtime role `role` on `keyspace`.
-pub fn runtime_grants(keyspace: &str, role: &str) -> Vec<String> {
-    vec![
-        format!("GRANT SELECT ON KEYSPACE {keyspace} TO {role}"),
-        format!("GRANT MODIFY ON KEYSPACE {keyspace} TO {role}"),
-    ]
-}
-
-/// The `GRANT` statements of the schema role `role` (creating `keyspace` itself).
-pub fn schema_grants(keyspace: &str, role: &str) -> Vec<String> {
-    vec![
-        format!("GRANT CREATE ON ALL KEYSPACES TO {role}"),
-        format!("GRANT ALTER ON KEYSPACE {keyspace} TO {role}"),
-    ]
-}
 
 /// The probe statement of each table: a conditional delete of a row that does not exist.
 fn probes(keyspace: &str) -> [(&'static str, String); 3] {

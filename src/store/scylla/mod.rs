@@ -232,7 +232,7 @@ impl ScyllaStore {
             if !settings.create_schema {
                 return Err(schema::incomplete(&settings.keyspace, &missing));
             }
-            schema::apply(&session, &settings).await?;
+            schema::apply(&session, &settings, &missing).await?;
             let still = schema::missing(&session, &settings.keyspace).await?;
             if !still.is_empty() {
                 return Err(schema::incomplete(&settings.keyspace, &still));
@@ -381,7 +381,7 @@ pub async fn apply_schema(settings: &ScyllaSettings) -> Result<Vec<String>, Stor
     let session = open_session(settings).await?;
     let missing = schema::missing(&session, &settings.keyspace).await?;
     if !missing.is_empty() {
-        schema::apply(&session, settings).await?;
+        schema::apply(&session, settings, &missing).await?;
         let still = schema::missing(&session, &settings.keyspace).await?;
         if !still.is_empty() {
             return Err(schema::incomplete(&settings.keyspace, &still));

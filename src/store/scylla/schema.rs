@@ -219,18 +219,39 @@ pub(crate) fn incomplete(keyspace: &str, missing: &[String]) -> StoreError {
     }
 }
 
-/// Creates the keyspace and tables and adds the columns later releases added: every DDL
-/// statement the backend has, each idempotent. Needs `CREATE` on the keyspace (on all keyspaces
-/// when the keyspace itself is missing) and `ALTER` on its tables.
-pub(crate) async fn apply(session: &Session, settings: &ScyllaSettings) -> Result<(), StoreError> {
+/// Creates what `missing` (from [`missing`]) names: the keyspace, each table, each column a
+/// later release added. Only those statements are sent, because the server checks a statement's
+/// permission before its `IF NOT EXISTS`: a schema role with `CREATE` on the keyspace an
+/// administrator created (and no `CREATE ON ALL KEYSPACES`) would be refused a `CREATE KEYSPACE
+/// IF NOT EXISTS` of it. The one place that sends DDL.
+pub(crate) async fn apply(
+    session: &Session,
+    settings: &ScyllaSettings,
+    missing: &[String],
+) -> Result<(), StoreError> {
     let ks = &settings.keyspace;
-    for statement in create_statements(ks, &settings.replication) {
+    let keyspace_missing = missing.contains(&format!("keyspace {ks}"));
+    let statements = create_statements(ks, &settings.replication);
+    // create_statements: the keyspace, then one table each in EXPECTED's order.
+    let mut wanted: Vec<&String> = Vec::new();
+    if keyspace_missing {
+        wanted.push(&statements[0]);
+    }
+    for ((table, _), statement) in EXPECTED.iter().zip(&statements[1..]) {
+        if keyspace_missing || missing.contains(&format!("table {ks}.{table}")) {
+            wanted.push(statement);
+        }
+    }
+    for statement in wanted {
         session
-            .query_unpaged(statement, ())
+            .query_unpaged(statement.clone(), ())
             .await
             .map_err(cql::from)?;
     }
     for (table, column, kind) in ADDED_COLUMNS {
+        if !missing.contains(&format!("column {ks}.{table}.{column} {kind}")) {
+            continue;
+        }
         let added = session
             .query_unpaged(format!("ALTER TABLE {ks}.{table} ADD {column} {kind}"), ())
             .await;
