@@ -80,7 +80,15 @@ fn the_readmes_redis_acl_lines_are_the_ones_the_product_probes() {
 async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_redis_acl() {
     let server = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
     set_user(&server, &readme_rules());
-    let setup = DaemonSetup::new("acl-redis", Some(acl_url(&server)));
+    // The password comes from a file, as a mounted secret does: the URL names only the user.
+    let port = server.port().expect("a TCP server");
+    let mut setup = DaemonSetup::new(
+        "acl-redis",
+        Some(format!("redis://materializer@127.0.0.1:{port}")),
+    );
+    let password_file = setup.dir.join("redis-password");
+    std::fs::write(&password_file, "secret\n").expect("write the password file");
+    setup.store_extra = vec![format!("password_file = \"{}\"", password_file.display())];
     create_topic(&setup.topic, 1).await;
     create_topic(&setup.dlq_topic, 1).await;
     let mut records: Vec<(i32, Vec<u8>)> = Vec::new();
@@ -182,8 +190,12 @@ async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_redis_acl() {
         "{error}"
     );
 
+    // The password is in no process argument and no log line.
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", daemon.child.id())).expect("cmdline");
+    assert!(!String::from_utf8_lossy(&cmdline).contains("secret"));
     assert!(daemon.terminate(Duration::from_secs(30)).success());
     assert!(!daemon.log().contains("NOPERM"), "{}", daemon.log());
+    assert!(!daemon.log().contains("secret"), "{}", daemon.log());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -356,10 +368,14 @@ async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_cql_grants() {
         })
         .collect();
     produce(&setup.topic, &records).await;
+    // Each role's password from a file (a mounted secret).
+    let password_file = setup.dir.join("cql-password");
+    std::fs::write(&password_file, "password\n").expect("write the password file");
+    let password_file = password_file.to_str().expect("utf-8 path").to_owned();
     let as_role = |role: &'static str| {
         vec![
-            ("MATERIALIZER_SCYLLA_USERNAME", role),
-            ("MATERIALIZER_SCYLLA_PASSWORD", "password"),
+            ("MATERIALIZER_SCYLLA_USERNAME", role.to_owned()),
+            ("MATERIALIZER_SCYLLA_PASSWORD_FILE", password_file.clone()),
         ]
     };
     let config = setup.config_file(free_port());
@@ -375,7 +391,9 @@ async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_cql_grants() {
     };
 
     // Before the schema exists the daemon (runtime role) waits, not ready, naming what is missing.
-    let daemon = Daemon::start_with_env(&setup, &as_role("materializer"));
+    let env = as_role("materializer");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let daemon = Daemon::start_with_env(&setup, &env);
     wait_for(
         "readyz names the missing tables",
         Duration::from_secs(60),
