@@ -267,26 +267,45 @@ async fn check_eviction(redis: &RedisStore, allow_eviction: bool) -> Check {
 /// PING (already answered by the connect), the server version, and every script loaded.
 async fn redis_details(store: &RedisStore) -> Result<String, String> {
     let mut conn = store.conn();
-    let info: String = redis::cmd("INFO")
+    // On a cluster the client asks every node and answers a map node -> text.
+    let info: redis::Value = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn)
         .await
         .map_err(|e| format!("INFO server: {e}"))?;
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .map(str::trim)
-        .unwrap_or("unknown")
-        .to_owned();
-    let major = version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse::<u32>().ok());
-    if major.is_some_and(|m| m < MIN_REDIS_MAJOR) {
-        return Err(format!(
-            "Redis {version} is too old: the scripts need Redis >= {MIN_REDIS_MAJOR}.0"
-        ));
+    let texts: Vec<String> =
+        match info {
+            redis::Value::Map(nodes) => nodes
+                .into_iter()
+                .filter_map(|(_, text)| redis::from_redis_value::<String>(text).ok())
+                .collect(),
+            other => vec![redis::from_redis_value::<String>(other)
+                .map_err(|e| format!("INFO server: {e}"))?],
+        };
+    let mut versions: Vec<String> = texts
+        .iter()
+        .map(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(str::trim)
+                .unwrap_or("unknown")
+                .to_owned()
+        })
+        .collect();
+    versions.sort();
+    versions.dedup();
+    for version in &versions {
+        let major = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u32>().ok());
+        if major.is_some_and(|m| m < MIN_REDIS_MAJOR) {
+            return Err(format!(
+                "Redis {version} is too old: the scripts need Redis >= {MIN_REDIS_MAJOR}.0"
+            ));
+        }
     }
+    let version = versions.join(", ");
     let scripts = Scripts::new();
     let all = [
         ("append", &scripts.append),

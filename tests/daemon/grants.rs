@@ -490,3 +490,85 @@ async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_cql_grants() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("MODIFY"));
 }
+
+/// The README's cluster line on a 3-master Redis Cluster: `apply` of users spread over every
+/// master runs under it, and the probe runs on every master (ACLs are per node): a rule taken
+/// away on one node only is still named.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_cluster_runs_with_the_readmes_cluster_acl_and_each_node_is_probed() {
+    let cluster = support::redis_server::RedisCluster::start(Clock::Real);
+    let lines = readme_acl_lines();
+    let rules: Vec<String> = lines[1]
+        .trim_start_matches("ACL SETUSER materializer on >PASSWORD ")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    for node in &cluster.nodes {
+        set_user(node, &rules);
+    }
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "redis://materializer:secret@127.0.0.1:{}",
+                n.port().expect("tcp")
+            )
+        })
+        .collect();
+    let setup = DaemonSetup::new("acl-cluster", None);
+    let config = setup.dir.join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{}\"\ncluster = true\ncluster_nodes = [\"{}\", \"{}\"]\nwait_replicas = 0\n[kafka]\nbrokers = \"{}\"\ntopic = \"{}\"\ndlq_topic = \"{}\"\n",
+            seeds[0],
+            seeds[1],
+            seeds[2],
+            support::kafka::bootstrap(),
+            setup.topic,
+            setup.dlq_topic,
+        ),
+    )
+    .expect("write config");
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let config_arg = config.to_str().expect("utf-8 path");
+    let grants_line = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("store grants (redis)"))
+            .unwrap_or_default()
+            .to_owned()
+    };
+
+    let out = run_materializer(&["--config", config_arg, "check-config", "--connect"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(grants_line(&out).starts_with("ok"), "{}", grants_line(&out));
+    let input = support::cli::numbered_dispatches("acl", 300, support::reference::now_ms());
+    let out = run_materializer(&["--config", config_arg, "apply", "-"], Some(&input));
+    support::cli::assert_one_outcome_per_line(&out, 300, "inserted");
+
+    // +zadd taken away on the third node only.
+    let without: Vec<String> = rules.iter().filter(|r| *r != "+zadd").cloned().collect();
+    set_user(&cluster.nodes[2], &without);
+    let out = run_materializer(&["--config", config_arg, "check-config", "--connect"], None);
+    let line = grants_line(&out);
+    assert!(
+        line.starts_with("FAIL") && line.contains("add the rules +zadd "),
+        "{line}"
+    );
+    println!("+zadd missing on one node: {line}");
+    let out = run_materializer(&["--config", config_arg, "apply", "-"], Some(&input));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("+zadd"));
+}
