@@ -72,6 +72,11 @@ pub struct ReplayArgs {
     /// Progress on stderr: a bar on a terminal, a line every 5 s otherwise, or none.
     #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
     pub progress: ProgressArg,
+    /// Serve /metrics on this address while the replay runs (`materializer_replay_records_total`
+    /// and the store's counters), for a Prometheus scrape of a replay Job; the JSON summary on
+    /// stdout stays the record of the whole run.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -216,6 +221,12 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         filter: "warn".to_owned(),
     });
     let _ = metrics::install();
+    if let Some(listen) = &args.listen {
+        if let Err(e) = http::serve(listen, Arc::new(Health::default())).await {
+            eprintln!("error: --listen {listen}: {e}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    }
     let mut users = Vec::new();
     for raw in &args.users {
         match UserId::parse(raw) {

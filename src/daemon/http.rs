@@ -1,6 +1,7 @@
 //! The daemon's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the engine loop and
 //! the poll thread make progress: `liveness`),
-//! `/readyz` (the store and the broker answer).
+//! `/readyz` (every readiness condition of [`Health::describe`] holds: the store and the broker
+//! answer, writes and dead letters succeed, partitions are readable, ...).
 //!
 //! A deliberately tiny HTTP/1.1 responder on tokio: three GET routes, one response per connection,
 //! no request body. A full HTTP stack would add minutes of build and attack surface for nothing.

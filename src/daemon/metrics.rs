@@ -152,6 +152,7 @@ impl MetricsHandle {
     pub fn render(&self) -> String {
         self.process.collect();
         let mut text = self.prometheus.render();
+        process_cpu::refine(&mut text);
         render_partitions(&mut text);
         text
     }
@@ -660,5 +661,6 @@ fn format_value(value: f64) -> String {
     }
 }
 
+mod process_cpu;
 #[cfg(test)]
 mod tests;

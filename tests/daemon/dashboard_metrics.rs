@@ -187,3 +187,67 @@ fn the_name_scanner_reads_promql_and_prose() {
         ]
     );
 }
+
+/// `replay --listen` serves its metrics while it runs (a replay Job can be scraped; the
+/// dashboard's replay panel reads `materializer_replay_records_total`): a replay held by a
+/// frozen Redis is scraped, promtool accepts the scrape, and once Redis goes on the replay ends
+/// with its summary.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_replay_serves_its_metrics_when_asked_to_listen() {
+    let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("replay-listen", Some(server.url()));
+    create_topic(&setup.topic, 1).await;
+    let records: Vec<(i32, Vec<u8>)> = (1..=20)
+        .map(|seq| (0, support::reference::group_record("gina", seq, "g")))
+        .collect();
+    produce(&setup.topic, &records).await;
+    let config = setup.config_file(support::redis_server::free_port());
+    let port = support::redis_server::free_port();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &server.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let replay = support::cli::replay_command(
+        &config,
+        &[
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--progress",
+            "off",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("start replay");
+    let scrape = std::cell::RefCell::new(String::new());
+    wait_for(
+        "the replay's /metrics",
+        Duration::from_secs(20),
+        || {
+            let text = support::kafka::http_get(port, "/metrics").map_or(String::new(), |r| r.1);
+            let found = text.contains("materializer_replay_records_total{outcome=\"applied\"}");
+            *scrape.borrow_mut() = text;
+            found
+        },
+        || scrape.borrow().clone(),
+    );
+    promtool_check(&scrape.into_inner());
+    signal("-CONT");
+    let out = replay.wait_with_output().expect("replay ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
+    assert_eq!(summary["outcomes"]["applied"], 20, "{summary}");
+}
