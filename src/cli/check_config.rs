@@ -18,15 +18,25 @@
 //! - `kafka brokers`, `kafka topic`, `kafka dead-letter topic`: cluster metadata fetched with the
 //!   configured properties (TLS, SASL); each topic must exist, with its partition count shown.
 //!   Nothing is produced, consumed or committed.
+//! - `kafka ACL`: one line per Kafka ACL the daemon needs (`daemon::kafka_grants`: Read and
+//!   DescribeConfigs on the topic, Read on the group, Write on the dead-letter topic), read from
+//!   the operations the broker says the configured principal may perform (a describe that asks
+//!   for them); a missing one FAILs with the `kafka-acls` command that grants it. Nothing is
+//!   produced, consumed, joined or committed for it either. A TLS or SASL refusal of the broker
+//!   connection is named on the `kafka brokers` line (librdkafka reports it only to its error
+//!   callback).
 //! - `kafka topic cleanup.policy`: the dispatch topic's effective `cleanup.policy`, read with
 //!   DescribeConfigs (SPEC 7.1): a compacted topic FAILs, because it removes the only recovery
 //!   path (a repair from the log), and so does a policy that cannot be read.
 
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
 use rdkafka::types::RDKafkaErrorCode;
@@ -353,17 +363,20 @@ fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
         crate::daemon::kafka::base_config(kafka, crate::daemon::kafka::ClientRole::Standalone);
     // A metadata request must never create the topic it asks about.
     client.set("allow.auto.create.topics", "false");
-    let consumer: BaseConsumer = match client.create() {
-        Ok(consumer) => consumer,
-        Err(e) => {
-            return vec![Check {
-                name: brokers_name,
-                result: Err(format!("cannot create a client: {e}")),
-            }]
-        }
-    };
-    let fetch = |topic: &str| consumer.fetch_metadata(Some(topic), KAFKA_TIMEOUT);
-    let first = fetch(&kafka.topic);
+    let consumer: BaseConsumer<ClientErrors> =
+        match client.create_with_context(ClientErrors::default()) {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                return vec![Check {
+                    name: brokers_name,
+                    result: Err(format!(
+                        "cannot create a client: {}",
+                        crate::config::redact_secrets(&e.to_string(), kafka)
+                    )),
+                }]
+            }
+        };
+    let first = first_metadata(&consumer, &kafka.topic);
     let brokers = match &first {
         Ok(metadata) => Check {
             name: brokers_name,
@@ -380,7 +393,7 @@ fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
         },
         Err(e) => Check {
             name: brokers_name,
-            result: Err(broker_failure(e)),
+            result: Err(broker_failure(e, consumer.context(), kafka)),
         },
     };
     if first.is_err() {
@@ -390,15 +403,170 @@ fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
         "kafka topic",
         &kafka.topic,
         &first,
+        "Read (which implies Describe)",
         "the daemon would have nothing to consume",
     );
     let dlq = topic_check(
         "kafka dead-letter topic",
         &kafka.dlq_topic,
-        &fetch(&kafka.dlq_topic),
+        &consumer.fetch_metadata(Some(&kafka.dlq_topic), KAFKA_TIMEOUT),
+        "Write (which implies Describe)",
         "dead letters could not be written and records would wait",
     );
-    vec![brokers, topic, dlq]
+    let mut checks = vec![brokers, topic, dlq];
+    checks.extend(acl_checks(&consumer, kafka));
+    checks
+}
+
+/// The errors the check's Kafka client reported through librdkafka's error callback. A broker
+/// that refuses the connection (a TLS certificate not trusted, a SASL login refused) fails a
+/// metadata request only with a generic transport error or a timeout: the cause is in these.
+#[derive(Debug, Default)]
+struct ClientErrors(Mutex<Vec<String>>);
+
+impl ClientErrors {
+    /// The distinct reasons reported so far, oldest first.
+    fn reported(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether a reason says the broker refused this client for good (TLS or SASL): asking
+    /// again until the timeout would only wait.
+    fn refused(&self) -> bool {
+        self.reported()
+            .iter()
+            .any(|r| connection_refusal(r).is_some())
+    }
+
+    /// Keeps a reason once (at most 16 distinct ones).
+    fn keep(&self, reason: String) {
+        let mut reported = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !reported.contains(&reason) && reported.len() < 16 {
+            reported.push(reason);
+        }
+    }
+}
+
+impl ClientContext for ClientErrors {
+    // Served by `poll` (see `first_metadata`).
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.keep(if reason.is_empty() {
+            error.to_string()
+        } else {
+            reason.to_owned()
+        });
+    }
+
+    // Called from librdkafka's threads: its error-level lines carry the same reasons at once.
+    fn log(&self, level: RDKafkaLogLevel, _fac: &str, message: &str) {
+        if matches!(
+            level,
+            RDKafkaLogLevel::Emerg
+                | RDKafkaLogLevel::Alert
+                | RDKafkaLogLevel::Critical
+                | RDKafkaLogLevel::Error
+        ) {
+            self.keep(message.to_owned());
+        }
+    }
+}
+
+impl ConsumerContext for ClientErrors {}
+
+/// What a librdkafka error reason means for the operator when the broker refused the
+/// connection itself, with the settings to check; `None` for any other reason.
+fn connection_refusal(reason: &str) -> Option<&'static str> {
+    if reason.contains("certificate verify failed") {
+        Some("the broker's TLS certificate failed verification against the CA of kafka.properties ssl.ca.location (or the system's CAs): check ssl.ca.location")
+    } else if reason.contains("SSL handshake failed") {
+        Some("the TLS handshake with the broker failed: check kafka.properties security.protocol and the ssl.* settings")
+    } else if reason.contains("SASL authentication error")
+        || reason.contains("Authentication failed")
+    {
+        Some("the broker refused the SASL login: check kafka.properties sasl.mechanism, sasl.username and sasl.password")
+    } else {
+        None
+    }
+}
+
+/// The first metadata request, asked again every second until [`KAFKA_TIMEOUT`]; a broker that
+/// refused the connection (TLS, SASL) ends it at once.
+fn first_metadata(
+    consumer: &BaseConsumer<ClientErrors>,
+    topic: &str,
+) -> Result<Metadata, KafkaError> {
+    let deadline = Instant::now() + KAFKA_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_metadata(Some(topic), left.min(Duration::from_secs(1))) {
+            Ok(metadata) => return Ok(metadata),
+            Err(e) => {
+                // Serves the client's error events (nothing is assigned: no record is fetched).
+                let _ = consumer.poll(Duration::ZERO);
+                if Instant::now() >= deadline || consumer.context().refused() {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// The daemon's Kafka ACLs ([`crate::daemon::kafka_grants`]), one `kafka ACL` line each. An ACL
+/// on a topic that does not exist, or on one the client may not even describe when the ACL does
+/// not imply Describe, gets no line: the topic's own line FAILs, and the rest is told once it
+/// is fixed.
+fn acl_checks<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    kafka: &crate::config::KafkaConfig,
+) -> Vec<Check> {
+    use crate::daemon::kafka_grants::{self, ResourceKind, Verdict};
+    let name = || "kafka ACL".to_owned();
+    let acls = kafka_grants::daemon_acls(kafka);
+    let topics = [kafka.topic.as_str(), kafka.dlq_topic.as_str()];
+    let (described, group) = match kafka_grants::authorized(
+        consumer.client(),
+        &topics,
+        &kafka.group_id,
+        KAFKA_TIMEOUT,
+    ) {
+        Ok(answers) => answers,
+        Err(e) => {
+            return vec![Check {
+                name: name(),
+                result: Err(format!(
+                    "cannot read the operations the broker grants this client: {e}"
+                )),
+            }]
+        }
+    };
+    let verdicts = kafka_grants::verdicts(&acls, &topics, &described, &group);
+    acls.iter()
+        .zip(verdicts)
+        .filter_map(|(acl, verdict)| {
+            let result = match verdict {
+                Verdict::Granted => Ok(format!("{} is granted", acl.named())),
+                Verdict::Missing => Err(format!(
+                    "{} is missing ({}): {}",
+                    acl.named(),
+                    acl.fix(),
+                    acl.without
+                )),
+                Verdict::NotReported => Ok(format!(
+                    "WARNING {} not verified: the broker does not report the operations it grants (Kafka < 2.3)",
+                    acl.named()
+                )),
+                Verdict::Hidden(_) if acl.kind == ResourceKind::Topic => return None,
+                Verdict::Hidden(why) => Err(format!(
+                    "cannot tell whether {} is granted: {why}",
+                    acl.named()
+                )),
+            };
+            Some(Check {
+                name: name(),
+                result,
+            })
+        })
+        .collect()
 }
 
 /// The dispatch topic's `cleanup.policy`: compacted (or unreadable) FAILs, see
@@ -422,29 +590,51 @@ async fn check_policy(config: &Config) -> Check {
     }
 }
 
-fn broker_failure(e: &KafkaError) -> String {
-    format!(
-        "no metadata within {KAFKA_TIMEOUT:?}: {e} (check kafka.brokers, the network and kafka.properties TLS/SASL settings)"
-    )
+/// Why no metadata came: the request's error, and what the client reported of the broker's
+/// refusal (TLS, SASL) or else its last error, secrets masked.
+fn broker_failure(
+    e: &KafkaError,
+    errors: &ClientErrors,
+    kafka: &crate::config::KafkaConfig,
+) -> String {
+    let reported = errors.reported();
+    let refusal = reported
+        .iter()
+        .find_map(|r| connection_refusal(r).map(|meaning| (r, meaning)));
+    let text = match (refusal, reported.last()) {
+        (Some((reason, meaning)), _) => format!("no metadata: {e}: {meaning} (librdkafka: {reason})"),
+        (None, Some(reason)) => format!(
+            "no metadata within {KAFKA_TIMEOUT:?}: {e} (librdkafka: {reason}) (check kafka.brokers, the network and kafka.properties TLS/SASL settings)"
+        ),
+        (None, None) => format!(
+            "no metadata within {KAFKA_TIMEOUT:?}: {e} (check kafka.brokers, the network and kafka.properties TLS/SASL settings)"
+        ),
+    };
+    crate::config::redact_secrets(&text, kafka)
 }
 
+/// A topic's line from its metadata; `grant` is the ACL that lets the client describe it (the
+/// one its client needs, which implies Describe).
 fn topic_check(
     what: &str,
     topic: &str,
     metadata: &Result<Metadata, KafkaError>,
+    grant: &str,
     consequence: &str,
 ) -> Check {
     let name = format!("{what} {topic}");
     use crate::daemon::health::TopicView;
     let result = match metadata {
-        Err(e) => Err(broker_failure(e)),
+        Err(e) => Err(format!(
+            "no metadata within {KAFKA_TIMEOUT:?}: {e} (check kafka.brokers, the network and kafka.properties TLS/SASL settings)"
+        )),
         // The same reading of the metadata as the daemon's readiness probe.
         Ok(metadata) => match TopicView::of(metadata, topic) {
             TopicView::Missing => Err(format!(
                 "UnknownTopicOrPartition (Broker: Unknown topic or partition): it does not exist; create it ({consequence})"
             )),
             TopicView::Error(code @ RDKafkaErrorCode::TopicAuthorizationFailed) => Err(format!(
-                "{code:?}: {code}: the client may not describe or read it; grant Describe and Read on it ({consequence})"
+                "{code:?}: {code}: the client may not describe it; grant {grant} on it ({consequence})"
             )),
             TopicView::Error(code) => Err(format!(
                 "{code:?}: {code}; create it or grant access to it ({consequence})"

@@ -34,6 +34,10 @@ pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 pub struct ProbeSettings {
     pub topic: String,
     pub group: String,
+    pub dlq_topic: String,
+    /// The ACLs the daemon needs (`kafka_grants::daemon_acls`), re-asked every
+    /// [`GRANTS_RECHECK`].
+    pub(crate) acls: Vec<super::kafka_grants::Acl>,
     /// `kafka.assignment_timeout_ms`.
     pub assignment_timeout: Duration,
 }
@@ -47,7 +51,25 @@ pub fn spawn(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last_line: Option<(bool, Option<String>)> = None;
+        let mut last_grants: Option<Option<String>> = None;
+        let mut grants_checked: Option<std::time::Instant> = None;
         loop {
+            if grants_checked.is_none_or(|at| at.elapsed() >= GRANTS_RECHECK) {
+                grants_checked = Some(std::time::Instant::now());
+                if let Some(missing) = missing_acls(&consumer, &settings).await {
+                    if last_grants.as_ref() != Some(&missing) {
+                        match &missing {
+                            Some(line) => tracing::error!("not ready: {line}"),
+                            None if last_grants.is_some() => {
+                                tracing::info!("every Kafka ACL the daemon needs is granted again")
+                            }
+                            None => {}
+                        }
+                        last_grants = Some(missing.clone());
+                    }
+                    health.set_kafka_grants(missing.is_some(), missing);
+                }
+            }
             let store_ok = matches!(
                 tokio::time::timeout(PROBE_INTERVAL, store.ping()).await,
                 Ok(Ok(()))
@@ -98,6 +120,56 @@ pub fn spawn(
             tokio::time::sleep(PROBE_INTERVAL).await;
         }
     })
+}
+
+/// How often the daemon asks the broker again which of its ACLs it holds.
+const GRANTS_RECHECK: Duration = Duration::from_secs(30);
+
+/// The `/readyz` line naming the Kafka ACLs the daemon lacks (`None`: none lacking), or `None`
+/// outright when the broker did not answer (the broker probe reports that). Only the ACLs without
+/// which records cannot flow count: `Read` on the topic and the group, `Write` on the dead-letter
+/// topic; a missing `DescribeConfigs` only refuses repairs, which the compaction watch reports.
+async fn missing_acls(
+    consumer: &Arc<BaseConsumer<DaemonContext>>,
+    settings: &ProbeSettings,
+) -> Option<Option<String>> {
+    use super::kafka_grants::{authorized, verdicts, Operation, Verdict};
+    let consumer = consumer.clone();
+    let (topic, dlq, group) = (
+        settings.topic.clone(),
+        settings.dlq_topic.clone(),
+        settings.group.clone(),
+    );
+    let answer = tokio::task::spawn_blocking(move || {
+        authorized(
+            consumer.client(),
+            &[&topic, &dlq],
+            &group,
+            PROBE_INTERVAL * 5,
+        )
+    })
+    .await
+    .ok()?
+    .ok()?;
+    let (topics, group) = answer;
+    let names = [settings.topic.as_str(), settings.dlq_topic.as_str()];
+    let missing: Vec<String> = settings
+        .acls
+        .iter()
+        .zip(verdicts(&settings.acls, &names, &topics, &group))
+        .filter(|(acl, verdict)| {
+            *verdict == Verdict::Missing && acl.operation != Operation::DescribeConfigs
+        })
+        .map(|(acl, _)| {
+            format!(
+                "{} is missing ({}): {}",
+                acl.named(),
+                acl.fix(),
+                acl.without
+            )
+        })
+        .collect();
+    Some((!missing.is_empty()).then(|| missing.join("; ")))
 }
 
 /// How often the daemon reads every Redis master again ([`watch_redis_masters`]).
@@ -313,6 +385,8 @@ mod tests {
         ProbeSettings {
             topic: "dispatch".to_owned(),
             group: "mm".to_owned(),
+            dlq_topic: "dispatch.dlq".to_owned(),
+            acls: Vec::new(),
             assignment_timeout: Duration::from_secs(120),
         }
     }

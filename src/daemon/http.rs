@@ -40,6 +40,8 @@ pub struct Health {
     /// Failing while more mailboxes fail closed than `kafka.max_blocked_mailboxes` (the
     /// engine's housekeeping).
     blocked: Condition,
+    /// Failing while the broker says the daemon lacks an ACL records need (`health::spawn`).
+    kafka_grants: Condition,
     /// Why the store did not open yet at start (unreachable, a missing grant, an incomplete
     /// schema): the `store:` line of `/readyz` until it opens.
     store_waiting: std::sync::Mutex<Option<String>>,
@@ -130,6 +132,12 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// The Kafka ACLs the daemon lacks, as the broker last said.
+    pub(crate) fn set_kafka_grants(&self, failing: bool, line: Option<String>) {
+        self.kafka_grants.set(failing, line);
+        super::metrics::ready(self.ready());
+    }
+
     /// The mailboxes this replica holds failing closed, against its limit.
     pub(crate) fn set_blocked(&self, failing: bool, line: Option<String>) {
         self.blocked.set(failing, line);
@@ -162,7 +170,7 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nsubscription: {}\npartitions: {}\nblocked mailboxes: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nblocked mailboxes: {}\ndead letters: {}\n",
             if self.store_ok() {
                 "ok".to_owned()
             } else {
@@ -176,6 +184,7 @@ impl Health {
             self.store_policy.line(),
             self.store_slots.line(),
             word(self.broker_ok(), "unreachable"),
+            self.kafka_grants.line(),
             self.subscription.line(),
             word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
             self.blocked.line(),
@@ -199,6 +208,7 @@ impl Health {
             && !self.store_policy.failing()
             && !self.store_slots.failing()
             && !self.blocked.failing()
+            && !self.kafka_grants.failing()
     }
 }
 

@@ -51,6 +51,7 @@ pub mod health;
 pub mod http;
 pub mod intake;
 pub mod kafka;
+pub(crate) mod kafka_grants;
 pub mod liveness;
 pub(crate) mod log_identity;
 pub(crate) mod logging;
@@ -163,6 +164,8 @@ pub async fn run(
         health::ProbeSettings {
             topic: topic.clone(),
             group: config.kafka.group_id.clone(),
+            dlq_topic: config.kafka.dlq_topic.clone(),
+            acls: kafka_grants::daemon_acls(&config.kafka),
             assignment_timeout: std::time::Duration::from_millis(
                 config.kafka.assignment_timeout_ms,
             ),

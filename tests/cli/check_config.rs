@@ -75,7 +75,7 @@ async fn every_check_passes_on_the_memory_store_and_a_live_broker() {
     let config = config("cc-ok", &bootstrap(), &topic, &dlq);
     let (code, lines) = check(&config, &[]);
     assert_eq!(code, 0, "{lines:#?}");
-    assert_eq!(lines.len(), 8, "seven checks and a summary: {lines:#?}");
+    assert_eq!(lines.len(), 12, "eleven checks and a summary: {lines:#?}");
     assert!(line(&lines, "config").starts_with("ok "));
     // No cgroup memory limit here: the check says what a catch-up may take (README "Memory").
     assert!(line(&lines, "memory").starts_with("ok "));
@@ -92,8 +92,20 @@ async fn every_check_passes_on_the_memory_store_and_a_live_broker() {
     );
     assert_eq!(
         lines.last().map(String::as_str),
-        Some("7 of 7 checks passed")
+        Some("11 of 11 checks passed")
     );
+    // The anonymous user of the plaintext listener is a super user: every ACL is granted.
+    for acl in [
+        format!("Read on topic {topic}"),
+        format!("DescribeConfigs on topic {topic}"),
+        "Read on group mailbox-materializer".to_owned(),
+        format!("Write on topic {dlq}"),
+    ] {
+        assert!(
+            line(&lines, &format!("kafka ACL: {acl}")).starts_with("ok    "),
+            "{lines:#?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -36,6 +36,7 @@ mod faults;
 mod fleet;
 mod grants;
 mod kafka;
+mod kafka_acl;
 mod kafka_codecs;
 mod liveness;
 mod log_colour;
