@@ -49,6 +49,8 @@ impl OwnBroker {
             env: vec![
                 ("KAFKA_PORT", free_port().to_string()),
                 ("KAFKA_CONTROLLER_PORT", free_port().to_string()),
+                // Its authenticated listener too: the shared broker holds the default port.
+                ("KAFKA_SASL_PORT", free_port().to_string()),
                 ("KAFKA_DIR", dir.display().to_string()),
             ],
         };
