@@ -8,6 +8,7 @@ mod apply;
 mod check_config;
 mod demo;
 mod dlq;
+mod explain;
 mod output;
 mod run;
 mod schema;
@@ -120,6 +121,10 @@ pub enum Command {
     /// The store's schema: `apply` creates or migrates it (the only command that needs DDL
     /// grants), `check` reports what is missing. Only the Scylla backend has one.
     Schema(schema::SchemaArgs),
+    /// One mailbox as an operator needs it: its state, whether it reads, whether a running
+    /// replica holds it blocked (and why, where), and the exact command that fixes it.
+    /// Exit 0 healthy, 3 corrupt, 2 unreachable.
+    Explain(explain::ExplainArgs),
     /// A live view of running replicas from their /metrics and /readyz: readiness and why,
     /// records/s, dead letters/s, store errors and latency, lag per partition (worst first).
     /// Keys: s sort, f filter, q quit. Off a terminal: --once [--json].
@@ -216,6 +221,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Dlq(args) => return dlq::run(&config, args).await,
         Command::Top(args) => return top::run(&config, args).await,
         Command::Schema(args) => return schema::run(&config, args).await,
+        Command::Explain(args) => return explain::run(&config, args).await,
         _ => {}
     }
     let writes = matches!(
@@ -248,7 +254,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Replay(_)
         | Command::Dlq(_)
         | Command::Top(_)
-        | Command::Schema(_) => ExitCode::SUCCESS,
+        | Command::Schema(_)
+        | Command::Explain(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,

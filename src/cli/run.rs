@@ -159,6 +159,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
     health
         .liveness
         .set_timeout(Duration::from_millis(config.http.liveness_timeout_ms));
+    health.serve_debug_endpoints(config.http.debug_endpoints);
     match http::serve(&config.http.listen, health.clone()).await {
         Ok(addr) => tracing::info!(%addr, "serving /metrics, /healthz, /readyz"),
         Err(e) => {

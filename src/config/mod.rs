@@ -557,6 +557,9 @@ pub struct HttpConfig {
     /// `/healthz` fails when the engine loop or the poll thread made no progress this long
     /// while running (a wedged replica; see `daemon::liveness`).
     pub liveness_timeout_ms: u64,
+    /// Serve `/debug/blocked` (the mailboxes failing closed, with partition, offset and error,
+    /// for `materializer explain`). Off by default: it names users, which `/metrics` never does.
+    pub debug_endpoints: bool,
 }
 
 impl Default for HttpConfig {
@@ -564,6 +567,7 @@ impl Default for HttpConfig {
         Self {
             listen: "127.0.0.1:9898".to_owned(),
             liveness_timeout_ms: 60_000,
+            debug_endpoints: false,
         }
     }
 }

@@ -67,8 +67,8 @@ struct RecordMeta {
 
 /// What the engine keeps per assigned partition besides its window (the driver's).
 struct PartitionState {
-    /// Users of this partition failing closed, with the reason.
-    blocked: HashMap<UserId, String>,
+    /// Users of this partition failing closed: where and why (`/debug/blocked`).
+    blocked: HashMap<UserId, super::http::Blocked>,
     paused: bool,
     /// The last watermark handed to librdkafka's offset store.
     stored: Option<i64>,
@@ -646,9 +646,26 @@ impl Policy<i32, PartitionState> for DaemonPolicy<'_> {
             if matches!(disposition, Disposition::Block | Disposition::AbortRepair)
                 && !state.blocked.contains_key(user)
             {
-                state.blocked.insert(user.clone(), error.to_string());
-                self.telemetry
-                    .blocked(partition, step.at.offset, user, error, state.blocked.len());
+                state.blocked.insert(
+                    user.clone(),
+                    super::http::Blocked {
+                        partition,
+                        user_id: user.as_str().to_owned(),
+                        epoch: step.delivery.mailbox().epoch,
+                        offset: step.at.offset,
+                        kind: error.kind().to_owned(),
+                        detail: error.to_string(),
+                        since_ms: super::http::now_ms(),
+                    },
+                );
+                self.telemetry.blocked(
+                    partition,
+                    step.at.offset,
+                    user,
+                    step.delivery.mailbox().epoch,
+                    error,
+                    state.blocked.len(),
+                );
             }
         }
         let delay = self.backoff.delay(step.attempt);

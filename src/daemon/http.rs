@@ -1,5 +1,7 @@
 //! The daemon's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the engine loop and
 //! the poll thread make progress: `liveness`),
+//! `/debug/blocked` (the mailboxes this replica holds failing closed, JSON; only with
+//! `http.debug_endpoints`, since it names users),
 //! `/readyz` (every readiness condition of [`Health::describe`] holds: the store and the broker
 //! answer, writes and dead letters succeed, partitions are readable, ...).
 //!
@@ -45,6 +47,11 @@ pub struct Health {
     /// Why the store did not open yet at start (unreachable, a missing grant, an incomplete
     /// schema): the `store:` line of `/readyz` until it opens.
     store_waiting: std::sync::Mutex<Option<String>>,
+    /// The mailboxes failing closed, as the engine's housekeeping last listed them
+    /// (`/debug/blocked`): how many, and the first [`BLOCKED_SHOWN`].
+    blocked_list: std::sync::Mutex<(usize, Vec<Blocked>)>,
+    /// Serve `/debug/blocked` (`http.debug_endpoints`): it names users, so it is off unless asked.
+    debug_endpoints: AtomicBool,
     /// The engine loop's and the poll thread's heartbeats (`/healthz`).
     pub(crate) liveness: super::liveness::Liveness,
 }
@@ -76,10 +83,30 @@ impl Condition {
     }
 }
 
+/// Most blocked mailboxes `/debug/blocked` lists (it also says how many there are).
+pub(crate) const BLOCKED_SHOWN: usize = 100;
+
+/// One mailbox a replica holds failing closed (`/debug/blocked`, `materializer explain`): the
+/// delivery it stopped at and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Blocked {
+    pub partition: i32,
+    pub user_id: String,
+    pub epoch: u32,
+    /// The offset of the record whose delivery failed closed: the committed offset stays at or
+    /// before it until the mailbox is repaired.
+    pub offset: i64,
+    /// The error kind (`index_lost`, `identity_missing`, ...).
+    pub kind: String,
+    pub detail: String,
+    /// When it started failing closed, ms since the Unix epoch.
+    pub since_ms: u64,
+}
+
 /// How long after a transient write failure the store counts as not ready.
 pub(crate) const WRITE_FAILURE_WINDOW_MS: u64 = 5_000;
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -136,6 +163,26 @@ impl Health {
     pub(crate) fn set_kafka_grants(&self, failing: bool, line: Option<String>) {
         self.kafka_grants.set(failing, line);
         super::metrics::ready(self.ready());
+    }
+
+    /// Turns `/debug/blocked` on (`http.debug_endpoints`).
+    pub(crate) fn serve_debug_endpoints(&self, on: bool) {
+        self.debug_endpoints.store(on, Ordering::Relaxed);
+    }
+
+    /// The mailboxes failing closed: how many, and the first [`BLOCKED_SHOWN`] of them.
+    pub(crate) fn set_blocked_list(&self, total: usize, shown: Vec<Blocked>) {
+        *self.blocked_list.lock().unwrap_or_else(|p| p.into_inner()) = (total, shown);
+    }
+
+    /// `/debug/blocked`'s body.
+    fn blocked_json(&self) -> String {
+        let (total, shown) = self
+            .blocked_list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        serde_json::json!({"total": total, "shown": shown.len(), "blocked": shown}).to_string()
     }
 
     /// The mailboxes this replica holds failing closed, against its limit.
@@ -283,6 +330,14 @@ async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<
                 ("503 Service Unavailable", "text/plain", body)
             }
         }
+        ("GET", "/debug/blocked") if health.debug_endpoints.load(Ordering::Relaxed) => {
+            ("200 OK", "application/json", health.blocked_json())
+        }
+        ("GET", "/debug/blocked") => (
+            "404 Not Found",
+            "text/plain",
+            "not served: it names users; set http.debug_endpoints = true to serve it\n".to_owned(),
+        ),
         ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_owned()),
         _ => (
             "405 Method Not Allowed",

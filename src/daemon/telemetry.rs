@@ -136,6 +136,7 @@ impl Telemetry {
         partition: i32,
         offset: i64,
         user: &UserId,
+        epoch: u32,
         reason: &StoreError,
         now_blocked: usize,
     ) {
@@ -143,6 +144,7 @@ impl Telemetry {
             partition,
             offset,
             user = %user.as_str(),
+            epoch,
             reason = %reason,
             "corrupt mailbox: failing closed; its later deliveries are skipped (the rest of the partition flows) and the committed offset stays before it until it is repaired (materializer replay --reset-mailboxes); then the partition is read again from there"
         );

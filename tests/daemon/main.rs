@@ -31,6 +31,7 @@ mod blocked;
 mod cluster_changes;
 mod dashboard_metrics;
 mod demo_serve;
+mod explain;
 mod failures;
 mod faults;
 mod fleet;

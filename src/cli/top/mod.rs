@@ -7,7 +7,8 @@
 //! Off a terminal, `top --once [--json]` prints one snapshot (two scrapes an interval apart, so
 //! rates are known) for scripts.
 
-mod scrape;
+mod discover;
+pub(super) mod scrape;
 mod snapshot;
 mod view;
 
@@ -24,7 +25,8 @@ use snapshot::{build, Filter, Order, Replica};
 #[derive(Debug, Args)]
 pub struct TopArgs {
     /// The replicas' HTTP addresses (`host:port`, as `http.listen`; `http://host:port` works
-    /// too). Without any, the configuration's `http.listen`.
+    /// too). A name that resolves to several addresses (a headless Service) stands for every
+    /// one of them, resolved again every 5 s. Without any, the configuration's `http.listen`.
     #[arg(value_name = "ADDR")]
     pub replicas: Vec<String>,
     /// Milliseconds between refreshes.
@@ -56,12 +58,16 @@ async fn refresh(replicas: &mut [Replica], timeout: Duration) {
 }
 
 pub(super) async fn run(config: &Config, args: &TopArgs) -> ExitCode {
-    let addresses = if args.replicas.is_empty() {
+    let given = if args.replicas.is_empty() {
         vec![config.http.listen.clone()]
     } else {
         args.replicas.clone()
     };
-    let mut replicas: Vec<Replica> = addresses.into_iter().map(Replica::new).collect();
+    let mut replicas: Vec<Replica> = discover::expand(&given)
+        .await
+        .into_iter()
+        .map(Replica::new)
+        .collect();
     let interval = Duration::from_millis(args.interval_ms);
     let timeout = interval.clamp(Duration::from_millis(500), Duration::from_secs(2));
     if args.once {
@@ -99,7 +105,7 @@ pub(super) async fn run(config: &Config, args: &TopArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = live(&mut terminal, &mut replicas, interval, timeout).await;
+    let result = live(&mut terminal, &given, &mut replicas, interval, timeout).await;
     ratatui::restore();
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -113,12 +119,18 @@ pub(super) async fn run(config: &Config, args: &TopArgs) -> ExitCode {
 /// Refreshes every `interval` and answers keys in between until `q`, Esc or Ctrl-C.
 async fn live(
     terminal: &mut ratatui::DefaultTerminal,
-    replicas: &mut [Replica],
+    given: &[String],
+    replicas: &mut Vec<Replica>,
     interval: Duration,
     timeout: Duration,
 ) -> std::io::Result<()> {
     let (mut order, mut filter) = (Order::default(), Filter::default());
+    let mut resolved = Instant::now();
     loop {
+        if resolved.elapsed() >= discover::RESOLVE_EVERY {
+            discover::follow(replicas, discover::expand(given).await);
+            resolved = Instant::now();
+        }
         refresh(replicas, timeout).await;
         let due = Instant::now() + interval;
         let mut snapshot = build(replicas, order, filter, now_ms());

@@ -35,7 +35,7 @@ pub(super) struct Scrape {
 }
 
 /// `host:port`, `http://host:port` or `http://host:port/metrics`: the `host:port`.
-pub(super) fn authority(address: &str) -> &str {
+pub(crate) fn authority(address: &str) -> &str {
     let rest = address.strip_prefix("http://").unwrap_or(address);
     rest.split('/').next().unwrap_or(rest)
 }
@@ -64,7 +64,11 @@ pub(super) async fn scrape(address: &str, timeout: Duration) -> Result<Scrape, S
 }
 
 /// `GET path` on `host`: the status and the body.
-async fn get(host: &str, path: &str, timeout: Duration) -> Result<(u16, String), String> {
+pub(crate) async fn get(
+    host: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
     let exchange = async {
         let mut stream = TcpStream::connect(host).await.map_err(|e| format!("{e}"))?;
         let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");

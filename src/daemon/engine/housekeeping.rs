@@ -78,6 +78,15 @@ impl Engine {
             .sum();
         let limit = self.settings.max_blocked_mailboxes;
         metrics::blocked_mailboxes(blocked, limit);
+        self.telemetry.health().set_blocked_list(
+            blocked,
+            self.driver
+                .windows()
+                .flat_map(|(_, w)| w.state.blocked.values())
+                .take(crate::daemon::http::BLOCKED_SHOWN)
+                .cloned()
+                .collect(),
+        );
         let over = blocked > limit;
         if over && !self.over_blocked_limit {
             tracing::error!(

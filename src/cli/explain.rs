@@ -1,0 +1,321 @@
+//! `materializer explain --user U [--epoch E] [--daemon ADDR]... [--json]`: one mailbox, as an
+//! operator paged by `MaterializerPartitionBlocked` needs it.
+//!
+//! What it reads, all of it read-only:
+//! - the store's metadata of the mailbox (`inspect`, no promote): days, bounds, gap boundary,
+//!   trim, identity index; without `--epoch`, the user's current epoch;
+//! - whether it is readable: a scan from 0 of one group, answered as a reader would be answered
+//!   (a page, `cursor_expired`, or the corrupt verdict that fails it closed);
+//! - each running replica's `/debug/blocked` (`--daemon ADDR`, repeatable; `http.debug_endpoints`
+//!   must be on there): whether it holds the mailbox blocked, on which partition and offset,
+//!   since when and why.
+//!
+//! The last line is what to do: the exact `replay --reset-mailboxes` command (the partition from
+//! a replica that holds it blocked, the range from the start of the oldest day retention can
+//! still hold, so the rebuild sees the whole history the log has), or "nothing to do".
+//! Exit: 0 healthy (or never written), 3 corrupt (by the store's verdict or a replica's block),
+//! 2 store unreachable.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use super::top::scrape::{authority, get};
+use super::{open_store, EXIT_UNAVAILABLE};
+use crate::config::Config;
+use crate::daemon::http::Blocked;
+use crate::model::{MailboxId, ScanRequest, StoreError, UserId};
+
+/// `explain`'s exit status for a corrupt mailbox (as `apply`'s).
+const EXIT_CORRUPT: u8 = 3;
+/// How long one replica may take to answer `/debug/blocked`.
+const DAEMON_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The user id.
+    #[arg(long, value_name = "U")]
+    pub user: String,
+    /// The mailbox epoch; default: the user's current epoch.
+    #[arg(long, value_name = "E")]
+    pub epoch: Option<u32>,
+    /// A running replica's `http.listen` address whose `/debug/blocked` is asked (repeatable;
+    /// the replica needs `http.debug_endpoints = true`).
+    #[arg(long = "daemon", value_name = "ADDR")]
+    pub daemons: Vec<String>,
+    /// One JSON object instead of the screen.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What one replica said about the user.
+#[derive(Debug)]
+enum DaemonView {
+    Blocked(Address, Blocked),
+    NotBlocked(Address),
+    Unanswered(Address, String),
+}
+
+type Address = String;
+
+pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
+    let user = match UserId::parse(&args.user) {
+        Ok(user) => user,
+        Err(e) => {
+            eprintln!("error: --user {:?}: {e}", args.user);
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let opened = match open_store(config).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprintln!("error: the store is unreachable: {e}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let store = opened.store.as_ref();
+    let backend = store.backend();
+    // The current epoch comes with any epoch's metadata.
+    let probe = MailboxId {
+        user_id: user.clone(),
+        epoch: args.epoch.unwrap_or(0),
+    };
+    let first = store.inspect(&probe).await;
+    if let Err(StoreError::Unavailable { .. }) = &first {
+        eprintln!(
+            "error: the store is unreachable: {}",
+            first.err().map(|e| e.to_string()).unwrap_or_default()
+        );
+        return ExitCode::from(EXIT_UNAVAILABLE);
+    }
+    let current = first.as_ref().ok().and_then(|i| i.current_epoch);
+    let epoch = args.epoch.or(current);
+    let daemons = ask_daemons(&args.daemons, user.as_str()).await;
+    let blocked: Vec<&Blocked> = daemons
+        .iter()
+        .filter_map(|d| match d {
+            DaemonView::Blocked(_, b) => Some(b),
+            _ => None,
+        })
+        .collect();
+
+    let (inspection, readable, corrupt_reason) = match epoch {
+        None => (
+            json!(null),
+            json!({"readable": true, "detail": "the user was never written"}),
+            None,
+        ),
+        Some(epoch) => {
+            let mailbox = MailboxId {
+                user_id: user.clone(),
+                epoch,
+            };
+            let inspection = if epoch == probe.epoch {
+                first
+            } else {
+                store.inspect(&mailbox).await
+            };
+            let scan = store
+                .range_scan(
+                    &mailbox,
+                    ScanRequest {
+                        after_seq: 0,
+                        until_seq: None,
+                        limit_groups: 1,
+                    },
+                )
+                .await;
+            let mut corrupt: Option<String> = None;
+            let inspection = match inspection {
+                Ok(i) => serde_json::to_value(&i).unwrap_or(Value::Null),
+                Err(e) => {
+                    if e.outcome() == "corrupt" {
+                        corrupt = Some(format!("{}: {e}", e.kind()));
+                    }
+                    json!({"error": {"kind": e.kind(), "detail": e.to_string()}})
+                }
+            };
+            let readable = match scan {
+                Ok(page) => json!({
+                    "readable": true,
+                    "detail": format!(
+                        "a scan from 0 answers {} group(s) up to seq {}{}",
+                        page.groups.len(),
+                        page.up_to,
+                        if page.has_more { ", more follow" } else { "" }
+                    ),
+                }),
+                Err(e) => {
+                    let is_corrupt = e.outcome() == "corrupt";
+                    if is_corrupt && corrupt.is_none() {
+                        corrupt = Some(format!("{}: {e}", e.kind()));
+                    }
+                    if let StoreError::Unavailable { .. } = e {
+                        eprintln!("error: the store is unreachable: {e}");
+                        return ExitCode::from(EXIT_UNAVAILABLE);
+                    }
+                    json!({
+                        "readable": !is_corrupt,
+                        "detail": format!("a scan from 0 answers {}: {e}", e.kind()),
+                    })
+                }
+            };
+            (inspection, readable, corrupt)
+        }
+    };
+    let corrupt = corrupt_reason.is_some() || !blocked.is_empty();
+    let fix = corrupt.then(|| fix_command(config, &user, blocked.first().map(|b| b.partition)));
+    let report = json!({
+        "user_id": user.as_str(),
+        "epoch": epoch,
+        "current_epoch": current,
+        "backend": backend,
+        "verdict": if corrupt { "corrupt" } else if epoch.is_none() { "absent" } else { "healthy" },
+        "state": inspection,
+        "readable": readable,
+        "corrupt": corrupt_reason,
+        "daemons": daemons.iter().map(daemon_json).collect::<Vec<_>>(),
+        "fix": fix,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        print_screen(&report);
+    }
+    if corrupt {
+        ExitCode::from(EXIT_CORRUPT)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Each replica's `/debug/blocked`, the entry for `user` if it holds one.
+async fn ask_daemons(addresses: &[String], user: &str) -> Vec<DaemonView> {
+    let mut views = Vec::new();
+    for address in addresses {
+        let host = authority(address);
+        let view = match get(host, "/debug/blocked", DAEMON_TIMEOUT).await {
+            Err(e) => DaemonView::Unanswered(address.clone(), e),
+            Ok((404, body)) => DaemonView::Unanswered(address.clone(), body.trim().to_owned()),
+            Ok((status, _)) if status != 200 => {
+                DaemonView::Unanswered(address.clone(), format!("/debug/blocked answered {status}"))
+            }
+            Ok((_, body)) => match serde_json::from_str::<Value>(&body) {
+                Err(e) => DaemonView::Unanswered(address.clone(), format!("/debug/blocked: {e}")),
+                Ok(list) => {
+                    let found = list["blocked"].as_array().and_then(|entries| {
+                        entries
+                            .iter()
+                            .filter(|e| e["user_id"] == user)
+                            .find_map(|e| serde_json::from_value::<Blocked>(e.clone()).ok())
+                    });
+                    match found {
+                        Some(b) => DaemonView::Blocked(address.clone(), b),
+                        None => DaemonView::NotBlocked(address.clone()),
+                    }
+                }
+            },
+        };
+        views.push(view);
+    }
+    views
+}
+
+fn daemon_json(view: &DaemonView) -> Value {
+    match view {
+        DaemonView::Blocked(address, b) => json!({"daemon": address, "blocked": b}),
+        DaemonView::NotBlocked(address) => json!({"daemon": address, "blocked": null}),
+        DaemonView::Unanswered(address, why) => json!({"daemon": address, "error": why}),
+    }
+}
+
+/// The repair: the user's whole retained history on its partition, rebuilt and swapped in.
+fn fix_command(config: &Config, user: &UserId, partition: Option<i32>) -> String {
+    // The oldest day retention can still hold starts `days + 1` days before today's start.
+    let now_s = chrono::Utc::now().timestamp();
+    let day = now_s.div_euclid(86_400) - i64::from(config.retention.days) - 1;
+    let from = chrono::DateTime::from_timestamp(day * 86_400, 0)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|| "<start of retention>".to_owned());
+    let partition = partition.map_or_else(
+        || "<P: the partition of the user's records>".to_owned(),
+        |p| p.to_string(),
+    );
+    format!(
+        "materializer replay --partition {partition} --from-time {from} --user {} --reset-mailboxes",
+        user.as_str()
+    )
+}
+
+fn print_screen(report: &Value) {
+    let user = report["user_id"].as_str().unwrap_or_default();
+    let backend = report["backend"].as_str().unwrap_or_default();
+    match report["epoch"].as_u64() {
+        Some(epoch) => println!("mailbox {user} epoch {epoch} ({backend})"),
+        None => println!("mailbox {user} ({backend}): the user was never written"),
+    }
+    let state = &report["state"];
+    if let Some(error) = state.get("error") {
+        println!(
+            "  state:     {} ({})",
+            error["kind"].as_str().unwrap_or_default(),
+            error["detail"].as_str().unwrap_or_default()
+        );
+    } else if state.is_object() {
+        println!(
+            "  state:     days {}..{} ({} active), gap boundary {}, trim {}, {} identities{}",
+            state["min_day"],
+            state["max_day"],
+            state["active_day_count"],
+            state["expired_gap_boundary"],
+            state["user_trim_seq"],
+            state["identity_count"],
+            if state["identity_index_present"] == true {
+                ""
+            } else {
+                ", NO identity index"
+            }
+        );
+    }
+    let readable = &report["readable"];
+    println!(
+        "  readable:  {}: {}",
+        if readable["readable"] == true {
+            "yes"
+        } else {
+            "no"
+        },
+        readable["detail"].as_str().unwrap_or_default()
+    );
+    for daemon in report["daemons"].as_array().into_iter().flatten() {
+        let address = daemon["daemon"].as_str().unwrap_or_default();
+        if let Some(error) = daemon.get("error") {
+            println!(
+                "  daemon:    {address}: not asked ({})",
+                error.as_str().unwrap_or_default()
+            );
+        } else if daemon["blocked"].is_null() {
+            println!("  daemon:    {address}: not blocked there");
+        } else {
+            let b = &daemon["blocked"];
+            let since = b["since_ms"]
+                .as_i64()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+                .unwrap_or_default();
+            println!(
+                "  blocked:   by {address} on partition {} at offset {} since {since}: {} ({})",
+                b["partition"],
+                b["offset"],
+                b["kind"].as_str().unwrap_or_default(),
+                b["detail"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    match report["fix"].as_str() {
+        Some(fix) => println!("fix: {fix}"),
+        None => println!("nothing to do"),
+    }
+}

@@ -1,0 +1,156 @@
+//! `materializer explain` and `/debug/blocked`, on a real Redis and broker: a mailbox whose
+//! identity index was deleted is blocked by a running daemon; `explain` names the replica, the
+//! partition, the offset and the error, and prints the command that fixes it; running that
+//! command makes `explain` say there is nothing to do and the partition's blocked gauge clear.
+//! A healthy mailbox, a user never written and an unreachable store each get their own answer.
+
+use crate::support;
+
+use std::process::Output;
+use std::time::Duration;
+
+use support::cli::run_materializer;
+use support::kafka::{create_topic, http_get, produce, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+use support::reference::group_record;
+
+fn explain(config: &str, args: &[&str]) -> (Output, String) {
+    let mut all = vec!["--config", config, "explain"];
+    all.extend_from_slice(args);
+    let out = run_materializer(&all, None);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out, stdout)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blocked_mailbox_is_explained_with_the_command_that_fixes_it() {
+    let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let mut setup = DaemonSetup::new("explain", Some(server.url()));
+    setup.http_extra = vec!["debug_endpoints = true".to_owned()];
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let mut records: Vec<(i32, Vec<u8>)> = (1..=5)
+        .map(|seq| (0, group_record("hot", seq, "h")))
+        .collect();
+    records.extend((1..=3).map(|seq| (0, group_record("cool", seq, "c"))));
+    produce(&setup.topic, &records).await;
+    let daemon = Daemon::start(&setup);
+    wait_for(
+        "every record applied",
+        Duration::from_secs(60),
+        || {
+            daemon
+                .metrics()
+                .get("materializer_groups_total{outcome=\"inserted\"}")
+                == 8.0
+        },
+        || daemon.log(),
+    );
+    let config = setup.config_file(free_port());
+    let config = config.to_str().expect("utf-8 path").to_owned();
+    let address = format!("127.0.0.1:{}", daemon.http_port);
+
+    // Healthy, and never written.
+    let (out, stdout) = explain(&config, &["--user", "cool", "--daemon", &address]);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("readable:  yes"), "{stdout}");
+    assert!(stdout.contains("not blocked there"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("nothing to do"), "{stdout}");
+    let (out, stdout) = explain(&config, &["--user", "nobody", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(report["verdict"], "absent", "{report}");
+
+    // hot loses its identity index; its next record fails closed and the daemon blocks it.
+    let deleted = server.raw("DEL mm:mbseqbucket:{hot}:1");
+    assert!(deleted.contains(":1"), "{deleted}");
+    let offsets = produce(&setup.topic, &[(0, group_record("hot", 6, "h6"))]).await;
+    wait_for(
+        "/debug/blocked lists hot",
+        Duration::from_secs(30),
+        || {
+            http_get(daemon.http_port, "/debug/blocked")
+                .is_some_and(|(code, body)| code == 200 && body.contains("\"user_id\":\"hot\""))
+        },
+        || daemon.log(),
+    );
+    let (out, stdout) = explain(&config, &["--user", "hot", "--daemon", &address]);
+    println!("{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "blocked:   by {address} on partition 0 at offset {} since",
+            offsets[0]
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("index_lost"), "{stdout}");
+    let fix = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("fix: "))
+        .unwrap_or_else(|| panic!("no fix line: {stdout}"))
+        .to_owned();
+    assert!(
+        fix.starts_with("materializer replay --partition 0 --from-time ")
+            && fix.ends_with(" --user hot --reset-mailboxes"),
+        "{fix}"
+    );
+    let (out, json) = explain(&config, &["--user", "hot", "--daemon", &address, "--json"]);
+    assert_eq!(out.status.code(), Some(3));
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(report["verdict"], "corrupt", "{report}");
+    assert_eq!(report["fix"], fix.as_str());
+    assert_eq!(report["daemons"][0]["blocked"]["offset"], offsets[0]);
+
+    // The operator runs exactly that command.
+    let words: Vec<&str> = fix.split_whitespace().skip(1).collect();
+    let mut args = vec!["--config", config.as_str()];
+    args.extend(words);
+    args.extend(["--progress", "off"]);
+    let out = run_materializer(&args, None);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        "the daemon flows again",
+        Duration::from_secs(60),
+        || {
+            let metrics = daemon.metrics();
+            metrics.get("materializer_partition_blocked{partition=\"0\"}") == 0.0
+                && http_get(daemon.http_port, "/debug/blocked")
+                    .is_some_and(|(_, body)| body.contains("\"total\":0"))
+        },
+        || daemon.log(),
+    );
+    let (out, stdout) = explain(&config, &["--user", "hot", "--daemon", &address]);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.trim_end().ends_with("nothing to do"), "{stdout}");
+
+    // An unreachable store: exit 2.
+    let out = run_materializer(
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &format!("redis://127.0.0.1:{}", free_port()),
+            "explain",
+            "--user",
+            "hot",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn debug_blocked_is_not_served_unless_asked() {
+    let setup = DaemonSetup::new("explain-off", None);
+    create_topic(&setup.topic, 1).await;
+    let daemon = Daemon::start(&setup);
+    let (code, body) = http_get(daemon.http_port, "/debug/blocked").expect("an answer");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("http.debug_endpoints"), "{body}");
+}
