@@ -18,7 +18,7 @@
 //! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
 //! record count; set `SCYLLA_NODES` to add the Scylla rows; `BENCH_ONLY=reshard` runs only the
 //! rows of a Redis Cluster resharded under load, `BENCH_ONLY=blocked` those of a corrupt hot
-//! mailbox beside healthy ones). Prints a Markdown report.
+//! mailbox beside healthy ones, `BENCH_ONLY=tap` those with a `/debug/tap` client attached). Prints a Markdown report.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -286,6 +286,21 @@ async fn daemon_run(
     store: Arc<dyn MailboxStore>,
     pids: &[(&'static str, String)],
 ) -> Rate {
+    daemon_run_tapped(bootstrap, w, group, store, pids, false)
+        .await
+        .0
+}
+
+/// [`daemon_run`], with a `/debug/tap` client reading every decision as fast as it can when
+/// `tap`: the rate, and the lines and drops the client saw.
+async fn daemon_run_tapped(
+    bootstrap: &str,
+    w: &Workload,
+    group: &str,
+    store: Arc<dyn MailboxStore>,
+    pids: &[(&'static str, String)],
+    tap: bool,
+) -> (Rate, Option<TapReader>) {
     let mut config = Config::default();
     config.store.backend = Backend::Memory;
     config.kafka.brokers = bootstrap.to_owned();
@@ -300,10 +315,57 @@ async fn daemon_run(
     }
     let progress = Arc::new(Progress::default());
     let (tx, rx) = watch::channel(false);
+    let health = Arc::new(Health::default());
+    let mut reader = None;
+    if tap {
+        health.serve_debug_endpoints(true);
+        let addr = mailbox_materializer::daemon::http::serve("127.0.0.1:0", health.clone())
+            .await
+            .expect("serve /debug/tap");
+        let mut socket = std::net::TcpStream::connect(addr).expect("connect to the tap");
+        socket
+            .write_all(b"GET /debug/tap HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .expect("ask for the tap");
+        // Listening before the first record: wait for the response head.
+        let mut head = [0u8; 256];
+        let _ = std::io::Read::read(&mut socket, &mut head).expect("the tap's head");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("read timeout");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut lines, mut dropped) = (0u64, 0u64);
+            let mut reader = std::io::BufReader::new(socket);
+            let mut line = String::new();
+            loop {
+                match std::io::BufRead::read_line(&mut reader, &mut line) {
+                    Ok(0) => break,
+                    Ok(_) if line.ends_with('\n') => {
+                        if let Some(n) = line
+                            .trim_end()
+                            .strip_prefix("{\"dropped\":")
+                            .and_then(|rest| rest.trim_end_matches('}').parse::<u64>().ok())
+                        {
+                            dropped += n;
+                        } else {
+                            lines += 1;
+                        }
+                        line.clear();
+                    }
+                    Ok(_) => {}
+                    Err(_) if !stopped.load(std::sync::atomic::Ordering::Relaxed) => {}
+                    Err(_) => break,
+                }
+            }
+            (lines, dropped)
+        });
+        reader = Some(TapReader { thread, stop });
+    }
     let options = DaemonOptions {
         shutdown: rx,
         progress: progress.clone(),
-        health: Arc::new(Health::default()),
+        health,
         commit_offsets: true,
         #[cfg(feature = "failpoints")]
         on_producer: None,
@@ -327,11 +389,61 @@ async fn daemon_run(
     );
     let _ = tx.send(true);
     task.await.expect("daemon task").expect("daemon");
-    Rate {
-        per_sec: rate,
-        cpu,
-        unchanged: counts.groups.get("unchanged").copied().unwrap_or(0),
+    (
+        Rate {
+            per_sec: rate,
+            cpu,
+            unchanged: counts.groups.get("unchanged").copied().unwrap_or(0),
+        },
+        reader,
+    )
+}
+
+/// A `/debug/tap` client reading on its own thread until told to stop.
+struct TapReader {
+    thread: std::thread::JoinHandle<(u64, u64)>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The daemon on the memory store with and without a `/debug/tap` client reading every
+/// decision, alternated twice over the same records (`BENCH_ONLY=tap`).
+async fn tap_rows(bootstrap: &str, w: &Workload, pids: &[(&'static str, String)]) -> Vec<String> {
+    let mut lines = vec![
+        "| run | records/s | ratio to the untapped mean | CPU (cores: process) |".to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
+    let mut runs: Vec<(bool, Rate, String)> = Vec::new();
+    for round in 0..2 {
+        for tap in [false, true] {
+            let store: Arc<dyn MailboxStore> = Arc::new(MemoryStore::new(
+                RetentionPolicy::default(),
+                Arc::new(SystemClock),
+            ));
+            let group = format!("{}-tap{round}{tap}", w.topic);
+            let (rate, reader) = daemon_run_tapped(bootstrap, w, &group, store, pids, tap).await;
+            // The HTTP server lives on with the process: the client reads what is left, then
+            // stops at its next idle read.
+            let seen = reader.map(|r| {
+                r.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let (seen, dropped) = r.thread.join().expect("tap reader");
+                format!(" (tap saw {seen} decisions, {dropped} dropped)")
+            });
+            runs.push((tap, rate, seen.unwrap_or_default()));
+        }
     }
+    let untapped: Vec<f64> = runs.iter().filter(|r| !r.0).map(|r| r.1.per_sec).collect();
+    let base = untapped.iter().sum::<f64>() / untapped.len() as f64;
+    for (tap, rate, seen) in &runs {
+        lines.push(row(
+            &format!(
+                "daemon, memory store, {}{seen}",
+                if *tap { "tap attached" } else { "no tap" }
+            ),
+            rate,
+            base,
+        ));
+    }
+    lines
 }
 
 /// `materializer` run once per entry of `runs` (each a string of arguments), one after the
@@ -701,6 +813,13 @@ async fn main() {
         return;
     }
     let warm = prepare(&bootstrap, "warm", records, records / 10).await;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("tap") {
+        println!("## Daemon throughput with a tap attached");
+        for line in tap_rows(&bootstrap, &warm, &pids).await {
+            println!("{line}");
+        }
+        return;
+    }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("reshard") {
         println!("## Daemon throughput while a Redis Cluster is resharded");
         for line in reshard_rows(&bootstrap, &warm, &pids).await {

@@ -12,6 +12,7 @@ mod explain;
 mod output;
 mod run;
 mod schema;
+mod tap;
 mod top;
 
 use std::path::PathBuf;
@@ -125,6 +126,9 @@ pub enum Command {
     /// replica holds it blocked (and why, where), and the exact command that fixes it.
     /// Exit 0 healthy, 3 corrupt, 2 unreachable.
     Explain(explain::ExplainArgs),
+    /// Stream the live decisions of running replicas, one JSON line per final delivery
+    /// (`http.debug_endpoints` on there), filtered by user, outcome or partition.
+    Tap(tap::TapArgs),
     /// A live view of running replicas from their /metrics and /readyz: readiness and why,
     /// records/s, dead letters/s, store errors and latency, lag per partition (worst first).
     /// Keys: s sort, f filter, q quit. Off a terminal: --once [--json].
@@ -222,6 +226,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Top(args) => return top::run(&config, args).await,
         Command::Schema(args) => return schema::run(&config, args).await,
         Command::Explain(args) => return explain::run(&config, args).await,
+        Command::Tap(args) => return tap::run(&config, args).await,
         _ => {}
     }
     let writes = matches!(
@@ -255,7 +260,8 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Dlq(_)
         | Command::Top(_)
         | Command::Schema(_)
-        | Command::Explain(_) => ExitCode::SUCCESS,
+        | Command::Explain(_)
+        | Command::Tap(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,

@@ -694,6 +694,8 @@ impl Policy<i32, PartitionState> for DaemonPolicy<'_> {
         };
         self.telemetry
             .delivery_final(*step.source, step.at.offset, step.at.index, word, error);
+        self.telemetry
+            .tap(*step.source, step.at.offset, step.delivery, word, error);
     }
 
     fn dead_letter(&mut self, source: &i32, settled: Settled) -> bool {

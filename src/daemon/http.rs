@@ -1,5 +1,6 @@
 //! The daemon's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the engine loop and
 //! the poll thread make progress: `liveness`),
+//! `/debug/tap` (every final delivery as a JSON line, streamed; with `http.debug_endpoints`),
 //! `/debug/blocked` (the mailboxes this replica holds failing closed, JSON; only with
 //! `http.debug_endpoints`, since it names users),
 //! `/readyz` (every readiness condition of [`Health::describe`] holds: the store and the broker
@@ -54,6 +55,8 @@ pub struct Health {
     debug_endpoints: AtomicBool,
     /// The engine loop's and the poll thread's heartbeats (`/healthz`).
     pub(crate) liveness: super::liveness::Liveness,
+    /// The live decisions `/debug/tap` streams.
+    pub(crate) tap: super::tap::Tap,
 }
 
 /// A readiness condition that a probe decides as a whole: whether it fails, and its `/readyz`
@@ -166,7 +169,7 @@ impl Health {
     }
 
     /// Turns `/debug/blocked` on (`http.debug_endpoints`).
-    pub(crate) fn serve_debug_endpoints(&self, on: bool) {
+    pub fn serve_debug_endpoints(&self, on: bool) {
         self.debug_endpoints.store(on, Ordering::Relaxed);
     }
 
@@ -270,10 +273,7 @@ pub async fn serve(listen: &str, health: Arc<Health>) -> std::io::Result<SocketA
                 Ok((stream, _)) => {
                     let health = health.clone();
                     tokio::spawn(async move {
-                        // A slow or stuck client gets a bounded amount of our time.
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(10), respond(stream, health))
-                                .await;
+                        let _ = respond(stream, health).await;
                     });
                 }
                 Err(e) => {
@@ -286,7 +286,69 @@ pub async fn serve(listen: &str, health: Arc<Health>) -> std::io::Result<SocketA
     Ok(addr)
 }
 
+/// How long a client may take to send its request, and to take a response: a slow or stuck
+/// client gets a bounded amount of our time (`/debug/tap`'s stream excepted).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<()> {
+    let request = tokio::time::timeout(CLIENT_TIMEOUT, read_request(&mut stream))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let mut parts = request.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let target = parts.next().unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    if (method, path) == ("GET", "/debug/tap") && health.debug_endpoints.load(Ordering::Relaxed) {
+        return stream_tap(stream, &health, query).await;
+    }
+    tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, &health, method, path))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+}
+
+/// `/debug/tap`: one JSON line per final delivery the filter admits, until the client goes;
+/// `{"dropped": N}` when the client fell [`super::tap::TAP_BUFFER`] events behind.
+async fn stream_tap(mut stream: TcpStream, health: &Health, query: &str) -> std::io::Result<()> {
+    use tokio::sync::broadcast::error::RecvError;
+    let filter = match super::tap::TapFilter::parse(query) {
+        Ok(filter) => filter,
+        Err(e) => {
+            let body = format!("{e}\n");
+            let head = format!("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+            return stream.shutdown().await;
+        }
+    };
+    let Some(mut events) = health.tap.subscribe() else {
+        let body = format!("at most {} taps at once\n", super::tap::MAX_TAP_CLIENTS);
+        let head = format!("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        return stream.shutdown().await;
+    };
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nConnection: close\r\n\r\n",
+        )
+        .await?;
+    loop {
+        let line = match events.recv().await {
+            Ok(event) if filter.admits(&event) => {
+                serde_json::to_string(&*event).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+            }
+            Ok(_) => continue,
+            Err(RecvError::Lagged(n)) => format!("{{\"dropped\":{n}}}"),
+            Err(RecvError::Closed) => return stream.shutdown().await,
+        };
+        // A client gone is found at the next write.
+        stream.write_all(line.as_bytes()).await?;
+        stream.write_all(b"\n").await?;
+    }
+}
+
+/// Reads the request head (bounded); only the request line matters.
+async fn read_request(stream: &mut TcpStream) -> std::io::Result<String> {
     // Only the request line matters; headers are read up to a bounded size and ignored.
     let mut buf = vec![0u8; 8192];
     let mut len = 0;
@@ -300,11 +362,16 @@ async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<
             break;
         }
     }
-    let request = String::from_utf8_lossy(&buf[..len]);
-    let mut parts = request.split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let path = parts.next().unwrap_or("");
-    let path = path.split('?').next().unwrap_or("");
+    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
+/// Every response but the tap's: one body, then the connection closes.
+async fn answer(
+    mut stream: TcpStream,
+    health: &Health,
+    method: &str,
+    path: &str,
+) -> std::io::Result<()> {
     let (status, content_type, body) = match (method, path) {
         ("GET", "/metrics") => match super::metrics::handle() {
             Some(handle) => (
@@ -333,7 +400,7 @@ async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<
         ("GET", "/debug/blocked") if health.debug_endpoints.load(Ordering::Relaxed) => {
             ("200 OK", "application/json", health.blocked_json())
         }
-        ("GET", "/debug/blocked") => (
+        ("GET", "/debug/blocked" | "/debug/tap") => (
             "404 Not Found",
             "text/plain",
             "not served: it names users; set http.debug_endpoints = true to serve it\n".to_owned(),

@@ -58,6 +58,7 @@ pub(crate) mod logging;
 pub mod memory_limit;
 pub mod metrics;
 pub mod replay;
+pub mod tap;
 pub(crate) mod telemetry;
 pub mod topic_policy;
 

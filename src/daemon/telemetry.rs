@@ -84,6 +84,35 @@ impl Telemetry {
         }
     }
 
+    /// A final delivery, offered to `/debug/tap` (built only while a client listens).
+    pub(crate) fn tap(
+        &self,
+        partition: i32,
+        offset: i64,
+        delivery: &crate::ingest::Delivery,
+        word: &'static str,
+        error: Option<&StoreError>,
+    ) {
+        let tap = &self.health.tap;
+        if !tap.active() {
+            return;
+        }
+        let mailbox = delivery.mailbox();
+        let mailbox_seq = match delivery {
+            crate::ingest::Delivery::Append(group) => group.mailbox_seq,
+            crate::ingest::Delivery::Truncate { before_seq, .. } => *before_seq,
+        };
+        tap.publish(super::tap::TapEvent {
+            partition,
+            offset,
+            user_id: mailbox.user_id.as_str().to_owned(),
+            epoch: mailbox.epoch,
+            mailbox_seq,
+            outcome: word,
+            error_kind: error.map(StoreError::kind),
+        });
+    }
+
     /// A store call failed in a way that is not final (retry, fence, corrupt).
     pub(crate) fn attempt_failed(
         &self,

@@ -44,4 +44,5 @@ mod log_colour;
 mod order;
 mod scylla;
 mod subscription;
+mod tap;
 mod unknown_fields;
