@@ -6,6 +6,8 @@
 //!   trim, identity index; without `--epoch`, the user's current epoch;
 //! - whether it is readable: a scan from 0 of one group, answered as a reader would be answered
 //!   (a page, `cursor_expired`, or the corrupt verdict that fails it closed);
+//! - the repair fence, if one is held: its holder, the lease left, and whether its process still
+//!   runs (when it ran on this host);
 //! - each running replica's `/debug/blocked` (`--daemon ADDR`, repeatable; `http.debug_endpoints`
 //!   must be on there): whether it holds the mailbox blocked, on which partition and offset,
 //!   since when and why.
@@ -165,8 +167,35 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
             (inspection, readable, corrupt)
         }
     };
+    let fence = match store.fence_of(&user).await {
+        Ok(fence) => fence,
+        Err(e) => {
+            eprintln!("error: reading the repair fence: {e}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let fence_json = fence.as_ref().map(|f| {
+        let (process, gone) = crate::daemon::replay::holder_process_state(&f.holder);
+        json!({"holder": f.holder, "lease_left_ms": f.lease_left_ms, "process": process, "process_gone": gone})
+    });
     let corrupt = corrupt_reason.is_some() || !blocked.is_empty();
-    let fix = corrupt.then(|| fix_command(config, &user, blocked.first().map(|b| b.partition)));
+    let mut fix = corrupt.then(|| fix_command(config, &user, blocked.first().map(|b| b.partition)));
+    if let (Some(f), Some(view)) = (&fence, &fence_json) {
+        // A repair holds the user: its own outcome comes first.
+        fix = Some(if view["process_gone"] == true {
+            format!(
+                "{} --take-over-fence {}",
+                fix_command(config, &user, blocked.first().map(|b| b.partition)),
+                f.holder
+            )
+        } else {
+            format!(
+                "wait: a repair ({}) holds the fence ({} s of lease left); run explain again once it ended",
+                f.holder,
+                f.lease_left_ms / 1000
+            )
+        });
+    }
     let report = json!({
         "user_id": user.as_str(),
         "epoch": epoch,
@@ -176,6 +205,7 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         "state": inspection,
         "readable": readable,
         "corrupt": corrupt_reason,
+        "fence": fence_json,
         "daemons": daemons.iter().map(daemon_json).collect::<Vec<_>>(),
         "fix": fix,
     });
@@ -289,6 +319,14 @@ fn print_screen(report: &Value) {
         },
         readable["detail"].as_str().unwrap_or_default()
     );
+    if let Some(fence) = report.get("fence").filter(|f| !f.is_null()) {
+        println!(
+            "  fence:     held by {}, {} s of lease left; {}",
+            fence["holder"].as_str().unwrap_or_default(),
+            fence["lease_left_ms"].as_u64().unwrap_or(0) / 1000,
+            fence["process"].as_str().unwrap_or_default()
+        );
+    }
     for daemon in report["daemons"].as_array().into_iter().flatten() {
         let address = daemon["daemon"].as_str().unwrap_or_default();
         if let Some(error) = daemon.get("error") {
@@ -315,6 +353,7 @@ fn print_screen(report: &Value) {
         }
     }
     match report["fix"].as_str() {
+        Some(wait) if wait.starts_with("wait:") => println!("{wait}"),
         Some(fix) => println!("fix: {fix}"),
         None => println!("nothing to do"),
     }

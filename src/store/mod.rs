@@ -347,4 +347,20 @@ pub trait MailboxStore: Send + Sync {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// The repair fence held on `user`, if any (`materializer explain`): its holder and the
+    /// lease left, by the backend's time authority. Read-only; a lapsed fence is none.
+    async fn fence_of(&self, user: &UserId) -> Result<Option<FenceView>, StoreError> {
+        let _ = user;
+        Ok(None)
+    }
+}
+
+/// A repair fence as `explain` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FenceView {
+    /// The repair's holder id (`repair-<host>-<pid>-...`).
+    pub holder: String,
+    /// How long the lease has left, in milliseconds.
+    pub lease_left_ms: u64,
 }

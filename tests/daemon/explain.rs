@@ -129,6 +129,45 @@ async fn a_blocked_mailbox_is_explained_with_the_command_that_fixes_it() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.trim_end().ends_with("nothing to do"), "{stdout}");
 
+    // A repair of another host holds cool's fence: shown, and the answer is to wait.
+    let reply = server.raw("SET mm:repair:{cool} repair-otherhost-4242-1-1 PX 60000");
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let (out, stdout) = explain(&config, &["--user", "cool"]);
+    println!("{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("fence:     held by repair-otherhost-4242-1-1, ")
+            && stdout.contains("it runs as process 4242 on host otherhost"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("wait: a repair (repair-otherhost-4242-1-1)")),
+        "{stdout}"
+    );
+    // One of this host whose process is gone: the fix takes it over.
+    let mut gone = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let pid = gone.id();
+    gone.wait().expect("true exits");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let holder = format!("repair-{}-{pid}-1-1", host.trim());
+    let reply = server.raw(&format!("SET mm:repair:{{cool}} {holder} PX 60000"));
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let (_, stdout) = explain(&config, &["--user", "cool"]);
+    assert!(
+        stdout.contains(&format!("its process {pid} on this host is gone")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("--reset-mailboxes --take-over-fence {holder}")),
+        "{stdout}"
+    );
+    server.raw("DEL mm:repair:{cool}");
+
     // An unreachable store: exit 2.
     let out = run_materializer(
         &[

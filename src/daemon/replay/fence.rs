@@ -74,6 +74,22 @@ fn held_by(user: &UserId, holder: &str, lease: std::time::Duration) -> String {
     )
 }
 
+/// What can be told of a fence holder's process from here (`materializer explain`): `Ok` with
+/// the holder's state, and whether it can be taken over (its process on this host is gone).
+pub(crate) fn holder_process_state(holder: &str) -> (String, bool) {
+    match RepairToken::holder_process(holder) {
+        Some((host, pid)) if host == this_host() => {
+            if process_exists(pid) {
+                (format!("its process {pid} on this host is running"), false)
+            } else {
+                (format!("its process {pid} on this host is gone"), true)
+            }
+        }
+        Some((host, pid)) => (format!("it runs as process {pid} on host {host}"), false),
+        None => ("its process cannot be told from its id".to_owned(), false),
+    }
+}
+
 /// Ok when `holder` names a process of this host that no longer exists.
 fn provably_gone(holder: &str) -> Result<(), String> {
     let Some((host, pid)) = RepairToken::holder_process(holder) else {

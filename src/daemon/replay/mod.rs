@@ -45,6 +45,7 @@ use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
 
 mod fence;
+pub(crate) use fence::holder_process_state;
 mod progress;
 mod range;
 mod rebuild;

@@ -240,6 +240,18 @@ impl MailboxStore for MemoryStore {
         "memory"
     }
 
+    async fn fence_of(&self, user: &UserId) -> Result<Option<crate::store::FenceView>, StoreError> {
+        let now = self.clock.now_secs();
+        let repairs = self.repairs.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(repairs
+            .get(user)
+            .filter(|r| now < r.lease_until)
+            .map(|r| crate::store::FenceView {
+                holder: r.holder.clone(),
+                lease_left_ms: (r.lease_until - now) * 1000,
+            }))
+    }
+
     fn promoted_buckets_total(&self) -> u64 {
         self.promoted.total()
     }

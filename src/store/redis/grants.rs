@@ -13,7 +13,8 @@
 //! - Commands outside scripts: `PING` (the connection check), `INFO` (the eviction policy and the
 //!   server version: `CONFIG GET` is tried only when `INFO` does not tell, and is not granted: it
 //!   would also show secrets), `EVALSHA` and `SCRIPT LOAD` (every write and read is a script),
-//!   `SCAN` (`patrol`, and a repair collecting the staging copies of crashed repairs), `WAIT`
+//!   `SCAN` (`patrol`, and a repair collecting the staging copies of crashed repairs), `PTTL`
+//!   (`explain`: the lease left on a repair fence), `WAIT`
 //!   only with `wait_replicas > 0`, and on a cluster `CLUSTER SLOTS`, `CLUSTER NODES` (the slot
 //!   table, the masters, open slots) and `ASKING` (a migrating slot).
 //! - Commands the scripts call, checked by Redis against the same user: [`SCRIPT_COMMANDS`].
@@ -52,7 +53,7 @@ pub const SCRIPT_COMMANDS: &[&str] = &[
 ];
 
 /// Commands sent outside scripts by every process, whatever the topology.
-pub const SERVER_COMMANDS: &[&str] = &["ping", "info", "evalsha", "script|load", "scan"];
+pub const SERVER_COMMANDS: &[&str] = &["ping", "info", "evalsha", "script|load", "scan", "pttl"];
 
 /// Sent only with `store.redis.wait_replicas > 0`.
 pub const WAIT_COMMANDS: &[&str] = &["wait"];
@@ -106,6 +107,12 @@ impl RedisStore {
         let mut server: Vec<(&str, redis::Cmd)> = vec![
             ("info", redis::cmd("INFO").arg("server").clone()),
             (
+                "pttl",
+                redis::cmd("PTTL")
+                    .arg(format!("{prefix}:grants-probe:{{probe}}:s"))
+                    .clone(),
+            ),
+            (
                 "scan",
                 redis::cmd("SCAN")
                     .arg(0)
@@ -125,7 +132,9 @@ impl RedisStore {
         }
         for (rule, command) in server {
             if let Err(e) = command.query_async::<redis::Value>(&mut conn).await {
-                if denied(&e) {
+                if denied(&e) && e.to_string().contains("key") {
+                    add(format!("~{prefix}:*"));
+                } else if denied(&e) {
                     add(format!("+{rule}"));
                 } else {
                     return Err(classified(e));

@@ -460,4 +460,21 @@ impl MailboxStore for RedisStore {
             .map_err(classified)?;
         Ok(())
     }
+
+    /// `GET` and `PTTL` of `P:repair:{user}` in one pipeline (one slot on a cluster).
+    async fn fence_of(&self, user: &UserId) -> Result<Option<crate::store::FenceView>, StoreError> {
+        let key = keys::repair_key(&self.settings.key_prefix, user);
+        let (holder, ttl): (Option<String>, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(&key)
+            .cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(classified)?;
+        Ok(holder.map(|holder| crate::store::FenceView {
+            holder,
+            lease_left_ms: u64::try_from(ttl).unwrap_or(0),
+        }))
+    }
 }

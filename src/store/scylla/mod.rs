@@ -515,4 +515,22 @@ impl MailboxStore for ScyllaStore {
             .map_err(cql::from)?;
         Ok(())
     }
+
+    /// The user row's fence, lapsed by the store's clock or not.
+    async fn fence_of(
+        &self,
+        user: &crate::model::UserId,
+    ) -> Result<Option<crate::store::FenceView>, StoreError> {
+        let snapshot = self
+            .read_snapshot(user.as_str(), &[], ReadAt::Quorum)
+            .await?;
+        let now = self.now();
+        Ok(snapshot
+            .fence
+            .filter(|f| f.until > now)
+            .map(|f| crate::store::FenceView {
+                holder: f.holder,
+                lease_left_ms: (f.until - now) * 1000,
+            }))
+    }
 }
