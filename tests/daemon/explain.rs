@@ -95,6 +95,14 @@ async fn a_blocked_mailbox_is_explained_with_the_command_that_fixes_it() {
             && fix.ends_with(" --user hot --reset-mailboxes"),
         "{fix}"
     );
+    // top's partition table says why, from the same list.
+    let top = support::cli::top_once("hot blocked", std::slice::from_ref(&address));
+    let partition = &top["partitions"][0];
+    assert_eq!(
+        partition["why"],
+        format!("index_lost hot @{}", offsets[0]),
+        "{top}"
+    );
     let (out, json) = explain(&config, &["--user", "hot", "--daemon", &address, "--json"]);
     assert_eq!(out.status.code(), Some(3));
     let report: serde_json::Value = serde_json::from_str(&json).expect("JSON");

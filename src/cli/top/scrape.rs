@@ -32,6 +32,9 @@ pub(super) struct Scrape {
     /// `/readyz`: ready, and the conditions that are not `ok` (`store: unreachable`, ...).
     pub ready: bool,
     pub not_ready: Vec<String>,
+    /// `/debug/blocked`: the mailboxes the replica holds failing closed (empty when it does not
+    /// serve the debug endpoints).
+    pub blocked: Vec<crate::daemon::http::Blocked>,
 }
 
 /// `host:port`, `http://host:port` or `http://host:port/metrics`: the `host:port`.
@@ -55,11 +58,27 @@ pub(super) async fn scrape(address: &str, timeout: Duration) -> Result<Scrape, S
         .filter(|l| !l.trim().is_empty() && !l.trim_end().ends_with(": ok"))
         .map(str::to_owned)
         .collect();
+    // Only a replica with blocked mailboxes is asked why (and answers only with
+    // `http.debug_endpoints`).
+    let any_blocked = samples
+        .iter()
+        .any(|s| s.name == "materializer_partition_blocked" && s.value > 0.0);
+    let blocked = match any_blocked {
+        true => match get(host, "/debug/blocked", timeout).await {
+            Ok((200, body)) => serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| serde_json::from_value(v["blocked"].clone()).ok())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        },
+        false => Vec::new(),
+    };
     Ok(Scrape {
         at,
         samples,
         ready: status == 200,
         not_ready,
+        blocked,
     })
 }
 

@@ -61,6 +61,9 @@ pub(super) struct PartitionView {
     pub committed_per_second: Option<f64>,
     pub blocked_mailboxes: i64,
     pub unreadable: bool,
+    /// Why it is blocked, from the replica's `/debug/blocked`: the first blocked mailbox's error
+    /// kind, user and offset (empty when none, or the replica does not serve it).
+    pub why: String,
 }
 
 /// The order of the partition rows (`s` cycles).
@@ -433,9 +436,25 @@ fn partition_rows(
                 committed_per_second,
                 blocked_mailboxes: blocked.get(&partition).map_or(0, |b| *b as i64),
                 unreadable: unreadable.get(&partition).is_some_and(|u| *u > 0.0),
+                why: why(latest, partition),
             }
         })
         .collect()
+}
+
+/// The WHY cell of a partition: its first blocked mailbox (`index_lost hot @8`), and how many
+/// more.
+fn why(latest: &Scrape, partition: i32) -> String {
+    let mut here = latest.blocked.iter().filter(|b| b.partition == partition);
+    let Some(first) = here.next() else {
+        return String::new();
+    };
+    let more = here.count();
+    let mut text = format!("{} {} @{}", first.kind, first.user_id, first.offset);
+    if more > 0 {
+        text.push_str(&format!(" +{more} more"));
+    }
+    text
 }
 
 #[cfg(test)]
@@ -455,7 +474,26 @@ mod tests {
             } else {
                 vec!["store: unreachable".to_owned()]
             },
+            blocked: Vec::new(),
         }
+    }
+
+    #[test]
+    fn why_names_the_first_blocked_mailbox_of_the_partition_and_counts_the_others() {
+        let mut latest = scrape(Instant::now(), "", true);
+        let blocked = |partition: i32, user: &str, offset: i64| crate::daemon::http::Blocked {
+            partition,
+            user_id: user.to_owned(),
+            epoch: 1,
+            offset,
+            kind: "index_lost".to_owned(),
+            detail: String::new(),
+            since_ms: 0,
+        };
+        latest.blocked = vec![blocked(0, "hot", 8), blocked(1, "a", 3), blocked(0, "b", 9)];
+        assert_eq!(why(&latest, 0), "index_lost hot @8 +1 more");
+        assert_eq!(why(&latest, 1), "index_lost a @3");
+        assert_eq!(why(&latest, 2), "");
     }
 
     #[test]

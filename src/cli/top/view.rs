@@ -19,7 +19,7 @@ const REPLICA_HEADER: [&str; 8] = [
     "P99 MS",
     "WHY",
 ];
-const PARTITION_HEADER: [&str; 7] = [
+const PARTITION_HEADER: [&str; 8] = [
     "REPLICA",
     "PARTITION",
     "LAG",
@@ -27,6 +27,7 @@ const PARTITION_HEADER: [&str; 7] = [
     "COMMIT/S",
     "BLOCKED",
     "UNREADABLE",
+    "WHY",
 ];
 
 fn rate(value: f64) -> String {
@@ -95,7 +96,7 @@ fn replica_cells(r: &ReplicaView) -> [String; 8] {
     ]
 }
 
-fn partition_cells(p: &PartitionView) -> [String; 7] {
+fn partition_cells(p: &PartitionView) -> [String; 8] {
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     [
         p.replica.clone(),
@@ -105,6 +106,7 @@ fn partition_cells(p: &PartitionView) -> [String; 7] {
         or_dash(p.committed_per_second.map(rate)),
         p.blocked_mailboxes.to_string(),
         if p.unreadable { "yes" } else { "no" }.to_owned(),
+        p.why.clone(),
     ]
 }
 
@@ -185,6 +187,7 @@ pub(super) fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, order: Order, fil
         Constraint::Length(10),
         Constraint::Length(8),
         Constraint::Length(10),
+        Constraint::Min(20),
     ];
     frame.render_widget(
         Table::new(rows, widths)
