@@ -91,6 +91,37 @@ fn grant(operations: &[&str], resources: &[(&str, &str)]) {
     kafka_script(&args);
 }
 
+/// [`grant`] on resources whose names start with each name given (`PREFIXED`).
+fn grant_prefixed(operations: &[&str], kind: &str, prefix: &str) {
+    let principal = format!("User:{USER}");
+    let mut args = vec!["acl", "--add", "--allow-principal", &principal];
+    for operation in operations {
+        args.extend(["--operation", operation]);
+    }
+    let flag = format!("--{kind}");
+    args.extend([flag.as_str(), prefix, "--resource-pattern-type", "prefixed"]);
+    kafka_script(&args);
+}
+
+/// `materializer --config <setup's> ARGS` as `USER` over SASL_SSL: the output.
+fn materializer(setup: &DaemonSetup, sasl: &str, args: &[&str]) -> Output {
+    let config = setup.config_file(support::redis_server::free_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .arg("--config")
+        .arg(&config)
+        .args(args)
+        .env("MATERIALIZER_KAFKA_BROKERS", sasl)
+        .output()
+        .expect("materializer runs");
+    eprintln!(
+        "materializer {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The resources one configuration names.
 #[derive(Clone)]
 struct Names {
@@ -287,6 +318,80 @@ async fn exactly_the_documented_acls_run_the_daemon_and_check_config_names_each_
     assert_eq!(
         letters[0].headers.get("error_outcome").map(String::as_str),
         Some("malformed")
+    );
+
+    // (f) The operator commands as `materializer`, with exactly the README's rows for them.
+    // replay: Read on the topic and Describe on the group (the daemon's Read covers it); with
+    // --reset-mailboxes, DescribeConfigs on the topic (granted for the daemon).
+    let out = materializer(
+        &daemon_setup,
+        &sasl,
+        &[
+            "replay",
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(out.status.success(), "replay as {USER}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("replay summary");
+    assert_eq!(summary["outcomes"]["applied"], 3, "{summary}");
+    let out = materializer(
+        &daemon_setup,
+        &sasl,
+        &[
+            "replay",
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            &users[0],
+            "--reset-mailboxes",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(out.status.success(), "replay --reset-mailboxes as {USER}");
+    // dlq list/show: Read on the dead-letter topic, Describe on `G-dlq-inspect`.
+    grant(&["Read"], &[("topic", &full.dlq)]);
+    grant(
+        &["Describe"],
+        &[("group", &format!("{}-dlq-inspect", full.group))],
+    );
+    let out = materializer(&daemon_setup, &sasl, &["dlq", "list"]);
+    assert!(out.status.success(), "dlq list as {USER}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("malformed"));
+    // dlq redrive: Read on the PREFIXED group `G-dlq-redrive-`, where its progress is committed.
+    grant_prefixed(&["Read"], "group", &format!("{}-dlq-redrive-", full.group));
+    let out = materializer(&daemon_setup, &sasl, &["dlq", "redrive"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("AuthorizationFailed"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"result\":\"malformed\""));
+    // A letter that re-drives (its record is valid now) moves the group's progress: the commit
+    // needs the group's Read. A second re-drive finds nothing new.
+    let letters = unique("kacl-redrive");
+    create_topic(&letters, 1).await;
+    produce(&letters, &[(0, group_record("kacl-r", 1, "r"))]).await;
+    grant(&["Read"], &[("topic", &letters)]);
+    let redrive_setup = setup(
+        &Names {
+            dlq: letters.clone(),
+            ..full.clone()
+        },
+        &ca,
+    );
+    let out = materializer(&redrive_setup, &sasl, &["dlq", "redrive"]);
+    assert!(out.status.success(), "dlq redrive as {USER}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"result\":\"applied\""));
+    let out = materializer(&redrive_setup, &sasl, &["dlq", "redrive"]);
+    assert!(out.status.success(), "a second dlq redrive");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("\"result\""),
+        "the first re-drive's progress was committed"
     );
 
     // (b) check-config --connect with the same configuration: no FAIL line, one ok line per ACL.
