@@ -130,7 +130,9 @@ async fn stream(daemon: String, path: String, tx: mpsc::Sender<Line>) {
             .await
             .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
             .map_err(|e| e.to_string())?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        // HTTP/1.0: the stream then ends when the connection does, as plain lines (an HTTP/1.1
+        // response of unknown length would come chunked).
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
         socket
             .write_all(request.as_bytes())
             .await

@@ -13,6 +13,7 @@
 //! - `scylla`: a CQL server stopped mid-stream, a repair while the daemon runs.
 //! - `dashboard_metrics`, `demo_serve`: every metric the dashboard and rules name is scraped live.
 //! - `kafka_codecs`, `unknown_fields`, `log_colour`: what real producers and log shippers see.
+//! - `http`: keep-alive, `HEAD`, the connection limit and silent clients of the endpoints.
 //! - `liveness`: `/healthz` fails when the engine loop or the poll thread is wedged.
 //! - `subscription`: readiness of a replica that consumes nothing (a missing topic, an idle
 //!   replica) and the committed offset of a transactional partition.
@@ -36,6 +37,7 @@ mod failures;
 mod faults;
 mod fleet;
 mod grants;
+mod http;
 mod kafka;
 mod kafka_acl;
 mod kafka_codecs;

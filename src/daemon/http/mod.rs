@@ -6,16 +6,14 @@
 //! `/readyz` (every readiness condition of [`Health::describe`] holds: the store and the broker
 //! answer, writes and dead letters succeed, partitions are readable, ...).
 //!
-//! A deliberately tiny HTTP/1.1 responder on tokio: three GET routes, one response per connection,
-//! no request body. A full HTTP stack would add minutes of build and attack surface for nothing.
+//! This module holds what the endpoints report; [`server`] serves them on hyper.
 
-use std::net::SocketAddr;
+mod server;
+mod write_deadline;
+
+pub use server::serve;
+
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 /// What `/readyz` reports, updated by the daemon's health checks.
 #[derive(Debug, Default)]
@@ -178,6 +176,11 @@ impl Health {
         *self.blocked_list.lock().unwrap_or_else(|p| p.into_inner()) = (total, shown);
     }
 
+    /// Whether `/debug/blocked` and `/debug/tap` are served.
+    fn debug_endpoints(&self) -> bool {
+        self.debug_endpoints.load(Ordering::Relaxed)
+    }
+
     /// `/debug/blocked`'s body.
     fn blocked_json(&self) -> String {
         let (total, shown) = self
@@ -260,192 +263,4 @@ impl Health {
             && !self.blocked.failing()
             && !self.kafka_grants.failing()
     }
-}
-
-/// Binds `listen` and serves until the process exits. Returns the bound address (port 0 picks
-/// one) or the bind error.
-pub async fn serve(listen: &str, health: Arc<Health>) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(listen).await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let health = health.clone();
-                    tokio::spawn(async move {
-                        let _ = respond(stream, health).await;
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "http accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    });
-    Ok(addr)
-}
-
-/// How long a client may take to send its request, and to take a response: a slow or stuck
-/// client gets a bounded amount of our time (`/debug/tap`'s stream excepted).
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn respond(mut stream: TcpStream, health: Arc<Health>) -> std::io::Result<()> {
-    let request = tokio::time::timeout(CLIENT_TIMEOUT, read_request(&mut stream))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    let mut parts = request.split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let target = parts.next().unwrap_or("");
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    if (method, path) == ("GET", "/debug/tap") && health.debug_endpoints.load(Ordering::Relaxed) {
-        return stream_tap(stream, &health, query).await;
-    }
-    tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, &health, method, path))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
-}
-
-/// `/debug/tap`: one JSON line per final delivery the filter admits, until the client goes;
-/// `{"dropped": N}` when the client fell [`super::tap::TAP_BUFFER`] events behind.
-async fn stream_tap(mut stream: TcpStream, health: &Health, query: &str) -> std::io::Result<()> {
-    use tokio::sync::broadcast::error::RecvError;
-    let filter = match super::tap::TapFilter::parse(query) {
-        Ok(filter) => filter,
-        Err(e) => {
-            let body = format!("{e}\n");
-            let head = format!("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body.as_bytes()).await?;
-            return stream.shutdown().await;
-        }
-    };
-    let Some(mut events) = health.tap.subscribe() else {
-        let body = format!("at most {} taps at once\n", super::tap::MAX_TAP_CLIENTS);
-        let head = format!("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        return stream.shutdown().await;
-    };
-    stream
-        .write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nConnection: close\r\n\r\n",
-        )
-        .await?;
-    // One write per burst, not per event: at tens of thousands of decisions a second, a
-    // syscall each would cost the daemon's runtime more than the decisions themselves.
-    let mut batch = String::new();
-    loop {
-        batch.clear();
-        let first = events.recv().await;
-        let mut next = Some(first);
-        let mut taken = 0;
-        while let Some(received) = next.take() {
-            match received {
-                Ok(event) if filter.admits(&event) => {
-                    if let Ok(line) = serde_json::to_string(&*event) {
-                        batch.push_str(&line);
-                        batch.push('\n');
-                    }
-                }
-                Ok(_) => {}
-                Err(RecvError::Lagged(n)) => batch.push_str(&format!("{{\"dropped\":{n}}}\n")),
-                Err(RecvError::Closed) => {
-                    stream.write_all(batch.as_bytes()).await?;
-                    return stream.shutdown().await;
-                }
-            }
-            taken += 1;
-            if taken < TAP_BURST {
-                next = match events.try_recv() {
-                    Ok(event) => Some(Ok(event)),
-                    Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
-                        Some(Err(RecvError::Lagged(n)))
-                    }
-                    Err(_) => None,
-                };
-            }
-        }
-        // A client gone is found at the next write.
-        if !batch.is_empty() {
-            stream.write_all(batch.as_bytes()).await?;
-        }
-    }
-}
-
-/// Most events one write of `/debug/tap` carries.
-const TAP_BURST: usize = 512;
-
-/// Reads the request head (bounded); only the request line matters.
-async fn read_request(stream: &mut TcpStream) -> std::io::Result<String> {
-    // Only the request line matters; headers are read up to a bounded size and ignored.
-    let mut buf = vec![0u8; 8192];
-    let mut len = 0;
-    loop {
-        let n = stream.read(&mut buf[len..]).await?;
-        if n == 0 {
-            break;
-        }
-        len += n;
-        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") || len == buf.len() {
-            break;
-        }
-    }
-    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
-}
-
-/// Every response but the tap's: one body, then the connection closes.
-async fn answer(
-    mut stream: TcpStream,
-    health: &Health,
-    method: &str,
-    path: &str,
-) -> std::io::Result<()> {
-    let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => match super::metrics::handle() {
-            Some(handle) => (
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                handle.render(),
-            ),
-            None => (
-                "503 Service Unavailable",
-                "text/plain",
-                "metrics recorder not installed\n".to_owned(),
-            ),
-        },
-        ("GET", "/healthz") => match health.liveness.check(now_ms()) {
-            Ok(()) => ("200 OK", "text/plain", "ok\n".to_owned()),
-            Err(line) => ("503 Service Unavailable", "text/plain", format!("{line}\n")),
-        },
-        ("GET", "/readyz") => {
-            let body = health.describe();
-            if health.ready() {
-                ("200 OK", "text/plain", body)
-            } else {
-                ("503 Service Unavailable", "text/plain", body)
-            }
-        }
-        ("GET", "/debug/blocked") if health.debug_endpoints.load(Ordering::Relaxed) => {
-            ("200 OK", "application/json", health.blocked_json())
-        }
-        ("GET", "/debug/blocked" | "/debug/tap") => (
-            "404 Not Found",
-            "text/plain",
-            "not served: it names users; set http.debug_endpoints = true to serve it\n".to_owned(),
-        ),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET\n".to_owned(),
-        ),
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
 }
