@@ -6,6 +6,8 @@
 //!   trim, identity index; without `--epoch`, the user's current epoch;
 //! - whether it is readable: a scan from 0 of one group, answered as a reader would be answered
 //!   (a page, `cursor_expired`, or the corrupt verdict that fails it closed);
+//! - the source position each live seq's stored version was written from (`seq_positions`):
+//!   the newest few and the oldest, and how many have none;
 //! - the repair fence, if one is held: its holder, the lease left, and whether its process still
 //!   runs (when it ran on this host);
 //! - each running replica's `/debug/blocked` (`--daemon ADDR`, repeatable; `http.debug_endpoints`
@@ -13,7 +15,7 @@
 //!   since when and why.
 //!
 //! The last line is what to do: the exact `replay --reset-mailboxes` command (the partition from
-//! a replica that holds it blocked, the range from the start of the oldest day retention can
+//! a replica that holds it blocked, else from the stored positions, the range from the start of the oldest day retention can
 //! still hold, so the rebuild sees the whole history the log has), or "nothing to do".
 //! Exit: 0 healthy (or never written), 3 corrupt (by the store's verdict or a replica's block),
 //! 2 store unreachable.
@@ -29,9 +31,12 @@ use super::{open_store, EXIT_UNAVAILABLE};
 use crate::config::Config;
 use crate::daemon::http::Blocked;
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId};
+use crate::store::SeqPosition;
 
 /// `explain`'s exit status for a corrupt mailbox (as `apply`'s).
 const EXIT_CORRUPT: u8 = 3;
+/// Newest seqs whose source positions `explain` shows.
+const NEWEST_SHOWN: usize = 3;
 /// How long one replica may take to answer `/debug/blocked`.
 const DAEMON_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -103,11 +108,12 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         })
         .collect();
 
-    let (inspection, readable, corrupt_reason) = match epoch {
+    let (inspection, readable, corrupt_reason, positions) = match epoch {
         None => (
             json!(null),
             json!({"readable": true, "detail": "the user was never written"}),
             None,
+            Ok(Vec::new()),
         ),
         Some(epoch) => {
             let mailbox = MailboxId {
@@ -164,9 +170,17 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
                     })
                 }
             };
-            (inspection, readable, corrupt)
+            let positions = store.seq_positions(&mailbox).await;
+            (inspection, readable, corrupt, positions)
         }
     };
+    let positions_json = positions_json(&positions);
+    // The partition of the repair: a replica's block names it; else the one partition every
+    // position of the newest seq's log names.
+    let partition = blocked
+        .first()
+        .map(|b| b.partition)
+        .or_else(|| only_partition(positions.as_deref().unwrap_or_default()));
     let fence = match store.fence_of(&user).await {
         Ok(fence) => fence,
         Err(e) => {
@@ -179,13 +193,13 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         json!({"holder": f.holder, "lease_left_ms": f.lease_left_ms, "process": process, "process_gone": gone})
     });
     let corrupt = corrupt_reason.is_some() || !blocked.is_empty();
-    let mut fix = corrupt.then(|| fix_command(config, &user, blocked.first().map(|b| b.partition)));
+    let mut fix = corrupt.then(|| fix_command(config, &user, partition));
     if let (Some(f), Some(view)) = (&fence, &fence_json) {
         // A repair holds the user: its own outcome comes first.
         fix = Some(if view["process_gone"] == true {
             format!(
                 "{} --take-over-fence {}",
-                fix_command(config, &user, blocked.first().map(|b| b.partition)),
+                fix_command(config, &user, partition),
                 f.holder
             )
         } else {
@@ -204,6 +218,7 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         "verdict": if corrupt { "corrupt" } else if epoch.is_none() { "absent" } else { "healthy" },
         "state": inspection,
         "readable": readable,
+        "positions": positions_json,
         "corrupt": corrupt_reason,
         "fence": fence_json,
         "daemons": daemons.iter().map(daemon_json).collect::<Vec<_>>(),
@@ -219,6 +234,44 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// How many live seqs there are, how many carry no position, the newest [`NEWEST_SHOWN`] and
+/// the oldest with their positions, and the partitions named.
+fn positions_json(positions: &Result<Vec<SeqPosition>, StoreError>) -> Value {
+    let positions = match positions {
+        Ok(p) => p,
+        Err(e) => return json!({"error": {"kind": e.kind(), "detail": e.to_string()}}),
+    };
+    let partitions: std::collections::BTreeSet<i32> = positions
+        .iter()
+        .filter_map(|p| p.position.as_ref().map(|at| at.partition))
+        .collect();
+    json!({
+        "live_seqs": positions.len(),
+        "without_position": positions.iter().filter(|p| p.position.is_none()).count(),
+        "newest": positions.iter().rev().take(NEWEST_SHOWN).collect::<Vec<_>>(),
+        "oldest": positions.first(),
+        "partitions": partitions,
+    })
+}
+
+/// The partition of the user's records when the stored positions say it: the newest seq's
+/// log, and every position of that log on one partition (a user's records are on one
+/// partition of a log; another log, from before a cut-over, may have had another count).
+fn only_partition(positions: &[SeqPosition]) -> Option<i32> {
+    let log = &positions
+        .iter()
+        .rev()
+        .find_map(|p| p.position.as_ref())?
+        .log;
+    let mut partitions = positions
+        .iter()
+        .filter_map(|p| p.position.as_ref())
+        .filter(|at| &at.log == log)
+        .map(|at| at.partition);
+    let first = partitions.next()?;
+    partitions.all(|p| p == first).then_some(first)
 }
 
 /// Each replica's `/debug/blocked`, the entry for `user` if it holds one.
@@ -319,6 +372,7 @@ fn print_screen(report: &Value) {
         },
         readable["detail"].as_str().unwrap_or_default()
     );
+    print_positions(&report["positions"]);
     if let Some(fence) = report.get("fence").filter(|f| !f.is_null()) {
         println!(
             "  fence:     held by {}, {} s of lease left; {}",
@@ -357,4 +411,54 @@ fn print_screen(report: &Value) {
         Some(fix) => println!("fix: {fix}"),
         None => println!("nothing to do"),
     }
+}
+
+/// `  positions: ...`: where the newest and the oldest live seqs were written from.
+fn print_positions(positions: &Value) {
+    if positions.is_null() {
+        return;
+    }
+    if let Some(error) = positions.get("error") {
+        println!(
+            "  positions: unknown ({})",
+            error["detail"].as_str().unwrap_or_default()
+        );
+        return;
+    }
+    let live = positions["live_seqs"].as_u64().unwrap_or(0);
+    if live == 0 {
+        println!("  positions: no live seq");
+        return;
+    }
+    let at = |p: &Value| match p["position"].as_object() {
+        Some(at) => format!(
+            "seq {} @ partition {} offset {}",
+            p["seq"], at["partition"], at["offset"]
+        ),
+        None => format!("seq {} @ no position", p["seq"]),
+    };
+    let newest: Vec<String> = positions["newest"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(at)
+        .collect();
+    let log = positions["newest"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|p| p["position"]["log"].as_str())
+        .map(|log| format!(" (log {log})"))
+        .unwrap_or_default();
+    let without = positions["without_position"].as_u64().unwrap_or(0);
+    println!(
+        "  positions: {live} live seq(s){}; newest {}; oldest {}{log}",
+        if without > 0 {
+            format!(", {without} without a position")
+        } else {
+            String::new()
+        },
+        newest.join(", "),
+        at(&positions["oldest"])
+    );
 }

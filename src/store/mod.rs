@@ -354,6 +354,27 @@ pub trait MailboxStore: Send + Sync {
         let _ = user;
         Ok(None)
     }
+
+    /// The mailbox's live seqs (an identity whose day has not expired), in seq order, each with
+    /// the source position of its stored version (`materializer explain`). Read-only; at most
+    /// one entry per live seq, which the retention window bounds.
+    async fn seq_positions(&self, mailbox: &MailboxId) -> Result<Vec<SeqPosition>, StoreError> {
+        let _ = mailbox;
+        Err(StoreError::Unsupported {
+            backend: self.backend(),
+            operation: "seq_positions",
+        })
+    }
+}
+
+/// A live seq of a mailbox and the log position its stored version was written from
+/// (`materializer explain`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SeqPosition {
+    pub seq: u64,
+    /// `None`: written without a position (`apply`, a re-drive whose letter lacks its source
+    /// headers) or by a release that kept none.
+    pub position: Option<crate::model::SourcePosition>,
 }
 
 /// A repair fence as `explain` shows it.

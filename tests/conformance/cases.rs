@@ -1116,6 +1116,62 @@ fn first_payloads(page: &ScanPage) -> Vec<String> {
         .collect()
 }
 
+/// `explain`'s positions (`MailboxStore::seq_positions`): each live seq with the position of
+/// its stored version (a replace's new one, none after a write without one), in seq order;
+/// another epoch's mailbox has none.
+pub async fn seq_positions_name_each_live_seqs_stored_version(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let mb = mailbox("positions", 1);
+    let at = |partition: i32, offset: i64| position("log-a", partition, offset);
+    let written = |seq: u64, day: u64, tag: &str, source| {
+        let mut g = group(&mb, seq, day, 1, tag);
+        g.source = source;
+        g
+    };
+    for g in [
+        written(1, TODAY0 - 3, "a", at(2, 10)),
+        written(2, TODAY0, "b", at(2, 11)),
+        written(3, TODAY0, "c", None),
+        written(2, TODAY0, "b2", at(2, 15)),
+    ] {
+        assert!(store.append(&g).await.is_ok(), "{:?}", g.mailbox_seq);
+    }
+    let live = |seq: u64, source| mailbox_materializer::store::SeqPosition {
+        seq,
+        position: source,
+    };
+    assert_eq!(
+        store.seq_positions(&mb).await,
+        Ok(vec![live(1, at(2, 10)), live(2, at(2, 15)), live(3, None)])
+    );
+    assert_eq!(
+        store.seq_positions(&mailbox("positions", 2)).await,
+        Ok(vec![])
+    );
+}
+
+/// A seq whose day expired is no longer live, so `explain` shows no position for it.
+pub async fn seq_positions_leave_out_expired_seqs(h: &H) {
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let mb = mailbox("positions", 1);
+    for (seq, day) in [(1, TODAY0 - 3), (2, TODAY0)] {
+        let mut g = group(&mb, seq, day, 1, "a");
+        g.source = position("log-a", 0, seq as i64);
+        assert!(store.append(&g).await.is_ok(), "{seq}");
+    }
+    f.set_now(expiry_of(&policy(), TODAY0 - 3)).await;
+    let seqs: Vec<u64> = store
+        .seq_positions(&mb)
+        .await
+        .expect("positions")
+        .iter()
+        .map(|p| p.seq)
+        .collect();
+    assert_eq!(seqs, vec![2], "seq 1's day expired");
+}
+
 /// SPEC 7.2 "Zombies are fenced, and only zombies": a same-day replace of a seq from an older
 /// offset of the log and partition that wrote the seq's stored version changes nothing and
 /// answers `superseded` (never `unchanged`), alone and in a batch; a position of another

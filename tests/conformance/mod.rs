@@ -25,6 +25,7 @@
 //! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference), `randomized_histories_agree_in_runs_and_one_by_one` (each history one by one and in runs) |
 //! | 7.1 repair | `repair_*` (`repair.rs`) |
 //! | 7.2 zombies and log identity | `late_write_of_an_older_position_is_superseded`, `a_later_write_of_another_seq_never_fences_a_replace`, `a_cut_over_to_a_new_log_replaces_same_day_content` |
+//! | 7.2 positions as `explain` shows them | `seq_positions_name_each_live_seqs_stored_version`, `seq_positions_leave_out_expired_seqs` |
 //!
 //! The suite runs in the `store` test binary (`tests/store/`), one module per backend and
 //! topology. Outside it: the Redis layout of SPEC 5 and identity TTLs (`tests/store/redis.rs`),
@@ -130,6 +131,8 @@ macro_rules! conformance_tests {
             randomized_histories_agree_in_runs_and_one_by_one,
             append_many_spread_over_many_users_answers_each,
             late_write_of_an_older_position_is_superseded,
+        seq_positions_name_each_live_seqs_stored_version,
+        seq_positions_leave_out_expired_seqs,
             a_later_write_of_another_seq_never_fences_a_replace,
             a_cut_over_to_a_new_log_replaces_same_day_content,
             scans_beside_same_day_replaces_never_skip_a_group,

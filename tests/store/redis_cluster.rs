@@ -61,6 +61,7 @@ async fn conformance_cases_on_a_three_master_cluster() {
         append_run_answers_each_group_like_append,
         append_runs_spread_over_many_users_answer_each,
         late_write_of_an_older_position_is_superseded,
+        seq_positions_name_each_live_seqs_stored_version,
         a_later_write_of_another_seq_never_fences_a_replace,
         a_cut_over_to_a_new_log_replaces_same_day_content,
         scans_beside_same_day_replaces_never_skip_a_group,

@@ -283,6 +283,27 @@ impl UserState {
         }
     }
 
+    /// The live seqs of `epoch`'s mailbox and their stored versions' positions (explain).
+    pub(super) fn seq_positions(&mut self, now: u64, epoch: u32) -> Vec<crate::store::SeqPosition> {
+        if self.epoch != Some(epoch) {
+            return Vec::new();
+        }
+        let mailbox = &mut self.mailbox;
+        mailbox.expire_physically(now);
+        let Some(identity) = mailbox.identity.as_ref() else {
+            return Vec::new();
+        };
+        identity
+            .by_seq
+            .iter()
+            .filter(|(_, &expires_at)| expires_at > now)
+            .map(|(&seq, _)| crate::store::SeqPosition {
+                seq,
+                position: mailbox.groups.get(&seq).and_then(|g| g.source.clone()),
+            })
+            .collect()
+    }
+
     /// Groups readable in the current epoch's mailbox after physical expiry (a repair's report).
     pub(crate) fn group_count(&mut self, now: u64) -> u64 {
         self.mailbox.expire_physically(now);

@@ -240,6 +240,18 @@ impl MailboxStore for MemoryStore {
         "memory"
     }
 
+    async fn seq_positions(
+        &self,
+        mailbox: &MailboxId,
+    ) -> Result<Vec<crate::store::SeqPosition>, StoreError> {
+        let now = self.clock.now_secs();
+        let mut shard = self.shard(&mailbox.user_id);
+        Ok(shard
+            .get_mut(&mailbox.user_id)
+            .map(|user| user.seq_positions(now, mailbox.epoch))
+            .unwrap_or_default())
+    }
+
     async fn fence_of(&self, user: &UserId) -> Result<Option<crate::store::FenceView>, StoreError> {
         let now = self.clock.now_secs();
         let repairs = self.repairs.lock().unwrap_or_else(|p| p.into_inner());

@@ -462,6 +462,27 @@ impl MailboxStore for RedisStore {
     }
 
     /// `GET` and `PTTL` of `P:repair:{user}` in one pipeline (one slot on a cluster).
+    async fn seq_positions(
+        &self,
+        mailbox: &MailboxId,
+    ) -> Result<Vec<crate::store::SeqPosition>, StoreError> {
+        let keys = self.keys(mailbox);
+        let mut invocation = self.scripts.inspect.prepare_invoke();
+        keys.bind(&mut invocation);
+        invocation.arg("positions");
+        let reply = self.invoke(invocation).await?;
+        Ok(reply[1.min(reply.len())..]
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .filter_map(|c| {
+                Some(crate::store::SeqPosition {
+                    seq: text(&c[0]).parse().ok()?,
+                    position: crate::model::SourcePosition::decode(&text(&c[1])),
+                })
+            })
+            .collect())
+    }
+
     async fn fence_of(&self, user: &UserId) -> Result<Option<crate::store::FenceView>, StoreError> {
         let key = keys::repair_key(&self.settings.key_prefix, user);
         let (holder, ttl): (Option<String>, i64) = redis::pipe()

@@ -113,4 +113,49 @@ impl ScyllaStore {
         inspection.identity_index_present = live > 0;
         Ok(inspection)
     }
+
+    /// The live seqs of the mailbox's live slot and their source positions, in seq order.
+    pub(super) async fn seq_positions_live(
+        &self,
+        mb: &MailboxId,
+    ) -> Result<Vec<crate::store::SeqPosition>, StoreError> {
+        const PAGE: i32 = 5_000;
+        let now = self.now();
+        let user = mb.user_id.as_str();
+        let snapshot = self.read_snapshot(user, &[], ReadAt::Quorum).await?;
+        let slot = snapshot.live_slot;
+        if snapshot.slot(slot).epoch != Some(i64::from(mb.epoch)) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut cursor = 0i64;
+        loop {
+            let result = self
+                .session
+                .execute_unpaged(&self.statements.slot_positions, (user, slot, cursor, PAGE))
+                .await
+                .map_err(super::cql::from)?;
+            let rows = result.into_rows_result().map_err(super::cql::from)?;
+            let mut seen = 0;
+            for row in rows
+                .rows::<(i64, Option<i64>, Option<String>)>()
+                .map_err(super::cql::from)?
+            {
+                let (seq, expires_at, position) = row.map_err(super::cql::from)?;
+                seen += 1;
+                cursor = seq;
+                if expires_at.is_some_and(|e| unsigned(e) > now) {
+                    out.push(crate::store::SeqPosition {
+                        seq: unsigned(seq),
+                        position: position
+                            .as_deref()
+                            .and_then(crate::model::SourcePosition::decode),
+                    });
+                }
+            }
+            if seen < PAGE {
+                return Ok(out);
+            }
+        }
+    }
 }

@@ -517,6 +517,13 @@ impl MailboxStore for ScyllaStore {
     }
 
     /// The user row's fence, lapsed by the store's clock or not.
+    async fn seq_positions(
+        &self,
+        mailbox: &MailboxId,
+    ) -> Result<Vec<crate::store::SeqPosition>, StoreError> {
+        self.seq_positions_live(mailbox).await
+    }
+
     async fn fence_of(
         &self,
         user: &crate::model::UserId,

@@ -32,6 +32,8 @@ pub(super) struct Statements {
     pub probe_live_identity: PreparedStatement,
     /// Identity rows of a slot in `(after, until]`, at most `limit`: scans and counts.
     pub slot_identities: PreparedStatement,
+    /// The identity rows of a slot with their stored versions' source positions (explain).
+    pub slot_positions: PreparedStatement,
     // ---- reads of event rows ----
     /// One committed copy of one group.
     pub read_group: PreparedStatement,
@@ -92,6 +94,14 @@ pub(super) async fn prepare_all(
             format!(
                 "SELECT seq FROM {ks}.user_mailbox WHERE user_id = ? AND slot = ? AND seq > 0 \
                  AND expires_at > ? ORDER BY slot DESC, seq DESC LIMIT 1 ALLOW FILTERING"
+            ),
+            plain,
+        )
+        .await?,
+        slot_positions: prepare(
+            format!(
+                "SELECT seq, expires_at, source_position FROM {ks}.user_mailbox \
+                 WHERE user_id = ? AND slot = ? AND seq > ? LIMIT ?"
             ),
             plain,
         )
