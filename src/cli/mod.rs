@@ -186,8 +186,57 @@ pub struct TruncateArgs {
     pub before: u64,
 }
 
+/// The commands that never open the store: their help leaves the store flags out.
+const STORELESS: [&str; 4] = [
+    "materializer top",
+    "materializer tap",
+    "materializer dlq list",
+    "materializer dlq show",
+];
+
+/// The store flags: global, so that `materializer --store redis apply` and
+/// `materializer apply --store redis` both work, and so listed in every command's help.
+const STORE_FLAGS: [&str; 5] = [
+    "store",
+    "memory_snapshot",
+    "redis_url",
+    "scylla_nodes",
+    "scylla_keyspace",
+];
+
+/// Prints the help of a command that never opens the store without the store flags, and exits;
+/// returns for everything else. clap shows a global flag in every command's help and cannot
+/// hide one per command, so a help request is parsed once by a copy of the command line whose
+/// store flags are hidden, and its help is kept only when it is one of [`STORELESS`]. Nothing
+/// else is parsed this way: the real parse follows.
+fn help_without_store_flags() {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    for flag in STORE_FLAGS {
+        command = command.mut_arg(flag, |arg| arg.hide(true));
+    }
+    let Err(help) = command.try_get_matches_from(std::env::args_os()) else {
+        return;
+    };
+    if help.kind() != clap::error::ErrorKind::DisplayHelp {
+        return;
+    }
+    let text = help.render().to_string();
+    let storeless = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Usage: "))
+        .is_some_and(|usage| {
+            STORELESS
+                .iter()
+                .any(|c| usage == *c || usage.starts_with(&format!("{c} ")))
+        });
+    if storeless {
+        help.exit();
+    }
+}
+
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
+    help_without_store_flags();
     let cli = Cli::parse();
     let overrides = Overrides {
         backend: cli.global.store.map(Backend::from),

@@ -300,6 +300,74 @@ fn every_command_has_help() {
     }
 }
 
+/// Commands that never open the store leave the store flags out of their help; the others, and
+/// the top level, list them; and the flags still parse anywhere on the line.
+#[test]
+fn store_flags_are_listed_only_where_a_store_is_opened() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+            .args(args)
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for storeless in [
+        &["top", "--help"][..],
+        &["tap", "--help"],
+        &["dlq", "list", "--help"],
+        &["dlq", "show", "-h"],
+        &["help", "top"],
+        &["--config", "/nowhere.toml", "top", "--help"],
+    ] {
+        let text = help(storeless);
+        assert!(
+            text.contains("Usage: materializer"),
+            "{storeless:?}: {text}"
+        );
+        assert!(text.contains("--config"), "{storeless:?}: {text}");
+        for flag in [
+            "--store ",
+            "--redis-url",
+            "--scylla-nodes",
+            "--memory-snapshot",
+        ] {
+            assert!(!text.contains(flag), "{storeless:?} lists {flag}: {text}");
+        }
+    }
+    for with_store in [
+        &["--help"][..],
+        &["apply", "--help"],
+        &["explain", "--help"],
+        &["dlq", "redrive", "--help"],
+        &["replay", "--help"],
+    ] {
+        let text = help(with_store);
+        for flag in ["--store ", "--redis-url", "--scylla-nodes"] {
+            assert!(text.contains(flag), "{with_store:?} lacks {flag}: {text}");
+        }
+    }
+    // Hidden from help, still accepted where given.
+    let out = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args([
+            "top",
+            "--store",
+            "memory",
+            "--once",
+            "--interval-ms",
+            "100",
+            "127.0.0.1:1",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "parsed, and the unreachable replica fails --once: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `[kafka]` is validated by `check-config`: librdkafka must know every pass-through property,
 /// the daemon's own properties cannot be overridden, and secrets from the environment are masked.
 #[test]
