@@ -1,7 +1,8 @@
 //! `materializer top` against live replicas on a real broker: `--once --json` agrees with the
 //! replicas' own metrics, and the terminal UI, driven under tmux as a person would (keys in,
 //! the screen read back), shows every replica and partition, answers its keys, and shows a
-//! frozen replica as down instead of dropping it.
+//! frozen replica as down instead of dropping it; a name resolving to three local replicas stands
+//! for the three, in `--once` and in the live view as the name changes.
 
 use crate::support;
 
@@ -246,4 +247,142 @@ fn off_a_terminal_top_asks_for_once() {
     assert_eq!(out.status.code(), Some(1));
     let snapshot: Value = serde_json::from_slice(&out.stdout).expect("still a snapshot");
     assert_eq!(snapshot["replicas"][0]["state"], "down");
+}
+
+/// `/etc/hosts` lines naming the fleet, removed when dropped (the file is restored as found).
+struct HostsEntries {
+    original: String,
+}
+
+impl HostsEntries {
+    const FILE: &'static str = "/etc/hosts";
+
+    fn add(name: &str, ips: &[&str]) -> Self {
+        let original = std::fs::read_to_string(Self::FILE).expect("read /etc/hosts");
+        let guard = Self { original };
+        guard.set(name, ips);
+        guard
+    }
+
+    /// The original file plus one line per address of `name`.
+    fn set(&self, name: &str, ips: &[&str]) {
+        let mut text = self.original.clone();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        for ip in ips {
+            text.push_str(&format!("{ip} {name}\n"));
+        }
+        Self::replace(&text)
+            .expect("write /etc/hosts (the test resolves a name to three local replicas)");
+    }
+
+    /// Replaces the file in one rename, so that a test resolving `localhost` meanwhile never
+    /// reads it half written; in place where it is a mount point (a container's).
+    fn replace(text: &str) -> std::io::Result<()> {
+        let staged = format!("{}.mm-{}", Self::FILE, std::process::id());
+        std::fs::write(&staged, text)?;
+        std::fs::set_permissions(&staged, std::fs::metadata(Self::FILE)?.permissions())?;
+        std::fs::rename(&staged, Self::FILE).or_else(|_| {
+            let _ = std::fs::remove_file(&staged);
+            std::fs::write(Self::FILE, text)
+        })
+    }
+}
+
+impl Drop for HostsEntries {
+    fn drop(&mut self) {
+        let _ = Self::replace(&self.original);
+    }
+}
+
+/// A replica listening on one loopback address (all of them on one port, as pods behind a
+/// headless Service), killed when dropped.
+struct Replica(std::process::Child);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A name resolving to three local replicas (a headless Service's shape) stands for the three of
+/// them in `top --once`; the live view resolves it again, so a replica whose address appears
+/// later (a rolled pod) shows up without restarting `top`.
+#[tokio::test(flavor = "multi_thread")]
+async fn top_finds_every_replica_a_name_resolves_to() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("top-dns", Some(redis.url()));
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let port = support::redis_server::free_port();
+    let config = setup.config_file(port);
+    let ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
+    let _replicas: Vec<Replica> = ips
+        .iter()
+        .map(|ip| {
+            let log = std::fs::File::create(setup.dir.join(format!("replica-{ip}.log")))
+                .expect("log file");
+            Replica(
+                Command::new(env!("CARGO_BIN_EXE_materializer"))
+                    .args(["run", "--config"])
+                    .arg(&config)
+                    .env("MATERIALIZER_HTTP_LISTEN", format!("{ip}:{port}"))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .expect("start a replica"),
+            )
+        })
+        .collect();
+    let name = format!("mm-fleet-{}", std::process::id());
+    let hosts = HostsEntries::add(&name, &ips);
+    let fleet = format!("{name}:{port}");
+    let expected: Vec<String> = ips.iter().map(|ip| format!("{ip}:{port}")).collect();
+
+    let snapshot = || {
+        let out = run_materializer(
+            &["top", "--once", "--json", "--interval-ms", "300", &fleet],
+            None,
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+    };
+    let addresses = |snapshot: &Value| {
+        let mut seen: Vec<String> = snapshot["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["state"] == "ready")
+            .filter_map(|r| r["replica"].as_str().map(str::to_owned))
+            .collect();
+        seen.sort();
+        seen
+    };
+    let last = std::cell::RefCell::new(Value::Null);
+    wait_for(
+        "top --once to show the three replicas ready",
+        Duration::from_secs(60),
+        || {
+            *last.borrow_mut() = snapshot();
+            addresses(&last.borrow()) == expected
+        },
+        || last.borrow().to_string(),
+    );
+
+    // The live view: the name first resolves to two of them; the third appears when it does.
+    hosts.set(&name, &ips[..2]);
+    let command = format!(
+        "{} top --interval-ms 300 {fleet}",
+        env!("CARGO_BIN_EXE_materializer")
+    );
+    let tmux = Tmux::start(&command);
+    tmux.wait_screen("two replicas on screen", |s| {
+        s.contains("2 replica(s)") && s.contains(&expected[0]) && s.contains(&expected[1])
+    });
+    hosts.set(&name, &ips);
+    tmux.wait_screen("the third replica once the name resolves to it", |s| {
+        s.contains("3 replica(s), 0 not ready, 0 down") && s.contains(&expected[2])
+    });
+    tmux.keys("q");
 }
