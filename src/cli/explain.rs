@@ -193,13 +193,13 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         json!({"holder": f.holder, "lease_left_ms": f.lease_left_ms, "process": process, "process_gone": gone})
     });
     let corrupt = corrupt_reason.is_some() || !blocked.is_empty();
-    let mut fix = corrupt.then(|| fix_command(config, &user, partition));
+    let mut fix = corrupt.then(|| super::fix::repair_command(config, &user, partition));
     if let (Some(f), Some(view)) = (&fence, &fence_json) {
         // A repair holds the user: its own outcome comes first.
         fix = Some(if view["process_gone"] == true {
             format!(
                 "{} --take-over-fence {}",
-                fix_command(config, &user, partition),
+                super::fix::repair_command(config, &user, partition),
                 f.holder
             )
         } else {
@@ -312,24 +312,6 @@ fn daemon_json(view: &DaemonView) -> Value {
         DaemonView::NotBlocked(address) => json!({"daemon": address, "blocked": null}),
         DaemonView::Unanswered(address, why) => json!({"daemon": address, "error": why}),
     }
-}
-
-/// The repair: the user's whole retained history on its partition, rebuilt and swapped in.
-fn fix_command(config: &Config, user: &UserId, partition: Option<i32>) -> String {
-    // The oldest day retention can still hold starts `days + 1` days before today's start.
-    let now_s = chrono::Utc::now().timestamp();
-    let day = now_s.div_euclid(86_400) - i64::from(config.retention.days) - 1;
-    let from = chrono::DateTime::from_timestamp(day * 86_400, 0)
-        .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
-        .unwrap_or_else(|| "<start of retention>".to_owned());
-    let partition = partition.map_or_else(
-        || "<P: the partition of the user's records>".to_owned(),
-        |p| p.to_string(),
-    );
-    format!(
-        "materializer replay --partition {partition} --from-time {from} --user {} --reset-mailboxes",
-        user.as_str()
-    )
 }
 
 fn print_screen(report: &Value) {

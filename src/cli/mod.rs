@@ -9,11 +9,13 @@ mod check_config;
 mod demo;
 mod dlq;
 mod explain;
+mod fix;
 mod output;
 mod run;
 mod schema;
 mod tap;
 mod top;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -133,6 +135,11 @@ pub enum Command {
     /// records/s, dead letters/s, store errors and latency, lag per partition (worst first).
     /// Keys: s sort, f filter, q quit. Off a terminal: --once [--json].
     Top(top::TopArgs),
+    /// Scrub: read a range of one partition, derive each user's mailbox from it (the memory
+    /// store as the reference) and compare with the store, read-only. One JSON line per mailbox
+    /// that is not a match, then a summary. Exit 0 nothing differs, 1 something does, 2
+    /// unreachable.
+    Verify(verify::VerifyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -275,6 +282,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Top(args) => return top::run(&config, args).await,
         Command::Schema(args) => return schema::run(&config, args).await,
         Command::Explain(args) => return explain::run(&config, args).await,
+        Command::Verify(args) => return verify::run(&config, args).await,
         Command::Tap(args) => return tap::run(&config, args).await,
         _ => {}
     }
@@ -310,6 +318,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         | Command::Top(_)
         | Command::Schema(_)
         | Command::Explain(_)
+        | Command::Verify(_)
         | Command::Tap(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,

@@ -88,7 +88,7 @@ pub enum ProgressArg {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-async fn termination() {
+pub(super) async fn termination() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

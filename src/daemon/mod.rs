@@ -61,6 +61,7 @@ pub mod replay;
 pub mod tap;
 pub(crate) mod telemetry;
 pub mod topic_policy;
+pub mod verify;
 
 use std::sync::Arc;
 

@@ -14,6 +14,8 @@
 //! - `dashboard_metrics`, `demo_serve`: every metric the dashboard and rules name is scraped live.
 //! - `kafka_codecs`, `unknown_fields`, `log_colour`: what real producers and log shippers see.
 //! - `http`: keep-alive, `HEAD`, the connection limit and silent clients of the endpoints.
+//! - `verify`: the scrub finds injected damage exactly and verifies generated histories as
+//!   `match` on every backend.
 //! - `liveness`: `/healthz` fails when the engine loop or the poll thread is wedged.
 //! - `subscription`: readiness of a replica that consumes nothing (a missing topic, an idle
 //!   replica) and the committed offset of a transactional partition.
@@ -48,3 +50,4 @@ mod scylla;
 mod subscription;
 mod tap;
 mod unknown_fields;
+mod verify;

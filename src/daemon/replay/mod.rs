@@ -47,12 +47,12 @@ use crate::store::{MailboxStore, RepairToken, StagingView};
 mod fence;
 pub(crate) use fence::holder_process_state;
 mod progress;
-mod range;
+pub(crate) mod range;
 mod rebuild;
 
+pub(crate) use progress::Progress;
 pub use progress::{parse_time_ms, ProgressMode};
 
-use progress::Progress;
 use range::Clients;
 use rebuild::Rebuild;
 

@@ -25,7 +25,9 @@ impl ProgressMode {
 }
 
 /// Progress on stderr: a redrawn bar on a terminal, a plain line every five seconds otherwise.
-pub(super) struct Progress {
+pub(crate) struct Progress {
+    /// What reads: `replay`, `verify`.
+    verb: &'static str,
     mode: ProgressMode,
     partition: i32,
     total: u64,
@@ -35,7 +37,18 @@ pub(super) struct Progress {
 
 impl Progress {
     pub(super) fn new(mode: ProgressMode, partition: i32, total: i64) -> Self {
+        Self::named("replay", mode, partition, total)
+    }
+
+    /// Progress of `verb` (`verify`) over `total` records of `partition`.
+    pub(crate) fn named(
+        verb: &'static str,
+        mode: ProgressMode,
+        partition: i32,
+        total: i64,
+    ) -> Self {
         Self {
+            verb,
             mode,
             partition,
             total: total.max(0) as u64,
@@ -44,7 +57,7 @@ impl Progress {
         }
     }
 
-    pub(super) fn read(&mut self, n: u64) {
+    pub(crate) fn read(&mut self, n: u64) {
         self.done += n;
         let every = match self.mode {
             ProgressMode::Bar => Duration::from_millis(250),
@@ -68,7 +81,8 @@ impl Progress {
                     .unwrap_or(width) as usize;
                 let _ = write!(
                     stderr,
-                    "\rreplay partition {} [{}{}] {}/{} records ({percent}%)",
+                    "\r{} partition {} [{}{}] {}/{} records ({percent}%)",
+                    self.verb,
                     self.partition,
                     "#".repeat(filled),
                     ".".repeat(width as usize - filled),
@@ -79,8 +93,8 @@ impl Progress {
             ProgressMode::Lines => {
                 let _ = writeln!(
                     stderr,
-                    "replay partition {}: {}/{} records ({percent}%)",
-                    self.partition, self.done, self.total
+                    "{} partition {}: {}/{} records ({percent}%)",
+                    self.verb, self.partition, self.done, self.total
                 );
             }
             ProgressMode::Off => {}
@@ -88,7 +102,7 @@ impl Progress {
         let _ = stderr.flush();
     }
 
-    pub(super) fn finish(&self) {
+    pub(crate) fn finish(&self) {
         match self.mode {
             ProgressMode::Bar => {
                 self.draw();

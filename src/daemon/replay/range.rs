@@ -14,16 +14,16 @@ use crate::ingest::decode;
 use crate::model::{LogId, UserId};
 
 /// The offsets of the partition, read from the broker.
-pub(super) struct Range {
+pub(crate) struct Range {
     /// The partition's log start when the replay began.
-    pub(super) low: i64,
-    pub(super) from: i64,
-    pub(super) end: i64,
+    pub(crate) low: i64,
+    pub(crate) from: i64,
+    pub(crate) end: i64,
 }
 
 /// The replay's Kafka clients: a reader with its own assignment (never committing) and a
 /// watcher that only asks the daemon's consumer group what it committed.
-pub(super) struct Clients {
+pub(crate) struct Clients {
     topic: String,
     partition: i32,
     pub(super) reader: StreamConsumer,
@@ -51,7 +51,7 @@ fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 impl Clients {
-    pub(super) fn new(config: &Config, partition: i32) -> Result<Self, rdkafka::error::KafkaError> {
+    pub(crate) fn new(config: &Config, partition: i32) -> Result<Self, rdkafka::error::KafkaError> {
         let mut reader = crate::daemon::kafka::base_config(
             &config.kafka,
             crate::daemon::kafka::ClientRole::Standalone,
@@ -85,7 +85,7 @@ impl Clients {
     }
 
     /// (low, high) watermarks and the daemon group's committed offset of the partition.
-    fn offsets(&self) -> Result<(i64, i64, Option<i64>), String> {
+    pub(crate) fn offsets(&self) -> Result<(i64, i64, Option<i64>), String> {
         let (low, high) = self
             .watcher
             .fetch_watermarks(&self.topic, self.partition, KAFKA_TIMEOUT)
@@ -120,7 +120,7 @@ impl Clients {
     }
 
     /// Resolves the requested range, or refuses it. `Err` is an unreachable broker.
-    pub(super) async fn resolve(
+    pub(crate) async fn resolve(
         &self,
         request: &ReplayRequest,
     ) -> Result<Result<Range, Refusal>, String> {
@@ -250,40 +250,56 @@ impl Clients {
         config: &Config,
         mut found: impl FnMut(i64, &UserId) -> bool,
     ) -> Result<(), String> {
+        self.read_records(low, end, |offset, payload| {
+            if let Ok(record) = decode(payload, &config.decode_options()).map(|d| d.record) {
+                for delivery in record.deliveries() {
+                    let user = &delivery.mailbox().user_id;
+                    if users.contains(user) && found(offset, user) {
+                        return true;
+                    }
+                }
+            }
+            false
+        })
+        .await
+        .map_err(|(reason, _)| reason)
+    }
+
+    /// Reads `low..end` in offset order, calling `each(offset, payload)` for every record until
+    /// it returns true or the range ends. `Err` carries whether a rerun may succeed.
+    pub(crate) async fn read_records(
+        &self,
+        low: i64,
+        end: i64,
+        mut each: impl FnMut(i64, &[u8]) -> bool,
+    ) -> Result<(), (String, bool)> {
         if low >= end {
             return Ok(());
         }
         let mut assignment = TopicPartitionList::new();
         assignment
             .add_partition_offset(&self.topic, self.partition, Offset::Offset(low))
-            .map_err(|e| format!("kafka: {e}"))?;
+            .map_err(|e| (format!("kafka: {e}"), true))?;
         self.reader
             .assign(&assignment)
-            .map_err(|e| format!("kafka: {e}"))?;
+            .map_err(|e| (format!("kafka: {e}"), true))?;
         let mut give_up = Instant::now() + STALL;
         loop {
             let (offset, payload) =
-                match next_in_range(&self.reader, &self.topic, self.partition, end, give_up)
-                    .await
-                    .map_err(|(reason, _)| reason)?
+                match next_in_range(&self.reader, &self.topic, self.partition, end, give_up).await?
                 {
                     Next::Done => return Ok(()),
                     Next::Record(offset, payload) => (offset, payload),
                 };
             give_up = Instant::now() + STALL;
-            if let Ok(record) = decode(&payload, &config.decode_options()).map(|d| d.record) {
-                for delivery in record.deliveries() {
-                    let user = &delivery.mailbox().user_id;
-                    if users.contains(user) && found(offset, user) {
-                        return Ok(());
-                    }
-                }
+            if each(offset, &payload) {
+                return Ok(());
             }
         }
     }
 
     /// The identity of the log the replay reads (its topic ID, or cluster and topic name).
-    pub(super) fn log_identity(
+    pub(crate) fn log_identity(
         &self,
     ) -> Result<LogId, crate::daemon::log_identity::LogIdentityError> {
         tokio::task::block_in_place(|| {
