@@ -28,13 +28,16 @@ pub struct VerifyArgs {
     #[arg(
         long,
         value_name = "X",
-        conflicts_with = "from_time",
-        required_unless_present = "from_time"
+        conflicts_with_all = ["from_time", "since"],
+        required_unless_present_any = ["from_time", "since"]
     )]
     pub from_offset: Option<i64>,
     /// First record at or after this time: milliseconds since the epoch or an RFC 3339 date-time.
-    #[arg(long, value_name = "T", value_parser = parse_time_ms)]
+    #[arg(long, value_name = "T", value_parser = parse_time_ms, conflicts_with = "since")]
     pub from_time: Option<i64>,
+    /// First record at or after this long ago (`90m`, `24h`, `7d`): a scheduled scrub's range.
+    #[arg(long, value_name = "DURATION", value_parser = parse_since_ms)]
+    pub since: Option<i64>,
     /// Last offset of the range (inclusive); never past the daemon group's committed offset,
     /// which is the default end.
     #[arg(long, value_name = "Y")]
@@ -75,11 +78,12 @@ pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
             }
         }
     }
-    let start = match (args.from_offset, args.from_time) {
-        (Some(offset), _) => ReplayStart::Offset(offset),
-        (None, Some(ms)) => ReplayStart::TimeMs(ms),
-        (None, None) => {
-            eprintln!("error: --from-offset or --from-time is required");
+    let start = match (args.from_offset, args.from_time, args.since) {
+        (Some(offset), _, _) => ReplayStart::Offset(offset),
+        (None, Some(ms), _) => ReplayStart::TimeMs(ms),
+        (None, None, Some(ago_ms)) => ReplayStart::TimeMs(now_ms() - ago_ms),
+        (None, None, None) => {
+            eprintln!("error: --from-offset, --from-time or --since is required");
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
@@ -187,4 +191,51 @@ async fn blocked_users(daemons: &[String]) -> Result<BTreeMap<UserId, String>, S
         }
     }
     Ok(blocked)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `--since`: a whole number of seconds, minutes, hours or days (`3600s`, `90m`, `24h`, `7d`),
+/// at most a year, in milliseconds.
+fn parse_since_ms(text: &str) -> Result<i64, String> {
+    let (number, unit) = text.split_at(text.len().saturating_sub(1));
+    let scale: i64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "{text:?}: a number and a unit (s, m, h or d), e.g. 24h"
+            ))
+        }
+    };
+    let n: i64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: a number and a unit (s, m, h or d), e.g. 24h"))?;
+    let ms = n
+        .checked_mul(scale)
+        .filter(|ms| (1..=366 * 86_400_000).contains(ms));
+    ms.ok_or_else(|| format!("{text:?}: between 1s and 366d"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_since_ms;
+
+    #[test]
+    fn since_takes_a_number_and_a_unit_within_a_year() {
+        assert_eq!(parse_since_ms("24h"), Ok(86_400_000));
+        assert_eq!(parse_since_ms("90m"), Ok(5_400_000));
+        assert_eq!(parse_since_ms("7d"), Ok(7 * 86_400_000));
+        assert_eq!(parse_since_ms("1s"), Ok(1_000));
+        assert_eq!(parse_since_ms("366d"), Ok(366 * 86_400_000));
+        for bad in ["", "h", "24", "0h", "-1h", "367d", "1.5h", "24x"] {
+            assert!(parse_since_ms(bad).is_err(), "{bad}");
+        }
+    }
 }

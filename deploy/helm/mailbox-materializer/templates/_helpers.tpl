@@ -349,6 +349,10 @@ namespace and the job the chart's ServiceMonitor (the Service's name) or PodMoni
 {{- end -}}
 
 {{/* The patrol CronJob's name (at most 52 characters: its Jobs add 11). */}}
+{{- define "mm.verifyName" -}}
+{{- printf "%s-verify" (include "mm.fullname" . | trunc 40 | trimSuffix "-") -}}
+{{- end -}}
+
 {{- define "mm.patrolName" -}}
 {{- printf "%s-patrol" (include "mm.fullname" . | trunc 45 | trimSuffix "-") -}}
 {{- end -}}
