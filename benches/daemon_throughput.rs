@@ -18,7 +18,8 @@
 //! (redis-server and redis-cli from `scripts/install-services`; `BENCH_RECORDS` overrides the
 //! record count; set `SCYLLA_NODES` to add the Scylla rows; `BENCH_ONLY=reshard` runs only the
 //! rows of a Redis Cluster resharded under load, `BENCH_ONLY=blocked` those of a corrupt hot
-//! mailbox beside healthy ones, `BENCH_ONLY=tap` those with a `/debug/tap` client attached). Prints a Markdown report.
+//! mailbox beside healthy ones, `BENCH_ONLY=tap` those with a `/debug/tap` client attached, `BENCH_ONLY=verify` those of
+//! `verify` alone and beside the daemon). Prints a Markdown report.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -324,7 +325,8 @@ async fn daemon_run_tapped(
             .expect("serve /debug/tap");
         let mut socket = std::net::TcpStream::connect(addr).expect("connect to the tap");
         socket
-            .write_all(b"GET /debug/tap HTTP/1.1\r\nHost: bench\r\n\r\n")
+            // HTTP/1.0: the stream comes as plain lines (HTTP/1.1 would chunk it).
+            .write_all(b"GET /debug/tap HTTP/1.0\r\nHost: bench\r\n\r\n")
             .expect("ask for the tap");
         // Listening before the first record: wait for the response head.
         let mut head = [0u8; 256];
@@ -439,6 +441,181 @@ async fn tap_rows(bootstrap: &str, w: &Workload, pids: &[(&'static str, String)]
                 "daemon, memory store, {}{seen}",
                 if *tap { "tap attached" } else { "no tap" }
             ),
+            rate,
+            base,
+        ));
+    }
+    lines
+}
+
+/// `materializer verify` of every partition of `w` (applied to the store of `config` by the
+/// daemon group `config` names): the rate over the workload's records, the CPU, and the peak RSS
+/// of the largest run (`/usr/bin/time`).
+fn verify_run(config: &Path, w: &Workload, pids: &[(&'static str, String)]) -> (Rate, u64) {
+    let binary = env!("CARGO_BIN_EXE_materializer");
+    let rss = std::env::temp_dir().join(format!("mm-bench-verify-rss-{}", w.topic));
+    let meter = CpuMeter::start(pids);
+    let mut peak_kb = 0u64;
+    let mut cpu_seconds = 0.0;
+    for partition in 0..PARTITIONS {
+        let out = Command::new("/usr/bin/time")
+            .arg("-o")
+            .arg(&rss)
+            .args(["-f", "%M %U %S", binary, "--config"])
+            .arg(config)
+            .args([
+                "verify",
+                "--partition",
+                &partition.to_string(),
+                "--from-offset",
+                "0",
+                "--progress",
+                "off",
+            ])
+            .output()
+            .expect("run materializer verify");
+        let summary = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "verify: {summary}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let measured = std::fs::read_to_string(&rss).expect("time -o");
+        let fields: Vec<f64> = measured
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        peak_kb = peak_kb.max(fields.first().copied().unwrap_or(0.0) as u64);
+        cpu_seconds += fields.iter().skip(1).sum::<f64>();
+    }
+    let wall = meter.started.elapsed().as_secs_f64();
+    let others = meter.stop();
+    (
+        Rate {
+            per_sec: w.records as f64 / wall,
+            cpu: format!("materializer verify {:.2}, {others}", cpu_seconds / wall),
+            unchanged: 0,
+        },
+        peak_kb,
+    )
+}
+
+/// `BENCH_ONLY=verify`: the workload applied to Redis by the daemon, then `verify` of every
+/// partition alone (records/s, peak RSS), then the daemon into a fresh prefix alternately alone
+/// and with a verify loop running beside it, twice each.
+async fn verify_rows(
+    bootstrap: &str,
+    w: &Workload,
+    pids: &[(&'static str, String)],
+) -> Vec<String> {
+    let server = RedisServer::start(Clock::Real, Listen::Tcp(redis_server::free_port()), &[]);
+    let mut redis_pids = pids.to_vec();
+    if let Some(pid) = redis_pid(&server) {
+        redis_pids.push(("redis-server", pid));
+    }
+    let store = |prefix: &'static str| {
+        let url = server.url();
+        async move {
+            let store: Arc<dyn MailboxStore> = Arc::new(
+                RedisStore::connect(RedisSettings::new(url, prefix), RetentionPolicy::default())
+                    .await
+                    .expect("redis"),
+            );
+            store
+        }
+    };
+    let group = format!("{}-verified", w.topic);
+    let applied = daemon_run(bootstrap, w, &group, store("mm").await, &redis_pids).await;
+    let dir = tempdir(&format!("verify-{}", w.topic));
+    let config = dir.join("verify.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{}\"\n[kafka]\nbrokers = \"{bootstrap}\"\ntopic = \"{}\"\ndlq_topic = \"{}.dlq\"\ngroup_id = \"{group}\"\n",
+            server.url(),
+            w.topic,
+            w.topic
+        ),
+    )
+    .expect("config");
+    let mut lines = vec![
+        format!(
+            "applied first by the daemon into Redis: {:.0} records/s",
+            applied.per_sec
+        ),
+        String::new(),
+        "| run | records/s | ratio | CPU (cores: process) |".to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
+    let (alone, peak_kb) = verify_run(&config, w, &redis_pids);
+    lines.push(row(
+        &format!(
+            "verify of every partition alone (peak RSS {} MiB; ratio to the daemon's apply)",
+            peak_kb / 1024
+        ),
+        &alone,
+        applied.per_sec,
+    ));
+    let mut runs = Vec::new();
+    for round in 0..2 {
+        for beside in [false, true] {
+            let prefixes = ["r0a", "r0b", "r1a", "r1b"];
+            let prefix = prefixes[round * 2 + usize::from(beside)];
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let scrub = beside.then(|| {
+                let stop = stop.clone();
+                let config = config.clone();
+                std::thread::spawn(move || {
+                    let mut passes = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for partition in 0..PARTITIONS {
+                            let status = Command::new(env!("CARGO_BIN_EXE_materializer"))
+                                .arg("--config")
+                                .arg(&config)
+                                .args([
+                                    "verify",
+                                    "--partition",
+                                    &partition.to_string(),
+                                    "--from-offset",
+                                    "0",
+                                    "--progress",
+                                    "off",
+                                ])
+                                .stdout(std::process::Stdio::null())
+                                .status()
+                                .expect("verify");
+                            assert!(status.success(), "verify beside the daemon: {status}");
+                        }
+                        passes += 1;
+                    }
+                    passes
+                })
+            });
+            let rate = daemon_run(
+                bootstrap,
+                w,
+                &format!("{}-{prefix}", w.topic),
+                store(prefix).await,
+                &redis_pids,
+            )
+            .await;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let passes = scrub.map(|t| t.join().expect("scrub thread"));
+            runs.push((beside, rate, passes));
+        }
+    }
+    let base: f64 = runs
+        .iter()
+        .filter(|r| !r.0)
+        .map(|r| r.1.per_sec)
+        .sum::<f64>()
+        / 2.0;
+    for (_, rate, passes) in &runs {
+        lines.push(row(
+            &match passes {
+                Some(n) => format!("daemon into Redis, a verify loop beside it ({n} whole passes)"),
+                None => "daemon into Redis alone".to_owned(),
+            },
             rate,
             base,
         ));
@@ -816,6 +993,13 @@ async fn main() {
     if std::env::var("BENCH_ONLY").as_deref() == Ok("tap") {
         println!("## Daemon throughput with a tap attached");
         for line in tap_rows(&bootstrap, &warm, &pids).await {
+            println!("{line}");
+        }
+        return;
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("verify") {
+        println!("## verify (the scrub) alone, and the daemon with a scrub beside it");
+        for line in verify_rows(&bootstrap, &warm, &pids).await {
             println!("{line}");
         }
         return;

@@ -1,4 +1,6 @@
-//! What happens to a record: the single table from an outcome to an action (SPEC 7).
+//! What happens to a record: from a delivery's result to an action (SPEC 7). Errors are
+//! classified once, by [`StoreError::class`]'s exhaustive match; this module maps each class to
+//! what a front end does.
 //!
 //! Every front end — the daemon, `replay`, `apply`, the demo — asks this module what to do with a
 //! delivery's result, so a record means the same thing whichever door it came through. Together
@@ -27,7 +29,7 @@
 //! [`AbortRepair`]: Disposition::AbortRepair
 
 use crate::ingest::DeliveryOutcome;
-use crate::model::StoreError;
+use crate::model::{ErrorClass, StoreError};
 
 /// What a front end does with one delivery's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,55 +49,37 @@ pub(crate) enum Disposition {
     AbortRepair,
 }
 
-/// The table: every outcome word (SPEC 8.1, and the error words of `StoreError::outcome`) with
-/// what it means. [`Disposition::of`] reads it; nothing else decides.
-pub(crate) const TABLE: &[(&str, Disposition)] = &[
-    ("inserted", Disposition::Advance),
-    ("unchanged", Disposition::Advance),
-    ("replaced", Disposition::Advance),
-    ("superseded", Disposition::Advance),
-    ("expired_merged", Disposition::Advance),
-    ("trimmed", Disposition::Advance),
-    ("stale_epoch", Disposition::Advance),
-    ("truncated", Disposition::Advance),
-    ("rejected", Disposition::DeadLetter),
-    ("conflict", Disposition::DeadLetter),
-    ("cursor_expired", Disposition::DeadLetter),
-    ("malformed", Disposition::DeadLetter),
-    ("corrupt", Disposition::Block),
-    (
-        "unavailable",
-        Disposition::Retry {
-            under_repair: false,
-        },
-    ),
-    ("under_repair", Disposition::Retry { under_repair: true }),
-    ("fence_lost", Disposition::AbortRepair),
-];
-
 impl Disposition {
     /// The disposition of one delivery's result.
     pub(crate) fn of(result: &Result<DeliveryOutcome, StoreError>) -> Self {
         match result {
-            Ok(outcome) => Self::of_word(outcome.as_str()),
+            // Every outcome is a write done or a no-op: final.
+            Ok(_) => Self::Advance,
             Err(error) => Self::of_error(error),
         }
     }
 
-    /// The disposition of a store error.
+    /// The disposition of a store error: its class ([`StoreError::class`]), decided once.
     pub(crate) fn of_error(error: &StoreError) -> Self {
-        Self::of_word(error.outcome())
+        Self::of_class(error.class())
     }
 
-    /// The disposition of an outcome word. A word missing from the table (none is) would be held
-    /// and retried: never advanced past, never dropped.
-    pub(crate) fn of_word(word: &str) -> Self {
-        TABLE.iter().find(|(w, _)| *w == word).map_or(
-            Self::Retry {
+    /// The disposition of an error class.
+    pub(crate) fn of_class(class: ErrorClass) -> Self {
+        match class {
+            ErrorClass::Refused => Self::DeadLetter,
+            ErrorClass::Corrupt => Self::Block,
+            ErrorClass::Unavailable => Self::Retry {
                 under_repair: false,
             },
-            |(_, d)| *d,
-        )
+            ErrorClass::UnderRepair => Self::Retry { under_repair: true },
+            ErrorClass::FenceLost => Self::AbortRepair,
+        }
+    }
+
+    /// The disposition of a record that does not decode: dead-lettered, as a refusal.
+    pub(crate) fn of_malformed() -> Self {
+        Self::DeadLetter
     }
 
     /// Whether the delivery has reached its final outcome.
@@ -176,8 +160,8 @@ mod tests {
         for (error, expected) in &cases {
             assert_eq!(Disposition::of_error(error), *expected, "{error:?}");
         }
-        // A run of deliveries stops where the store's own reading of finality says so
-        // (`StoreError::is_final`): it must be this table's, for every error.
+        // A run of deliveries stops where the error's class says (`StoreError::is_final`): the
+        // same class this module reads.
         let more = [
             StoreError::EpochMismatch { current: Some(1) },
             StoreError::CursorExpired {
@@ -196,14 +180,7 @@ mod tests {
             );
         }
         assert!(Disposition::Advance.is_final() && Disposition::DeadLetter.is_final());
-        // Every error's outcome word is in the table (a missing one would be retried forever).
-        for error in &more {
-            assert!(
-                TABLE.iter().any(|(w, _)| *w == error.outcome()),
-                "{}",
-                error.outcome()
-            );
-        }
         assert!(!Disposition::Block.is_final());
+        assert_eq!(Disposition::of_malformed(), Disposition::DeadLetter);
     }
 }

@@ -47,7 +47,22 @@ pub struct DemoArgs {
 
 /// What happens to a delivery with this outcome in the daemon.
 fn route(outcome: &str) -> &'static str {
-    crate::disposition::Disposition::of_word(outcome).describe()
+    use crate::disposition::Disposition;
+    use crate::model::{AppendOutcome, ErrorClass};
+    // The demo's table lists outcome words; each maps to the class its results have.
+    let class = match outcome {
+        "malformed" => return Disposition::of_malformed().describe(),
+        "corrupt" => ErrorClass::Corrupt,
+        "rejected" | "conflict" | "cursor_expired" => ErrorClass::Refused,
+        "unavailable" => ErrorClass::Unavailable,
+        "under_repair" => ErrorClass::UnderRepair,
+        "fence_lost" => ErrorClass::FenceLost,
+        word if word == "truncated" || AppendOutcome::ALL.iter().any(|o| o.as_str() == word) => {
+            return Disposition::Advance.describe()
+        }
+        _ => return "not an outcome",
+    };
+    Disposition::of_class(class).describe()
 }
 
 /// Starts the mock cluster with the two topics; returns the producer owning it and its

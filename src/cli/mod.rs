@@ -452,10 +452,9 @@ fn mailbox_of(args: &MailboxArgs) -> Result<MailboxId, ExitCode> {
 /// Prints a store error as `{"error": ...}` and picks the exit status.
 fn fail(e: &StoreError) -> ExitCode {
     print_json(&ErrorEnvelope::from(e));
-    match e {
-        StoreError::Unavailable { .. } => ExitCode::from(EXIT_UNAVAILABLE),
-        _ => ExitCode::FAILURE,
-    }
+    // SPEC 8.1: these commands exit 1 for an error they report, 2 for a retryable one (an
+    // unreachable store, a user under repair).
+    ExitCode::from(e.class().exit_status(false))
 }
 
 async fn scan(store: &dyn MailboxStore, args: &ScanArgs) -> ExitCode {

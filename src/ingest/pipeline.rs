@@ -178,7 +178,9 @@ impl<R, M> Slot<R, M> {
     fn outcome(&self) -> RecordOutcome {
         if self.malformed.is_some() {
             RecordOutcome::Malformed
-        } else if self.results.iter().any(|r| matches!(r, Some(Err(_)))) {
+        } else if self.results.iter().flatten().any(|r| {
+            crate::disposition::Disposition::of(r) == crate::disposition::Disposition::DeadLetter
+        }) {
             RecordOutcome::DeadLettered
         } else {
             RecordOutcome::Applied

@@ -88,6 +88,40 @@ impl CursorExpired {
     }
 }
 
+/// What a store error means for the delivery that met it (SPEC 7's error classes), decided in
+/// one exhaustive `match` ([`StoreError::class`]): what a front end does
+/// (`crate::disposition`), where a run of deliveries stops ([`StoreError::is_final`]), what is
+/// dead-lettered and every command's exit status derive from it. A new error kind that nobody
+/// classified does not compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Final: the input or the mailbox refuses the write (rejected, conflict, epoch mismatch,
+    /// cursor expired, store refused, unsupported). Dead-lettered; a command exits 1.
+    Refused,
+    /// Not final: the mailbox fails closed until a repair rebuilds it. A command exits 3 where
+    /// SPEC 8.1 names the status (`apply`), 1 where it does not (`scan`).
+    Corrupt,
+    /// Not final: the store did not answer (unreachable, timeout, failover, too few replica
+    /// acknowledgements). Retried; a command exits 2.
+    Unavailable,
+    /// Not final: a repair holds the user; retried until it swaps. A command exits 2.
+    UnderRepair,
+    /// A repair's own staged write found its fence gone: the repair aborts.
+    FenceLost,
+}
+
+impl ErrorClass {
+    /// A command's exit status for an error of this class: 2 retryable, 3 corrupt (where the
+    /// command reports corruption on its own), 1 otherwise.
+    pub fn exit_status(self, corrupt_has_own_status: bool) -> u8 {
+        match self {
+            Self::Unavailable | Self::UnderRepair => 2,
+            Self::Corrupt if corrupt_has_own_status => 3,
+            Self::Corrupt | Self::Refused | Self::FenceLost => 1,
+        }
+    }
+}
+
 /// Every way a store operation can fail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -213,22 +247,27 @@ impl StoreError {
     /// the mailbox (rejected, conflict, epoch mismatch, cursor expired, store refused,
     /// unsupported). The others (unavailable, under repair, corrupt, fence lost) decide nothing
     /// about the delivery: it was not applied and must be tried again or wait for a repair, so
-    /// a run of deliveries stops there ([`MailboxStore::append_run`]). SPEC 7's table, as
-    /// `crate::disposition` reads it; a unit test there keeps the two in step.
+    /// a run of deliveries stops there ([`MailboxStore::append_run`]). Derived from
+    /// [`StoreError::class`], as `crate::disposition` is.
     ///
     /// [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
     pub fn is_final(&self) -> bool {
+        self.class() == ErrorClass::Refused
+    }
+
+    /// The error's class: the one place that decides it.
+    pub fn class(&self) -> ErrorClass {
         match self {
             Self::Rejected { .. }
             | Self::Conflict { .. }
             | Self::EpochMismatch { .. }
             | Self::CursorExpired { .. }
             | Self::Refused { .. }
-            | Self::Unsupported { .. } => true,
-            Self::Corrupt { .. }
-            | Self::Unavailable { .. }
-            | Self::UnderRepair { .. }
-            | Self::FenceLost { .. } => false,
+            | Self::Unsupported { .. } => ErrorClass::Refused,
+            Self::Corrupt { .. } => ErrorClass::Corrupt,
+            Self::Unavailable { .. } => ErrorClass::Unavailable,
+            Self::UnderRepair { .. } => ErrorClass::UnderRepair,
+            Self::FenceLost { .. } => ErrorClass::FenceLost,
         }
     }
 

@@ -11,7 +11,7 @@ pub mod retention;
 pub mod rules;
 pub mod validate;
 
-pub use error::{ConflictKind, CorruptKind, CursorExpired, RejectKind, StoreError};
+pub use error::{ConflictKind, CorruptKind, CursorExpired, ErrorClass, RejectKind, StoreError};
 pub use group::{Event, EventGroup, LogId, Payload, SourcePosition};
 pub use ids::{MailboxId, UserId, UserIdError, MAX_MAILBOX_SEQ};
 pub use outcome::{

@@ -34,7 +34,6 @@ pub enum AppendOutcome {
 }
 
 impl AppendOutcome {
-    #[cfg(test)]
     pub(crate) const ALL: [AppendOutcome; 7] = [
         Self::Inserted,
         Self::Unchanged,

@@ -404,7 +404,7 @@ async fn a_repair_that_loses_its_lease_aborts_without_swapping() {
 }
 
 /// `apply` on a fenced user exits 2 (retry later) and prints no success for it; the lines before
-/// it are printed.
+/// it are printed. `truncate` on it exits 2 as well.
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_on_a_fenced_user_exits_2_without_a_success_line() {
     let stand = Stand::start("applyfenced", history(2)).await;
@@ -422,8 +422,24 @@ async fn apply_on_a_fenced_user_exits_2_without_a_success_line() {
         .arg(&input)
         .output()
         .expect("apply");
+    // `truncate` on the fenced user: the same class, the same status (it used to exit 1).
+    let truncate = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(["--store", "redis", "--redis-url"])
+        .arg(stand.redis.url())
+        .args([
+            "truncate", "--user", "victim", "--epoch", "1", "--before", "2",
+        ])
+        .output()
+        .expect("truncate");
     let _ = repair.kill();
     let _ = repair.wait();
+    assert_eq!(
+        truncate.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&truncate.stdout)
+    );
+    assert!(String::from_utf8_lossy(&truncate.stdout).contains("under_repair"));
     assert_eq!(
         out.status.code(),
         Some(2),
