@@ -28,8 +28,7 @@
 //! [`Retry`]: Disposition::Retry
 //! [`AbortRepair`]: Disposition::AbortRepair
 
-use crate::ingest::DeliveryOutcome;
-use crate::model::{ErrorClass, StoreError};
+use crate::model::{DeliveryOutcome, ErrorClass, StoreError};
 
 /// What a front end does with one delivery's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

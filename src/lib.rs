@@ -5,27 +5,26 @@
 //! another day bucket is a conflict, natural retention expiry becomes a gap boundary (never a
 //! trim), and corruption fails closed until an operator replays the mailbox from the log.
 //!
-//! # Layout
+//! # Layout (lowest layer first; `layers` holds the rule and the test that keeps it)
 //!
-//! - [`model`]: identifiers, event groups, retention arithmetic, outcomes and errors. Imports
-//!   nothing else of the crate.
+//! - Leaves, which import nothing else of the crate: [`model`] (identifiers, event groups,
+//!   retention arithmetic, outcomes, errors and their one classification), [`retry`] (the one
+//!   backoff), [`allocator`] (how the binary returns memory), and the helpers `locks`,
+//!   `wall_clock` and `url_redact`.
+//! - [`demo`] (the synthetic dispatch log of `materializer demo`) and `disposition` (a delivery's
+//!   result to an action: advance, dead-letter, block, retry), on [`model`].
 //! - [`store`]: the [`store::MailboxStore`] trait (the contract of SPEC section 4, and the repair
 //!   of 7.1 in [`store::repair`]), the [`store::Clock`], one module per backend
 //!   ([`store::memory`], the executable reference; [`store::redis`]; [`store::scylla`]), and
-//!   [`store::classify`], the one place native store errors get their class, and
-//!   [`store::open`], the one place a configuration becomes a store.
+//!   [`store::classify`], the one place native store errors get their class. It never reads the
+//!   configuration.
 //! - [`ingest`]: decoding records, the ordering core (windows, lanes, watermark) and the store
 //!   calls in flight; reaches a store only through the trait.
-//! - [`disposition`]: the one table from a delivery's result to an action (advance, dead-letter,
-//!   block, retry).
-//! - [`retry`]: the one backoff (capped exponential with jitter).
-//! - [`daemon`]: `materializer run` (Kafka intake, engine, dead letters, offsets, telemetry,
-//!   health) and `materializer replay`.
-//! - [`demo`]: the synthetic dispatch log of `materializer demo`.
 //! - [`config`]: the TOML configuration with environment overrides and validation.
-//! - [`cli`]: the `materializer` commands; loads the configuration, opens the store once and
-//!   hands both on.
-//! - [`allocator`]: how the binary's allocator returns memory (part of the memory bound).
+//! - [`daemon`]: `materializer run` (Kafka intake, engine, dead letters, offsets, telemetry,
+//!   health), `replay` and `verify`.
+//! - [`cli`]: the `materializer` commands; loads the configuration, opens the store once
+//!   ([`cli::open_store::open`], the one place a configuration becomes a store) and hands both on.
 //!
 //! `src/bin/materializer.rs` only parses the command line and calls [`cli::main`].
 
@@ -36,6 +35,10 @@ pub mod daemon;
 pub mod demo;
 pub(crate) mod disposition;
 pub mod ingest;
+mod layers;
+pub(crate) mod locks;
 pub mod model;
 pub mod retry;
 pub mod store;
+pub(crate) mod url_redact;
+pub(crate) mod wall_clock;

@@ -231,8 +231,8 @@ async fn check_store(config: &Config) -> Vec<Check> {
 }
 
 /// The store user's or role's permissions, probed without changing anything
-/// ([`crate::store::OpenedStore::missing_grants`]): a missing one FAILs, named.
-async fn check_grants(config: &Config, opened: &crate::store::OpenedStore) -> Check {
+/// ([`crate::cli::OpenedStore::missing_grants`]): a missing one FAILs, named.
+async fn check_grants(config: &Config, opened: &crate::cli::OpenedStore) -> Check {
     let backend = config.store.backend;
     let result = match opened.missing_grants().await {
         Err(e) => Err(format!("cannot probe the grants: {e}")),

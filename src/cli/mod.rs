@@ -10,6 +10,7 @@ mod demo;
 mod dlq;
 mod explain;
 mod fix;
+pub mod open_store;
 mod output;
 mod run;
 mod schema;
@@ -24,7 +25,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Backend, Config, Overrides};
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
-use crate::store::{MailboxStore, OpenedStore};
+use crate::store::MailboxStore;
+pub use open_store::OpenedStore;
 
 use output::{ErrorEnvelope, TruncateLine};
 
@@ -426,11 +428,11 @@ pub(crate) async fn open_store_for_command(config: &Config) -> Result<OpenedStor
     Ok(opened)
 }
 
-/// Builds the configured backend ([`crate::store::open`]), naming it in `build_info` first so a
+/// Builds the configured backend ([`open_store::open`]), naming it in `build_info` first so a
 /// daemon waiting for its store already says what it runs (a no-op without the metrics recorder).
 pub(crate) async fn open_store(config: &Config) -> Result<OpenedStore, String> {
     crate::daemon::metrics::backend(config.store.backend.as_str());
-    crate::store::open(config).await
+    open_store::open(config).await
 }
 
 pub(crate) fn print_json(value: &impl serde::Serialize) {

@@ -17,10 +17,10 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use super::open_store::scylla_settings;
 use super::EXIT_UNAVAILABLE;
 use crate::config::{Backend, Config};
 use crate::store::scylla;
-use crate::store::scylla_settings;
 
 #[derive(Debug, Args)]
 pub struct SchemaArgs {

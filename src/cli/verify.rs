@@ -193,11 +193,7 @@ async fn blocked_users(daemons: &[String]) -> Result<BTreeMap<UserId, String>, S
     Ok(blocked)
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+use crate::wall_clock::now_ms_signed as now_ms;
 
 /// `--since`: a whole number of seconds, minutes, hours or days (`3600s`, `90m`, `24h`, `7d`),
 /// at most a year, in milliseconds.

@@ -19,7 +19,7 @@ use crate::model::{RetentionPolicy, RetentionPolicyError};
 
 mod env;
 mod redact;
-mod secrets;
+pub(crate) mod secrets;
 mod validate;
 
 pub use env::{Setter, ENV, KAFKA_PROPERTY_ENV_PREFIX};
@@ -269,8 +269,8 @@ pub struct ScyllaConfig {
 /// in flight ever hold.
 pub(crate) const MAX_SCYLLA_APPENDS_IN_FLIGHT: usize =
     crate::ingest::runner::MAX_BATCH * crate::ingest::runner::MAX_BATCHES_IN_FLIGHT;
-/// Default of `store.scylla.max_in_flight_appends`.
-pub const DEFAULT_SCYLLA_APPENDS_IN_FLIGHT: usize = 512;
+/// Default of `store.scylla.max_in_flight_appends` (the store's own default).
+pub const DEFAULT_SCYLLA_APPENDS_IN_FLIGHT: usize = crate::store::scylla::DEFAULT_APPENDS_IN_FLIGHT;
 
 /// `[store.scylla.tls]`: TLS to the cluster, with the server certificate verified by default.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

@@ -57,16 +57,4 @@ pub fn redact_secrets(text: &str, kafka: &KafkaConfig) -> String {
     out
 }
 
-/// Masks the password of a Redis URL: `redis://user:***@host`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((credentials, host)) = rest.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match credentials.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => format!("{scheme}://***@{host}"),
-    }
-}
+pub use crate::url_redact::redact_url;

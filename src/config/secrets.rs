@@ -93,8 +93,9 @@ fn with_password(url: &str, password: &str) -> Result<String, String> {
     ))
 }
 
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn percent_encode(text: &str) -> String {
+/// Percent-encodes everything but RFC 3986's unreserved characters (a URL's credentials, a
+/// query value).
+pub(crate) fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {

@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, watch};
 use super::dead_letter::{self, Letter, Source};
 use super::fetch_waker::FetchWaker;
 use super::intake::{IntakeEvent, Polled, RawRecord};
-use super::kafka::{lock, DaemonContext, GroupEvent};
+use super::kafka::{DaemonContext, GroupEvent, Handover};
 use super::metrics;
 use super::telemetry::Telemetry;
 use crate::config::Config;
@@ -53,11 +53,10 @@ use crate::ingest::drive::{Driver, Policy, Step, Verdict};
 use crate::ingest::pipeline::Settled;
 use crate::ingest::runner::StoreCall;
 use crate::ingest::{DeliveryOutcome, DispatchRecord};
+use crate::locks::lock;
 use crate::model::{StoreError, UserId};
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
-
-pub use handover::Handover;
 
 /// What a record carries through the window besides its raw bytes.
 #[derive(Debug, Clone, Copy)]

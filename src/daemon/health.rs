@@ -22,8 +22,9 @@ use rdkafka::metadata::Metadata;
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::http::Health;
-use super::kafka::{lock, DaemonContext};
+use super::kafka::DaemonContext;
 use super::metrics;
+use crate::locks::lock;
 use crate::store::MailboxStore;
 
 /// How often the probes run, and how long each may take.

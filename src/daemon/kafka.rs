@@ -8,6 +8,7 @@
 //! close. So the committed offset is always a watermark: every record below it is final and
 //! durable. With a store that dies with the process (memory) nothing is stored or committed.
 
+use crate::locks::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +20,6 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::engine::Handover;
 use super::http::Health;
 use super::metrics;
 use crate::config::KafkaConfig;
@@ -309,8 +309,23 @@ pub enum GroupEvent {
     Lost,
 }
 
-pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
+/// A revoke's request to the engine (`engine::handover` answers it): the callback enum sits
+/// beside the context that sends it, so the engine depends on this module and not the reverse.
+#[derive(Debug)]
+pub struct Handover {
+    pub partitions: Vec<i32>,
+    /// The generation of the latest assignment when the revoke ran: only windows opened by
+    /// that assignment or an earlier one are handed over (a newer assignment's are not this
+    /// revoke's, however late it arrives).
+    pub generation: u64,
+    /// The assignment was lost (this replica left the group, e.g. frozen past its session):
+    /// the partitions already belong to another replica, so nothing is waited for or committed;
+    /// they are only cancelled at once.
+    pub lost: bool,
+    /// Answered with the final watermark of every revoked partition that has one (the offsets
+    /// to commit; empty when this daemon commits nothing). Dropped unanswered when the engine
+    /// stops first.
+    pub done: std::sync::mpsc::SyncSender<Vec<(i32, i64)>>,
 }
 
 /// The consumer's context: rebalance, statistics, commits, errors and logs.

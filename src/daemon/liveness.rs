@@ -34,11 +34,7 @@ pub struct Liveness {
     timeout_ms: AtomicU64,
 }
 
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub(crate) use crate::wall_clock::now_ms;
 
 impl Liveness {
     pub(crate) fn set_timeout(&self, timeout: Duration) {

@@ -142,7 +142,7 @@ pub async fn run(
     );
     let assigned_notify = context.assigned_notify.clone();
     let (handover, handovers) = tokio::sync::mpsc::unbounded_channel();
-    *kafka::lock(&context.handover) = Some(handover);
+    *crate::locks::lock(&context.handover) = Some(handover);
     let consumer: Arc<BaseConsumer<DaemonContext>> = Arc::new(
         kafka::consumer_config(&config.kafka, options.commit_offsets)
             .create_with_context(context)?,

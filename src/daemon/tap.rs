@@ -101,18 +101,7 @@ impl TapFilter {
     }
 }
 
-/// Percent-encodes everything but RFC 3986's unreserved characters (a query value).
-pub fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
+pub(crate) use crate::config::secrets::percent_encode;
 
 fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();

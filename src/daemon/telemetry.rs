@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::http::Health;
-use super::kafka::lock;
 use super::metrics;
 use crate::disposition::Disposition;
 use crate::ingest::pipeline::{FinalRecord, RecordOutcome};
+use crate::locks::lock;
 use crate::model::{StoreError, UserId};
 
 /// Outcome counts of a run, for the demo's table and for tests of the library.

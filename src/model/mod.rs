@@ -15,7 +15,7 @@ pub use error::{ConflictKind, CorruptKind, CursorExpired, ErrorClass, RejectKind
 pub use group::{Event, EventGroup, LogId, Payload, SourcePosition};
 pub use ids::{MailboxId, UserId, UserIdError, MAX_MAILBOX_SEQ};
 pub use outcome::{
-    ActiveDay, AppendOutcome, MailboxInspection, PromoteOutcome, ScanPage, ScanRequest,
-    ScannedGroup, TruncateOutcome,
+    ActiveDay, AppendOutcome, DeliveryOutcome, MailboxInspection, PromoteOutcome, ScanPage,
+    ScanRequest, ScannedGroup, TruncateOutcome,
 };
 pub use retention::{RetentionPolicy, RetentionPolicyError, DAY_MS, DAY_SECS};

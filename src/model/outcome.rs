@@ -145,3 +145,26 @@ pub struct MailboxInspection {
     /// Whether the identity index exists at all.
     pub identity_index_present: bool,
 }
+
+/// The final, successful outcome of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// A group delivery's append outcome.
+    Append(AppendOutcome),
+    /// A `truncate_before` record moved the trim to `user_trim_seq`.
+    Truncated { user_trim_seq: u64 },
+    /// A `truncate_before` record for an epoch older than the user's current one: nothing done,
+    /// like a stale append.
+    TruncateStale,
+}
+
+impl DeliveryOutcome {
+    /// The outcome word of SPEC 8.1.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Append(outcome) => outcome.as_str(),
+            Self::Truncated { .. } => "truncated",
+            Self::TruncateStale => "stale_epoch",
+        }
+    }
+}

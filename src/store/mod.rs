@@ -7,7 +7,6 @@ pub mod classify;
 pub mod clock;
 pub mod fault;
 pub mod memory;
-mod open;
 pub mod redis;
 pub mod repair;
 pub mod scylla;
@@ -20,8 +19,6 @@ use crate::model::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub(crate) use open::scylla_settings;
-pub use open::{open, OpenedStore};
 
 /// Expired day buckets one store compacted into gap boundaries, by every write and explicit
 /// promote that was applied (committed): inside appends and truncates (live or staged), and

@@ -1127,7 +1127,7 @@ async fn a_committed_swap_succeeds_even_when_its_clean_up_fails() {
 async fn the_configured_appends_in_flight_reach_the_store() {
     use mailbox_materializer::config::{Backend, Config, DEFAULT_SCYLLA_APPENDS_IN_FLIGHT};
     async fn limit_of(config: &Config) -> Option<usize> {
-        mailbox_materializer::store::open(config)
+        mailbox_materializer::cli::open_store::open(config)
             .await
             .expect("open")
             .store

@@ -41,11 +41,7 @@ pub struct TopArgs {
     pub json: bool,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::wall_clock::now_ms;
 
 /// Scrapes every replica at once.
 async fn refresh(replicas: &mut [Replica], timeout: Duration) {

@@ -19,23 +19,7 @@ use std::time::Duration;
 
 use super::Engine;
 
-/// A revoke's request to the engine.
-#[derive(Debug)]
-pub struct Handover {
-    pub partitions: Vec<i32>,
-    /// The generation of the latest assignment when the revoke ran: only windows opened by
-    /// that assignment or an earlier one are handed over (a newer assignment's are not this
-    /// revoke's, however late it arrives).
-    pub generation: u64,
-    /// The assignment was lost (this replica left the group, e.g. frozen past its session):
-    /// the partitions already belong to another replica, so nothing is waited for or committed;
-    /// they are only cancelled at once.
-    pub lost: bool,
-    /// Answered with the final watermark of every revoked partition that has one (the offsets
-    /// to commit; empty when this daemon commits nothing). Dropped unanswered when the engine
-    /// stops first.
-    pub done: std::sync::mpsc::SyncSender<Vec<(i32, i64)>>,
-}
+use crate::daemon::kafka::Handover;
 
 /// A hand-over in progress.
 pub(super) struct Pending {

@@ -107,11 +107,7 @@ pub struct Blocked {
 /// How long after a transient write failure the store counts as not ready.
 pub(crate) const WRITE_FAILURE_WINDOW_MS: u64 = 5_000;
 
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub(crate) use crate::wall_clock::now_ms;
 
 impl Health {
     pub(crate) fn set_store(&self, ok: bool) {

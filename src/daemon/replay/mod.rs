@@ -192,12 +192,7 @@ async fn pause_point(point: &str) {
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+use crate::wall_clock::now_ms_signed as now_ms;
 
 /// Runs a replay to its end, its refusal or its abort; `interrupt` flips on SIGINT/SIGTERM.
 pub async fn replay(

@@ -25,7 +25,7 @@ pub struct RedisSettings {
 impl std::fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSettings")
-            .field("url", &crate::config::redact_url(&self.url))
+            .field("url", &crate::url_redact::redact_url(&self.url))
             .field("cluster", &self.cluster)
             .field("key_prefix", &self.key_prefix)
             .field("wait_replicas", &self.wait_replicas)
@@ -123,7 +123,7 @@ impl RedisStore {
                 backend: BACKEND,
                 detail: format!(
                     "no connection to {} within {:?}",
-                    crate::config::redact_url(&settings.url),
+                    crate::url_redact::redact_url(&settings.url),
                     settings.connect_timeout
                 ),
             })?
@@ -172,7 +172,7 @@ impl RedisStore {
     pub(super) async fn masters(&self) -> Result<Vec<(String, Connection)>, StoreError> {
         if !self.settings.cluster {
             return Ok(vec![(
-                crate::config::redact_url(&self.settings.url),
+                crate::url_redact::redact_url(&self.settings.url),
                 self.conn(),
             )]);
         }

@@ -94,9 +94,7 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::locks::lock;
 
 impl RedisStore {
     pub fn policy(&self) -> RetentionPolicy {

@@ -70,6 +70,10 @@ const BACKEND: &str = "scylla";
 /// reports the mailbox as unavailable (transient; the caller retries later).
 const MAX_ATTEMPTS: usize = 32;
 
+/// Appends one store holds in flight unless configured otherwise
+/// (`store.scylla.max_in_flight_appends`).
+pub const DEFAULT_APPENDS_IN_FLIGHT: usize = 512;
+
 /// How to reach the cluster.
 #[derive(Clone)]
 pub struct ScyllaSettings {
@@ -138,7 +142,7 @@ impl ScyllaSettings {
             serial_consistency: SerialConsistency::Serial,
             connect_timeout: Duration::from_secs(10),
             local_dc: None,
-            max_in_flight_appends: crate::config::DEFAULT_SCYLLA_APPENDS_IN_FLIGHT,
+            max_in_flight_appends: DEFAULT_APPENDS_IN_FLIGHT,
             tls: None,
             create_schema: true,
         }
@@ -177,9 +181,7 @@ impl std::fmt::Debug for ScyllaStore {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::locks::lock;
 
 /// FNV-1a over the canonical content of a group (`created_at`, then each event's ordinal and
 /// payload in ordinal order): the key of its event rows. Stable across processes and versions, so

@@ -1,5 +1,6 @@
-//! Building the configured store: the one place a [`Config`] becomes a [`MailboxStore`], below
-//! both the commands and the daemon that use it.
+//! Building the configured store: the one place a [`Config`] becomes a [`MailboxStore`]. It is
+//! composition, so it lives with the commands that compose (the daemon is one of them, `run`);
+//! the stores never read the configuration.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,140 @@
+//! The crate's layers, lowest first, and the test that keeps every `crate::` path pointing down.
+//!
+//! | layer | may use |
+//! |---|---|
+//! | leaves: `model`, `locks`, `wall_clock`, `url_redact`, `retry`, `allocator` | nothing else of the crate |
+//! | `demo` (the synthetic workload), `disposition` | `model` |
+//! | `store` | the leaves |
+//! | `ingest` | `store`, `disposition`, the leaves |
+//! | `config` | `ingest`, `store`, the leaves |
+//! | `daemon` | everything below the commands |
+//! | `cli` | everything |
+//!
+//! A module's own paths (`crate::store::..` inside `store`) are always allowed. Doc comments may
+//! name anything: only code is checked.
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    const LEAVES: [&str; 6] = [
+        "model",
+        "locks",
+        "wall_clock",
+        "url_redact",
+        "retry",
+        "allocator",
+    ];
+
+    /// Which top-level modules each may use (besides itself).
+    fn allowed() -> BTreeMap<&'static str, Vec<&'static str>> {
+        let mut rules: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for leaf in LEAVES {
+            rules.insert(leaf, vec![]);
+        }
+        rules.insert("demo", vec!["model"]);
+        rules.insert("disposition", vec!["model"]);
+        rules.insert("store", LEAVES.to_vec());
+        let mut ingest = LEAVES.to_vec();
+        ingest.extend(["store", "disposition"]);
+        rules.insert("ingest", ingest.clone());
+        let mut config = ingest.clone();
+        config.push("ingest");
+        rules.insert("config", config.clone());
+        let mut daemon = config;
+        daemon.extend(["config", "demo"]);
+        rules.insert("daemon", daemon.clone());
+        let mut cli = daemon;
+        cli.extend(["daemon", "cli"]);
+        rules.insert("cli", cli);
+        rules
+    }
+
+    /// Every `crate::<module>` a line of code names (comments left out).
+    fn crate_paths(line: &str) -> Vec<&str> {
+        let code = line.split("//").next().unwrap_or_default();
+        code.match_indices("crate::")
+            .filter(|(at, _)| {
+                // `$crate::` and `mailbox_materializer::crate` are not this crate's paths.
+                !code[..*at].ends_with('$')
+                    && !code[..*at].ends_with(|c: char| c.is_alphanumeric() || c == '_')
+            })
+            .filter_map(|(at, _)| {
+                let rest = &code[at + "crate::".len()..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                (end > 0).then(|| &rest[..end])
+            })
+            .collect()
+    }
+
+    fn walk(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read src") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn every_crate_path_points_down_a_layer() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        let rules = allowed();
+        let mut violations = Vec::new();
+        for file in files {
+            let relative = file.strip_prefix(&src).expect("under src");
+            let top = relative
+                .components()
+                .next()
+                .and_then(|c| c.as_os_str().to_str())
+                .map(|c| c.trim_end_matches(".rs"))
+                .unwrap_or_default();
+            // This file names paths in its own test strings; `bin/` is another crate.
+            if matches!(top, "lib" | "main" | "layers" | "bin") {
+                continue;
+            }
+            let Some(may) = rules.get(top) else {
+                violations.push(format!("{}: module {top} has no layer", relative.display()));
+                continue;
+            };
+            let text = std::fs::read_to_string(&file).expect("read");
+            for (n, line) in text.lines().enumerate() {
+                for target in crate_paths(line) {
+                    if target != top && !may.contains(&target) {
+                        violations.push(format!(
+                            "{}:{}: {top} uses crate::{target}",
+                            relative.display(),
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            violations.is_empty(),
+            "arrows pointing up:\n{}",
+            violations.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_path_reader_sees_code_not_comments() {
+        assert_eq!(crate_paths("use crate::model::{A, B};"), ["model"]);
+        assert_eq!(
+            crate_paths("x(crate::store::open()) // crate::cli"),
+            ["store"]
+        );
+        assert_eq!(
+            crate_paths("/// [`x`](crate::daemon::y)"),
+            Vec::<&str>::new()
+        );
+        assert_eq!(crate_paths("$crate::model"), Vec::<&str>::new());
+    }
+}
