@@ -87,6 +87,30 @@ pub enum ProgressArg {
     Off,
 }
 
+impl ProgressArg {
+    /// What `--progress` asks for (`auto`: a bar on a terminal, lines otherwise).
+    pub(super) fn mode(self) -> ProgressMode {
+        match self {
+            Self::Auto => ProgressMode::for_stderr(),
+            Self::Bar => ProgressMode::Bar,
+            Self::Lines => ProgressMode::Lines,
+            Self::Off => ProgressMode::Off,
+        }
+    }
+}
+
+/// `--user` values as user ids; a malformed one is refused naming it (exit 2, nothing touched).
+pub(super) fn parse_users(raw: &[String]) -> Result<Vec<UserId>, ExitCode> {
+    raw.iter()
+        .map(|raw| {
+            UserId::parse(raw).map_err(|e| {
+                eprintln!("error: --user {raw:?}: {e}");
+                ExitCode::from(EXIT_UNAVAILABLE)
+            })
+        })
+        .collect()
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub(super) async fn termination() {
     #[cfg(unix)]
@@ -228,16 +252,10 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     }
-    let mut users = Vec::new();
-    for raw in &args.users {
-        match UserId::parse(raw) {
-            Ok(user) => users.push(user),
-            Err(e) => {
-                eprintln!("error: --user {raw:?}: {e}");
-                return ExitCode::from(EXIT_UNAVAILABLE);
-            }
-        }
-    }
+    let users = match parse_users(&args.users) {
+        Ok(users) => users,
+        Err(code) => return code,
+    };
     let start = match (args.from_offset, args.from_time) {
         (Some(offset), _) => ReplayStart::Offset(offset),
         (None, Some(ms)) => ReplayStart::TimeMs(ms),
@@ -277,12 +295,7 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         dry_run: args.dry_run,
         allow_partial_history: args.allow_partial_history,
         allow_empty: args.allow_empty,
-        progress: match args.progress {
-            ProgressArg::Auto => ProgressMode::for_stderr(),
-            ProgressArg::Bar => ProgressMode::Bar,
-            ProgressArg::Lines => ProgressMode::Lines,
-            ProgressArg::Off => ProgressMode::Off,
-        },
+        progress: args.progress.mode(),
         lease: Duration::from_secs(args.fence_lease_secs),
         take_over: args.take_over_fence.clone(),
     };

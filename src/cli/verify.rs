@@ -11,11 +11,11 @@ use clap::Args;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::run::ProgressArg;
+use super::run::{parse_users, ProgressArg};
 use super::top::scrape::{authority, get};
 use super::{open_store, print_json, EXIT_UNAVAILABLE};
 use crate::config::Config;
-use crate::daemon::replay::{parse_time_ms, ProgressMode, ReplayStart};
+use crate::daemon::replay::{parse_time_ms, ReplayStart};
 use crate::daemon::verify::{verify, MailboxReport, VerifyRequest, DEFAULT_BATCH_BYTES};
 use crate::model::UserId;
 
@@ -68,16 +68,10 @@ pub struct VerifyArgs {
 }
 
 pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
-    let mut users = Vec::new();
-    for raw in &args.users {
-        match UserId::parse(raw) {
-            Ok(user) => users.push(user),
-            Err(e) => {
-                eprintln!("error: --user {raw:?}: {e}");
-                return ExitCode::from(EXIT_UNAVAILABLE);
-            }
-        }
-    }
+    let users = match parse_users(&args.users) {
+        Ok(users) => users,
+        Err(code) => return code,
+    };
     let start = match (args.from_offset, args.from_time, args.since) {
         (Some(offset), _, _) => ReplayStart::Offset(offset),
         (None, Some(ms), _) => ReplayStart::TimeMs(ms),
@@ -106,12 +100,7 @@ pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
         start,
         to_offset: args.to_offset,
         users,
-        progress: match args.progress {
-            ProgressArg::Auto => ProgressMode::for_stderr(),
-            ProgressArg::Bar => ProgressMode::Bar,
-            ProgressArg::Lines => ProgressMode::Lines,
-            ProgressArg::Off => ProgressMode::Off,
-        },
+        progress: args.progress.mode(),
         batch_bytes: args.batch_bytes,
         max_records_per_second: args.max_records_per_second,
         store_concurrency: args.store_concurrency,
