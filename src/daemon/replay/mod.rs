@@ -194,54 +194,162 @@ async fn pause_point(point: &str) {
 
 use crate::wall_clock::now_ms_signed as now_ms;
 
+/// How a step ends the replay early. Whatever fences the repair holds are then abandoned in one
+/// place ([`replay`]): renewal stopped, every staging copy not yet swapped removed, the live
+/// mailboxes as they were.
+enum Stop {
+    /// Refused: nothing in the store was changed.
+    Refused(Refusal),
+    /// Stopped midway; worth running again (exit 2) when `retryable`.
+    Aborted { reason: String, retryable: bool },
+    /// The summary already says which (the topic policy's check writes its own).
+    Said,
+}
+
+impl Stop {
+    fn refused(reason: &'static str, detail: String) -> Self {
+        Self::Refused(Refusal { reason, detail })
+    }
+
+    fn aborted(reason: impl Into<String>, retryable: bool) -> Self {
+        Self::Aborted {
+            reason: reason.into(),
+            retryable,
+        }
+    }
+}
+
+/// The fences a repair holds and their renewal, so that one call gives them up.
+struct Fences {
+    store: Arc<dyn MailboxStore>,
+    /// Taken and not yet swapped.
+    tokens: Vec<RepairToken>,
+    renewal: Option<Renewal>,
+}
+
+impl Fences {
+    /// Stops renewing and removes the staging copies not swapped: the live mailboxes stay as
+    /// they were.
+    async fn abandon(&mut self) {
+        self.stop_renewal();
+        abort_all(self.store.as_ref(), &self.tokens).await;
+        self.tokens.clear();
+    }
+
+    fn stop_renewal(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.stop();
+        }
+    }
+}
+
 /// Runs a replay to its end, its refusal or its abort; `interrupt` flips on SIGINT/SIGTERM.
 pub async fn replay(
     config: &Config,
     store: Arc<dyn MailboxStore>,
     request: &ReplayRequest,
-    mut interrupt: watch::Receiver<bool>,
+    interrupt: watch::Receiver<bool>,
 ) -> ReplaySummary {
     let mut summary = ReplaySummary {
         partition: request.partition,
         dry_run: request.dry_run,
         ..ReplaySummary::default()
     };
+    let mut fences = Fences {
+        store: store.clone(),
+        tokens: Vec::new(),
+        renewal: None,
+    };
+    let outcome = steps(
+        config,
+        &store,
+        request,
+        interrupt,
+        &mut summary,
+        &mut fences,
+    )
+    .await;
+    if let Err(stop) = outcome {
+        fences.abandon().await;
+        match stop {
+            Stop::Refused(refusal) => summary.refused = Some(refusal),
+            Stop::Aborted { reason, retryable } => {
+                summary.abort(reason, retryable);
+            }
+            Stop::Said => {}
+        }
+    }
+    fences.stop_renewal();
+    summary
+}
+
+/// The replay's steps, as the module's documentation numbers them.
+async fn steps(
+    config: &Config,
+    store: &Arc<dyn MailboxStore>,
+    request: &ReplayRequest,
+    mut interrupt: watch::Receiver<bool>,
+    summary: &mut ReplaySummary,
+    fences: &mut Fences,
+) -> Result<(), Stop> {
+    let fenced = request.reset_mailboxes && !request.dry_run;
+    let (clients, log, mut range) = refuse_or_resolve(config, request, summary, fenced).await?;
+    if fenced {
+        take_fences(store, request, &clients, &mut range, summary, fences).await?;
+    }
+    let seen_users = build_aside(
+        config,
+        store,
+        request,
+        (&clients, log, &range),
+        &mut interrupt,
+        summary,
+        fences,
+    )
+    .await?;
+    if fenced {
+        check_and_swap(
+            config,
+            store,
+            request,
+            &range,
+            &seen_users,
+            &interrupt,
+            summary,
+            fences,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Step 1: refuse before touching anything. The range resolved, or why not.
+async fn refuse_or_resolve(
+    config: &Config,
+    request: &ReplayRequest,
+    summary: &mut ReplaySummary,
+    fenced: bool,
+) -> Result<(Clients, crate::model::LogId, range::Range), Stop> {
     if request.reset_mailboxes && request.users.is_empty() {
-        summary.refuse(
+        return Err(Stop::refused(
             "reset_without_user",
             "--reset-mailboxes needs at least one --user: a partition's users are only known after reading it".to_owned(),
-        );
-        return summary;
+        ));
     }
-    let clients = match Clients::new(config, request.partition) {
-        Ok(clients) => clients,
-        Err(e) => {
-            summary.abort(format!("kafka: {e}"), true);
-            return summary;
-        }
-    };
-    if request.reset_mailboxes && !keeps_every_record(config, &mut summary).await {
-        return summary;
+    let clients = Clients::new(config, request.partition)
+        .map_err(|e| Stop::aborted(format!("kafka: {e}"), true))?;
+    if request.reset_mailboxes && !keeps_every_record(config, summary).await {
+        return Err(Stop::Said);
     }
     // Each record re-applies with its own source position (SPEC 7.2), so a replay of the past
     // never reverts what a later record of the log wrote: without the log's identity it would.
-    let log = match clients.log_identity() {
-        Ok(log) => log,
-        Err(e) => {
-            summary.abort(format!("kafka: {e}"), true);
-            return summary;
-        }
-    };
+    let log = clients
+        .log_identity()
+        .map_err(|e| Stop::aborted(format!("kafka: {e}"), true))?;
     let range = match clients.resolve(request).await {
         Ok(Ok(range)) => range,
-        Ok(Err(refusal)) => {
-            summary.refused = Some(refusal);
-            return summary;
-        }
-        Err(e) => {
-            summary.abort(e, true);
-            return summary;
-        }
+        Ok(Err(refusal)) => return Err(Stop::Refused(refusal)),
+        Err(e) => return Err(Stop::aborted(e, true)),
     };
     summary.from_offset = range.from;
     summary.end_offset = range.end;
@@ -249,104 +357,96 @@ pub async fn replay(
     // A rebuild replaces the whole mailbox: a named user with records before the start would
     // lose them. Read (never apply) what the log holds before the start to be sure.
     if request.reset_mailboxes && range.from > range.low && !request.allow_partial_history {
-        match clients
+        let found = clients
             .first_record_of(&request.users, range.low, range.from, config)
             .await
-        {
-            Ok(Some((offset, user))) => {
-                summary.refuse(
-                    "user_before_start",
-                    format!(
-                        "the log still holds a record of {} at offset {offset}, before the requested start {}: a rebuild from there would lose it; start at or before {offset} (or pass --allow-partial-history)",
-                        user.as_str(),
-                        range.from
-                    ),
-                );
-                return summary;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                summary.abort(e, true);
-                return summary;
-            }
+            .map_err(|e| Stop::aborted(e, true))?;
+        if let Some((offset, user)) = found {
+            return Err(Stop::refused(
+                "user_before_start",
+                format!(
+                    "the log still holds a record of {} at offset {offset}, before the requested start {}: a rebuild from there would lose it; start at or before {offset} (or pass --allow-partial-history)",
+                    user.as_str(),
+                    range.from
+                ),
+            ));
         }
     }
 
-    let fenced = request.reset_mailboxes && !request.dry_run;
     // A rebuild of a named user the range never mentions would empty its mailboxes: read the
     // range (never apply it) and refuse before any fence goes up. (Checked again after the
     // rebuild, which reads the range as it stands then.)
     if fenced && !request.allow_empty {
-        match clients
+        let seen = clients
             .users_in_range(&request.users, range.from, range.end, config)
             .await
-        {
-            Ok(seen) => {
-                let missing: Vec<&str> = request
-                    .users
-                    .iter()
-                    .filter(|u| !seen.contains(*u))
-                    .map(UserId::as_str)
-                    .collect();
-                if !missing.is_empty() {
-                    summary.refuse("user_not_in_range", not_in_range(&missing, &range));
-                    return summary;
-                }
-            }
-            Err(e) => {
-                summary.abort(e, true);
-                return summary;
-            }
+            .map_err(|e| Stop::aborted(e, true))?;
+        let missing: Vec<&str> = request
+            .users
+            .iter()
+            .filter(|u| !seen.contains(*u))
+            .map(UserId::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(Stop::refused(
+                "user_not_in_range",
+                not_in_range(&missing, &range),
+            ));
         }
     }
-    let mut tokens: Vec<RepairToken> = Vec::new();
-    let mut range = range;
-    let mut renewal = None;
-    if fenced {
+    Ok((clients, log, range))
+}
+
+/// Step 2: fence each named user, renew the fences, and move the end to what the daemon wrote
+/// before them.
+async fn take_fences(
+    store: &Arc<dyn MailboxStore>,
+    request: &ReplayRequest,
+    clients: &Clients,
+    range: &mut range::Range,
+    summary: &mut ReplaySummary,
+    fences: &mut Fences,
+) -> Result<(), Stop> {
+    {
         for user in &request.users {
-            match fence::take(store.as_ref(), user, request.lease, &request.take_over).await {
-                Ok(token) => tokens.push(token),
-                Err((reason, retryable)) => {
-                    abort_all(store.as_ref(), &tokens).await;
-                    summary.abort(reason, retryable);
-                    return summary;
-                }
-            }
+            let token = fence::take(store.as_ref(), user, request.lease, &request.take_over)
+                .await
+                .map_err(|(reason, retryable)| Stop::aborted(reason, retryable))?;
+            fences.tokens.push(token);
         }
         // Renewed from now on: the Kafka calls below may take several timeouts, and a short
         // lease must not lapse before its first renewal.
-        renewal = Some(Renewal::start(
+        fences.renewal = Some(Renewal::start(
             store.clone(),
-            tokens.clone(),
+            fences.tokens.clone(),
             request.lease,
             request.lease / 3,
         ));
         // Everything the daemon wrote before the fences is below the high watermark now.
-        let stop_renewal = |renewal: &mut Option<Renewal>| {
-            if let Some(renewal) = renewal.take() {
-                renewal.stop();
-            }
+        range.end = match clients.recheck_after_fence(request, range).await {
+            Ok(Ok(end)) => end,
+            Ok(Err(refusal)) => return Err(Stop::Refused(refusal)),
+            Err(e) => return Err(Stop::aborted(e, true)),
         };
-        match clients.recheck_after_fence(request, &range).await {
-            Ok(Ok(end)) => range.end = end,
-            Ok(Err(refusal)) => {
-                stop_renewal(&mut renewal);
-                abort_all(store.as_ref(), &tokens).await;
-                summary.refused = Some(refusal);
-                return summary;
-            }
-            Err(e) => {
-                stop_renewal(&mut renewal);
-                abort_all(store.as_ref(), &tokens).await;
-                summary.abort(e, true);
-                return summary;
-            }
-        }
         summary.end_offset = range.end;
     }
+    Ok(())
+}
 
+/// Step 3, build aside: the range applied to the fenced users' staging copies (the others' live
+/// mailboxes, when nothing is fenced). Returns the users the range delivered to.
+async fn build_aside(
+    config: &Config,
+    store: &Arc<dyn MailboxStore>,
+    request: &ReplayRequest,
+    (clients, log, range): (&Clients, crate::model::LogId, &range::Range),
+    interrupt: &mut watch::Receiver<bool>,
+    summary: &mut ReplaySummary,
+    fences: &mut Fences,
+) -> Result<BTreeSet<UserId>, Stop> {
     pause_point("replay.fenced").await;
-    let targets: HashMap<UserId, Arc<dyn MailboxStore>> = tokens
+    let targets: HashMap<UserId, Arc<dyn MailboxStore>> = fences
+        .tokens
         .iter()
         .map(|t| {
             let view: Arc<dyn MailboxStore> = Arc::new(StagingView::new(store.clone(), t.clone()));
@@ -363,7 +463,7 @@ pub async fn replay(
             driver.open((), WINDOW, ());
             driver
         },
-        summary: &mut summary,
+        summary: &mut *summary,
         corrupt_users: BTreeSet::new(),
         seen_users: BTreeSet::new(),
         wanted: request.users.iter().cloned().collect(),
@@ -372,7 +472,7 @@ pub async fn replay(
         pause_rebuilding: false,
     };
     let read = run
-        .read(&clients.reader, &range, &mut interrupt, renewal.as_mut())
+        .read(&clients.reader, range, interrupt, fences.renewal.as_mut())
         .await;
     run.driver.cancel_all();
     let corrupt_users = std::mem::take(&mut run.corrupt_users);
@@ -383,96 +483,79 @@ pub async fn replay(
         .iter()
         .map(|u| u.as_str().to_owned())
         .collect();
-    if let Err((reason, retryable)) = read {
-        if let Some(renewal) = renewal.take() {
-            renewal.stop();
-        }
-        abort_all(store.as_ref(), &tokens).await;
-        summary.abort(reason, retryable);
-        return summary;
-    }
+    read.map_err(|(reason, retryable)| Stop::aborted(reason, retryable))?;
     summary.offsets_without_record = u64::try_from(range.end - range.from)
         .unwrap_or(0)
         .saturating_sub(summary.records);
-    if !fenced {
-        return summary;
-    }
+    Ok(seen_users)
+}
 
-    let missing: Vec<&str> = tokens
+/// Steps 4 and 5: check that every named user had a record in the range, then swap each, once
+/// nothing says stop.
+#[allow(clippy::too_many_arguments)]
+async fn check_and_swap(
+    config: &Config,
+    store: &Arc<dyn MailboxStore>,
+    request: &ReplayRequest,
+    range: &range::Range,
+    seen_users: &BTreeSet<UserId>,
+    interrupt: &watch::Receiver<bool>,
+    summary: &mut ReplaySummary,
+    fences: &mut Fences,
+) -> Result<(), Stop> {
+    let missing: Vec<&str> = fences
+        .tokens
         .iter()
         .filter(|t| !seen_users.contains(&t.user))
         .map(|t| t.user.as_str())
         .collect();
     if !missing.is_empty() && !request.allow_empty {
-        if let Some(renewal) = renewal.take() {
-            renewal.stop();
-        }
-        abort_all(store.as_ref(), &tokens).await;
-        summary.refuse("user_not_in_range", not_in_range(&missing, &range));
-        return summary;
+        return Err(Stop::refused(
+            "user_not_in_range",
+            not_in_range(&missing, range),
+        ));
     }
     pause_point("replay.before_swap").await;
     // A signal that arrived after the last record was read still stops the repair: nothing has
     // been swapped yet.
     if *interrupt.borrow() {
-        if let Some(renewal) = renewal.take() {
-            renewal.stop();
-        }
-        abort_all(store.as_ref(), &tokens).await;
-        summary.abort(
-            "interrupted by a signal before the swap; the live mailboxes are as they were"
-                .to_owned(),
+        return Err(Stop::aborted(
+            "interrupted by a signal before the swap; the live mailboxes are as they were",
             false,
-        );
-        return summary;
+        ));
     }
     // The policy again: a topic turned compacted while the range was read may have lost records
     // of it. Nothing is swapped then.
-    if !keeps_every_record(config, &mut summary).await {
-        if let Some(renewal) = renewal.take() {
-            renewal.stop();
-        }
-        abort_all(store.as_ref(), &tokens).await;
-        return summary;
+    if !keeps_every_record(config, summary).await {
+        return Err(Stop::Said);
     }
-    if let Some(reason) = renewal.as_ref().and_then(Renewal::is_lost) {
-        if let Some(renewal) = renewal.take() {
-            renewal.stop();
-        }
-        abort_all(store.as_ref(), &tokens).await;
-        summary.abort(format!("repair fence lost: {reason}"), false);
-        return summary;
+    if let Some(reason) = fences.renewal.as_ref().and_then(Renewal::is_lost) {
+        return Err(Stop::aborted(format!("repair fence lost: {reason}"), false));
     }
-    for (i, token) in tokens.iter().enumerate() {
-        match store.repair_swap(token).await {
+    while let Some(token) = fences.tokens.first().cloned() {
+        match store.repair_swap(&token).await {
             Ok(report) => {
-                // Its fence is lifted: stop renewing it (a renewal would find it gone).
-                if let Some(renewal) = renewal.as_ref() {
-                    renewal.release(token);
+                // Its fence is lifted: stop renewing it (a renewal would find it gone), and it is
+                // no longer this repair's to abandon.
+                if let Some(renewal) = fences.renewal.as_ref() {
+                    renewal.release(&token);
                 }
+                fences.tokens.remove(0);
                 summary.staged_groups += report.staged_groups;
                 summary.swapped_users.push(token.user.as_str().to_owned());
                 tracing::info!(user = %token.user.as_str(), staged_groups = report.staged_groups, "rebuilt mailboxes swapped in");
             }
             Err(e) => {
-                if let Some(renewal) = renewal.take() {
-                    renewal.stop();
-                }
-                abort_all(store.as_ref(), &tokens[i..]).await;
-                // Worth running again (exit 2) exactly when the table says retry.
+                // Worth running again (exit 2) exactly when the disposition says retry.
                 let retryable = matches!(Disposition::of_error(&e), Disposition::Retry { .. });
-                summary.abort(
+                return Err(Stop::aborted(
                     format!("swap of {} failed: {e}", token.user.as_str()),
                     retryable,
-                );
-                return summary;
+                ));
             }
         }
     }
-    if let Some(renewal) = renewal.take() {
-        renewal.stop();
-    }
-    summary
+    Ok(())
 }
 
 /// SPEC 7.1: a repair rebuilds a mailbox from the whole history in the log, which a compacted
