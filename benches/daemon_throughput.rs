@@ -448,6 +448,20 @@ async fn tap_rows(bootstrap: &str, w: &Workload, pids: &[(&'static str, String)]
     lines
 }
 
+/// `verify`'s arguments for one partition's whole range, as every bench run passes them.
+fn verify_args(partition: i32) -> [String; 7] {
+    [
+        "verify",
+        "--partition",
+        &partition.to_string(),
+        "--from-offset",
+        "0",
+        "--progress",
+        "off",
+    ]
+    .map(str::to_owned)
+}
+
 /// `materializer verify` of every partition of `w` (applied to the store of `config` by the
 /// daemon group `config` names): the rate over the workload's records, the CPU, and the peak RSS
 /// of the largest run (`/usr/bin/time`).
@@ -463,15 +477,7 @@ fn verify_run(config: &Path, w: &Workload, pids: &[(&'static str, String)]) -> (
             .arg(&rss)
             .args(["-f", "%M %U %S", binary, "--config"])
             .arg(config)
-            .args([
-                "verify",
-                "--partition",
-                &partition.to_string(),
-                "--from-offset",
-                "0",
-                "--progress",
-                "off",
-            ])
+            .args(verify_args(partition))
             .output()
             .expect("run materializer verify");
         let summary = String::from_utf8_lossy(&out.stdout);
@@ -572,15 +578,7 @@ async fn verify_rows(
                             let status = Command::new(env!("CARGO_BIN_EXE_materializer"))
                                 .arg("--config")
                                 .arg(&config)
-                                .args([
-                                    "verify",
-                                    "--partition",
-                                    &partition.to_string(),
-                                    "--from-offset",
-                                    "0",
-                                    "--progress",
-                                    "off",
-                                ])
+                                .args(verify_args(partition))
                                 .stdout(std::process::Stdio::null())
                                 .status()
                                 .expect("verify");

@@ -27,7 +27,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::top::scrape::{authority, get};
-use super::{open_store, EXIT_UNAVAILABLE};
+use super::{open_store_to_read, EXIT_UNAVAILABLE};
 use crate::config::Config;
 use crate::daemon::http::Blocked;
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId};
@@ -75,12 +75,9 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    let opened = match open_store(config).await {
+    let opened = match open_store_to_read(config).await {
         Ok(opened) => opened,
-        Err(e) => {
-            eprintln!("error: the store is unreachable: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
-        }
+        Err(code) => return code,
     };
     let store = opened.store.as_ref();
     let backend = store.backend();

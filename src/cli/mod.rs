@@ -428,6 +428,15 @@ pub(crate) async fn open_store_for_command(config: &Config) -> Result<OpenedStor
     Ok(opened)
 }
 
+/// [`open_store`] for a command that only reads (`explain`, `verify`): an unreachable store is
+/// said on stderr and ends the command with exit 2.
+pub(crate) async fn open_store_to_read(config: &Config) -> Result<OpenedStore, ExitCode> {
+    open_store(config).await.map_err(|e| {
+        eprintln!("error: the store is unreachable: {e}");
+        ExitCode::from(EXIT_UNAVAILABLE)
+    })
+}
+
 /// Builds the configured backend ([`open_store::open`]), naming it in `build_info` first so a
 /// daemon waiting for its store already says what it runs (a no-op without the metrics recorder).
 pub(crate) async fn open_store(config: &Config) -> Result<OpenedStore, String> {

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::run::{parse_users, ProgressArg};
 use super::top::scrape::{authority, get};
-use super::{open_store, print_json, EXIT_UNAVAILABLE};
+use super::{open_store_to_read, print_json, EXIT_UNAVAILABLE};
 use crate::config::Config;
 use crate::daemon::replay::{parse_time_ms, ReplayStart};
 use crate::daemon::verify::{verify, MailboxReport, VerifyRequest, DEFAULT_BATCH_BYTES};
@@ -88,12 +88,9 @@ pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    let opened = match open_store(config).await {
+    let opened = match open_store_to_read(config).await {
         Ok(opened) => opened,
-        Err(e) => {
-            eprintln!("error: the store is unreachable: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
-        }
+        Err(code) => return code,
     };
     let request = VerifyRequest {
         partition: args.partition,
