@@ -1,13 +1,11 @@
-//! Append (SPEC 4.2) on one slot of a user's partition: the live slot for the daemon and the CLI,
-//! the staging slot for a repair. The verdict comes from `crate::model::rules`; this module reads the
-//! snapshot it decides on and turns the verdict into event rows and one commit.
+//! The writes an append's verdict asks for (SPEC 4.2 step 8): an insert's event rows and identity,
+//! a replace's new rows and the delete of the old ones, a dropped generation's partitions. The
+//! verdicts are decided in one place, `decide.rs`; this module only writes them.
 
 use super::commit::Commit;
 use super::schema::event_bucket;
-use super::state::{stored, unsigned, Admission, Meta, ReadAt, Slot, Writer};
+use super::state::{stored, Meta, Slot, Writer};
 use super::{digest, ttl_until, Attempt, ScyllaStore, BACKEND};
-use crate::model::rules::{self, AppendStep, EpochStep};
-use crate::model::validate::validate_group;
 use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, StoreError};
 use crate::store::classify::cql;
 
@@ -34,12 +32,17 @@ pub(super) struct Inserted<'a> {
     pub now: u64,
 }
 
-/// A step the verdict above has already ruled out; reported, never panicked on.
-fn unreachable_step() -> StoreError {
-    StoreError::Unavailable {
-        backend: BACKEND,
-        detail: "internal: an append step was reached that its verdict excludes".to_owned(),
-    }
+/// A same-day replay that replaces: the slot and generation it writes, the group, the digest
+/// keying the rows it replaces, and the commit point its snapshot read.
+#[derive(Clone, Copy)]
+pub(super) struct Replacing<'a> {
+    pub slot: i32,
+    pub generation: i64,
+    pub epoch: i64,
+    pub group: &'a EventGroup,
+    pub existing_digest: i64,
+    pub expected: Option<i64>,
+    pub now: u64,
 }
 
 /// Whether a stored group (its created_at and events by ordinal, as `read_group` answers) holds
@@ -87,223 +90,63 @@ pub(super) fn check_writer_user(writer: Writer<'_>, mailbox: &MailboxId) -> Resu
 }
 
 impl ScyllaStore {
-    pub(super) async fn append_as(
+    /// A replace's writes (SPEC 4.2 step 8, a same-day replay with other content, not
+    /// superseded): the new version's rows under `replacement_key`, the meta and the identity in
+    /// `commit`, then the old rows deleted. `Retry` when the commit lost its condition.
+    pub(super) async fn replace(
         &self,
-        group: &EventGroup,
-        writer: Writer<'_>,
-    ) -> Result<AppendOutcome, StoreError> {
-        validate_group(group)?;
-        check_writer_user(writer, &group.mailbox)?;
-        rules::check_future_window(&self.policy, group.day(), self.now())?;
-        self.settle(ReadAt::Quorum, |now, read| {
-            self.try_append(group, writer, now, read)
-        })
-        .await
-    }
-
-    pub(super) async fn try_append(
-        &self,
-        group: &EventGroup,
-        writer: Writer<'_>,
-        now: u64,
-        read: ReadAt,
+        replacing: &Replacing<'_>,
+        meta: &Meta,
+        mut commit: Commit<'_>,
     ) -> Result<Attempt<AppendOutcome>, StoreError> {
-        let mb = &group.mailbox;
-        let user = mb.user_id.as_str();
-        let seq = group.mailbox_seq;
-        let day = group.day();
+        let Replacing {
+            slot,
+            generation,
+            epoch,
+            group,
+            existing_digest,
+            expected,
+            now,
+        } = *replacing;
+        let user = group.mailbox.user_id.as_str();
+        let (seq, day) = (group.mailbox_seq, group.day());
         let expires_at = self.policy.expires_at(day);
-        let epoch = i64::from(mb.epoch);
-        // The previous seq is read along as a probe of the identity index: for appends in
-        // source order it is live, which proves the index present without a second read.
-        let probe = seq - 1;
-        let snapshot = self
-            .read_snapshot(user, &[stored(seq), stored(probe)], read)
-            .await?;
-        let Admission { slot, clear_fence } = snapshot.admit(writer, now)?;
-        let current = snapshot.slot(slot);
-        let expected = snapshot.version;
-        let fresh_generation = expected.unwrap_or(0) + 1;
-
-        // 3. Epoch: a newer epoch (or a user never written) starts a fresh mailbox under a new
-        //    generation, applied only if something is written.
-        let moving = match rules::epoch_step(current.epoch.map(unsigned), u64::from(mb.epoch)) {
-            EpochStep::Stale => return Ok(Attempt::Done(Ok(AppendOutcome::StaleEpoch))),
-            EpochStep::Current => false,
-            EpochStep::Move => true,
-        };
-        let (mut meta, generation) = if moving {
-            (Meta::default(), fresh_generation)
-        } else {
-            // 4. Format.
-            current.meta.check_format()?;
-            (
-                current.meta.clone(),
-                current.generation.unwrap_or(fresh_generation),
-            )
-        };
-
-        // 5. Promote.
-        let promoted = if meta.exists() {
-            meta.promote(now)?
-        } else {
-            Vec::new()
-        };
-
-        // 6. Integrity (a fresh mailbox has nothing to check).
-        let identity = if moving {
-            None
-        } else {
-            snapshot.live_identity(slot, stored(seq), now)
-        };
-        let proves_live_groups = meta.exists() && meta.proves_live_groups(now);
-        if identity.is_none() && !moving && (!meta.exists() || proves_live_groups) {
-            let index_present = snapshot.live_identity(slot, stored(probe), now).is_some()
-                || self.any_live_identity(user, slot, now).await?;
-            if let Err(corrupt) =
-                rules::check_integrity(meta.exists(), proves_live_groups, index_present)
-            {
-                // The probe was a second read: confirm nobody committed in between.
-                if !self.unchanged_since(user, expected).await? {
-                    return Ok(Attempt::Retry);
-                }
-                return Ok(Attempt::Done(Err(corrupt)));
-            }
-        }
-
-        // 7-8. Trim, identity lookup.
-        let step = meta.append_step(&self.policy, seq, day, identity.map(|(e, _)| e), now);
-        let promoted_days = promoted.len();
-        // Outcomes that write nothing but promote's changes.
-        let finish = |result: Result<AppendOutcome, StoreError>| {
-            let meta = &meta;
-            async move {
-                if !promoted.is_empty() {
-                    let mut commit = Commit::new(&self.statements, user, expected);
-                    commit.count_promoted(promoted_days);
-                    if clear_fence {
-                        commit.clear_fence();
-                    }
-                    commit.write_meta(slot, generation, epoch, meta);
-                    if !self.commit(commit).await? {
-                        return Ok(Attempt::Retry);
-                    }
-                }
-                Ok(Attempt::Done(result))
-            }
-        };
-        let step = match step {
-            Ok(AppendStep::Trimmed) => return finish(Ok(AppendOutcome::Trimmed)).await,
-            Err(refusal) => return finish(Err(refusal)).await,
-            Ok(step) => step,
-        };
-
         let mut events: Vec<&Event> = group.events.iter().collect();
         events.sort_by_key(|e| e.event_ordinal);
         let content = digest(group.created_at, &events);
+        let row_digest = replacement_key(content, existing_digest, expected);
         let ttl = ttl_until(expires_at, now);
         let bucket = event_bucket(stored(day));
-        let mut commit = Commit::new(&self.statements, user, expected);
-        commit.count_promoted(promoted_days);
-        if clear_fence {
-            commit.clear_fence();
-        }
-        let outcome = match step {
-            AppendStep::SameDayReplay => {
-                let Some((_, existing_digest)) = identity else {
-                    return Err(unreachable_step());
-                };
-                let stored_group = self
-                    .read_group(user, generation, bucket, stored(seq), existing_digest)
-                    .await?;
-                if let Err(damage) =
-                    rules::check_stored_group(stored_group.is_some(), seq, day, expires_at, now)
-                {
-                    // A replace that committed meanwhile deletes the rows it replaced: only
-                    // an unchanged mailbox proves them lost.
-                    if !self.unchanged_since(user, expected).await? {
-                        return Ok(Attempt::Retry);
-                    }
-                    return Ok(Attempt::Done(Err(damage)));
-                }
-                if stores(stored_group.as_ref(), group.created_at, &events) {
-                    return finish(Ok(AppendOutcome::Unchanged)).await;
-                }
-                // Different content from an older offset of the log and partition that wrote the
-                // stored version: a zombie's late write or a replay of a superseded record
-                // (SPEC 7.2). A write that lost its condition re-decides here, against the newer
-                // owner's position.
-                let held = snapshot.identity_source(slot, stored(seq));
-                if rules::superseded(held, group.source.as_ref()) {
-                    rules::note_superseded(group, held);
-                    return finish(Ok(AppendOutcome::Superseded)).await;
-                }
-                let row_digest = replacement_key(content, existing_digest, expected);
-                let rows = GroupRows {
-                    generation,
-                    bucket,
-                    seq: stored(seq),
-                    digest: row_digest,
-                    created_at: stored(group.created_at),
-                    ttl,
-                };
-                self.write_events(user, &rows, &events).await?;
-                commit.write_meta(slot, generation, epoch, &meta);
-                commit.put_identity(
-                    slot,
-                    stored(seq),
-                    stored(expires_at),
-                    row_digest,
-                    group.source.as_ref(),
-                    ttl,
-                );
-                if !self.commit(commit).await? {
-                    return Ok(Attempt::Retry);
-                }
-                // The clean-up of the old version: keyed so that it can only match rows no
-                // identity names (`replacement_key`), however late it runs.
-                self.failpoints.after_replace_commit().await;
-                self.write(
-                    &self.statements.delete_events_digest,
-                    (user, generation, bucket, stored(seq), existing_digest),
-                )
-                .await?;
-                return Ok(Attempt::Done(Ok(AppendOutcome::Replaced)));
-            }
-            AppendStep::ExpiredMerge => {
-                meta.record_expired_merge(seq);
-                commit.write_meta(slot, generation, epoch, &meta);
-                if moving {
-                    commit.delete_identities_except(slot, None);
-                }
-                AppendOutcome::ExpiredMerged
-            }
-            AppendStep::Insert => {
-                let inserted = Inserted {
-                    slot,
-                    generation,
-                    group,
-                    events: &events,
-                    content,
-                    now,
-                };
-                self.insert_group(user, &inserted, &mut meta, &mut commit)
-                    .await?;
-                commit.write_meta(slot, generation, epoch, &meta);
-                if moving {
-                    commit.delete_identities_except(slot, Some(stored(seq)));
-                }
-                AppendOutcome::Inserted
-            }
-            AppendStep::Trimmed => return Err(unreachable_step()),
+        let rows = GroupRows {
+            generation,
+            bucket,
+            seq: stored(seq),
+            digest: row_digest,
+            created_at: stored(group.created_at),
+            ttl,
         };
+        self.write_events(user, &rows, &events).await?;
+        commit.write_meta(slot, generation, epoch, meta);
+        commit.put_identity(
+            slot,
+            stored(seq),
+            stored(expires_at),
+            row_digest,
+            group.source.as_ref(),
+            ttl,
+        );
         if !self.commit(commit).await? {
             return Ok(Attempt::Retry);
         }
-        if moving {
-            self.drop_generation(user, current).await?;
-        }
-        Ok(Attempt::Done(Ok(outcome)))
+        // The clean-up of the old version: keyed so that it can only match rows no identity
+        // names (`replacement_key`), however late it runs.
+        self.failpoints.after_replace_commit().await;
+        self.write(
+            &self.statements.delete_events_digest,
+            (user, generation, bucket, stored(seq), existing_digest),
+        )
+        .await?;
+        Ok(Attempt::Done(Ok(AppendOutcome::Replaced)))
     }
 
     /// An insert's writes (SPEC 4.2 step 8): the group's event rows now, and its meta changes

@@ -108,21 +108,10 @@ impl<'s> Commit<'s> {
         self.push(&self.statements.delete_identities, Box::new(values));
     }
 
-    /// Deletes every identity row of `slot` except `keep` (a range tombstone covering a row
-    /// written in the same batch would shadow it: both carry the batch's timestamp).
-    pub(crate) fn delete_identities_except(&mut self, slot: i32, keep: Option<i64>) {
-        match keep {
-            Some(seq) => {
-                self.delete_identities(slot, 0, seq);
-                self.delete_identities(slot, seq, i64::MAX);
-            }
-            None => self.delete_identities(slot, 0, i64::MAX),
-        }
-    }
-
     /// Deletes every identity row of `slot` except those of `keep` (sorted seqs written in the
-    /// same batch): one range between each two of them, for the reason above.
-    pub(crate) fn delete_identities_except_all(&mut self, slot: i32, keep: &[i64]) {
+    /// same batch): one range between each two of them, since a range tombstone covering a row
+    /// written in the same batch would shadow it (both carry the batch's timestamp).
+    pub(crate) fn delete_identities_except(&mut self, slot: i32, keep: &[i64]) {
         let mut low = 0;
         for &seq in keep {
             self.delete_identities(slot, low, seq);

@@ -26,12 +26,12 @@
 
 mod append;
 mod commit;
+mod decide;
 mod dump;
 mod failpoints;
 pub mod grants;
 mod inspect;
 mod repair;
-mod run;
 mod scan;
 pub mod schema;
 mod state;
@@ -438,7 +438,7 @@ impl MailboxStore for ScyllaStore {
         self.append_as(group, Writer::Live).await
     }
 
-    /// One snapshot read and one conditional commit per run (`run.rs`).
+    /// One snapshot read and one conditional commit per run (`decide.rs`).
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
         if !crate::store::one_mailbox(run) {
             return crate::store::append_one_by_one(self, run).await;

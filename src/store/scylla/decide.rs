@@ -1,29 +1,29 @@
-//! A run of one mailbox's groups ([`MailboxStore::append_run`]) on one slot: ONE snapshot read,
-//! the groups decided one after another in memory through `crate::model::rules` on a meta that
-//! each decision updates, their event rows written, and ONE conditional commit for all of them.
-//! A Paxos round per run instead of per group: what a catch-up gains when a mailbox has many
-//! groups waiting.
+//! Append (SPEC 4.2) on one slot of a user's partition, walked once: a single append is a run of
+//! one, and a run of one mailbox's groups ([`MailboxStore::append_run`]) is ONE snapshot read, the
+//! groups decided one after another in memory through `crate::model::rules` on a meta that each
+//! decision updates, their event rows written, and ONE conditional commit for all of them. A Paxos
+//! round per run instead of per group: what a catch-up gains when a mailbox has many groups
+//! waiting. The live slot is the daemon's and the CLI's, the staging slot a repair's.
 //!
-//! Every group is answered exactly as `append.rs` would answer it alone, in order. A run that
-//! starts a mailbox (a user's first write, or a move to a newer epoch) starts it with its first
-//! write and goes on in the fresh generation, the old epoch's identities deleted in the same
-//! commit and its rows after it. A same-day replay with other content (a replace, which deletes
-//! the old rows after its commit) goes alone, the one-by-one way: a chunk ends before it, and the
-//! next chunk reads again and starts with it.
+//! Every group is answered exactly as it would be alone, in order. A run that starts a mailbox (a
+//! user's first write, or a move to a newer epoch) starts it with its first write and goes on in
+//! the fresh generation, the old epoch's identities deleted in the same commit and its rows after
+//! it. A same-day replay with other content (a replace, which deletes the old rows after its
+//! commit, `append.rs`) goes alone: a chunk ends before it, and the next chunk reads again and
+//! starts with it.
 //!
-//! A verdict that blocks (corrupt) is decided again on a serial read before it is answered, as
-//! a single append's is; the groups decided before it in the chunk are committed first, and the
-//! run ends there.
+//! A verdict that blocks (corrupt) is decided again on a serial read before it is answered; the
+//! groups decided before it in the chunk are committed first, and the run ends there.
 //!
 //! [`MailboxStore::append_run`]: crate::store::MailboxStore::append_run
 
 use std::collections::BTreeMap;
 
-use super::append::{check_writer_user, stores, Inserted};
+use super::append::{check_writer_user, stores, Inserted, Replacing};
 use super::commit::Commit;
 use super::schema::event_bucket;
-use super::state::{stored, unsigned, Admission, ReadAt, Writer};
-use super::{digest, Attempt, ScyllaStore};
+use super::state::{stored, unsigned, Admission, Meta, ReadAt, Writer};
+use super::{digest, Attempt, ScyllaStore, BACKEND};
 use crate::model::rules::{self, AppendStep, EpochStep};
 use crate::model::validate::validate_group;
 use crate::model::{AppendOutcome, Event, EventGroup, StoreError};
@@ -47,8 +47,27 @@ fn by_ordinal(group: &EventGroup) -> Vec<(u32, &str)> {
     events
 }
 
+/// A step the verdict has already ruled out; reported, never panicked on.
+fn unreachable_step() -> StoreError {
+    StoreError::Unavailable {
+        backend: BACKEND,
+        detail: "internal: an append step was reached that its verdict excludes".to_owned(),
+    }
+}
+
 impl ScyllaStore {
-    /// The checks a single append makes before it reads anything.
+    /// One group: a run of one, so it is decided by the very body a run's groups are.
+    pub(super) async fn append_as(
+        &self,
+        group: &EventGroup,
+        writer: Writer<'_>,
+    ) -> Result<AppendOutcome, StoreError> {
+        let mut answers = self.append_run_as(&[group], writer).await;
+        // A run of one answers exactly once.
+        answers.pop().unwrap_or_else(|| Err(unreachable_step()))
+    }
+
+    /// The checks an append makes before it reads anything.
     fn precheck(&self, group: &EventGroup, writer: Writer<'_>) -> Result<(), StoreError> {
         validate_group(group)?;
         check_writer_user(writer, &group.mailbox)?;
@@ -79,7 +98,7 @@ impl ScyllaStore {
             let chunk = &rest[..valid];
             let decided = self
                 .settle(ReadAt::Quorum, |now, read| {
-                    self.try_append_chunk(chunk, writer, now, read)
+                    self.decide(chunk, writer, now, read)
                 })
                 .await
                 .unwrap_or_else(|e| vec![Err(e)]);
@@ -94,26 +113,10 @@ impl ScyllaStore {
         answers
     }
 
-    /// One group the one-by-one way, as the chunk's only answer.
-    async fn alone(
-        &self,
-        group: &EventGroup,
-        writer: Writer<'_>,
-        now: u64,
-        read: ReadAt,
-    ) -> Result<Attempt<Answers>, StoreError> {
-        Ok(match self.try_append(group, writer, now, read).await? {
-            Attempt::Done(Err(StoreError::Corrupt { .. })) if read == ReadAt::Quorum => {
-                Attempt::Retry
-            }
-            Attempt::Done(answer) => Attempt::Done(Ok(vec![answer])),
-            Attempt::Retry => Attempt::Retry,
-        })
-    }
-
     /// Decides a prefix of `chunk` (every group passed the precheck) on one snapshot and
-    /// commits it once.
-    async fn try_append_chunk(
+    /// commits it once: SPEC 4.2's steps 3 to 8 for each group, on the meta the groups before it
+    /// left.
+    async fn decide(
         &self,
         chunk: &[&EventGroup],
         writer: Writer<'_>,
@@ -134,7 +137,8 @@ impl ScyllaStore {
                 Ok(Attempt::Done(Ok(vec![Err(corrupt)])))
             }
         };
-        // Each group's identity and the one before it (the probe of `append.rs`).
+        // Each group's identity and the one before it: for appends in source order the previous
+        // seq is live, which proves the identity index present without a second read.
         let mut keys = Vec::with_capacity(chunk.len() * 2);
         for group in chunk {
             keys.push(stored(group.mailbox_seq));
@@ -159,7 +163,7 @@ impl ScyllaStore {
             EpochStep::Move => true,
         };
         let (mut meta, generation) = if moving {
-            (super::state::Meta::default(), fresh_generation)
+            (Meta::default(), fresh_generation)
         } else {
             if let Err(corrupt) = current.meta.check_format() {
                 return blocked(corrupt);
@@ -290,8 +294,24 @@ impl ScyllaStore {
                         rules::note_superseded(group, held);
                         answers.push(Ok(AppendOutcome::Superseded));
                     } else if answers.is_empty() {
-                        // A replace goes alone (it deletes the old rows after its commit).
-                        return self.alone(group, writer, now, read).await;
+                        // A replace goes alone (it deletes the old rows after its commit); being
+                        // first, its identity is the snapshot's.
+                        let Some((_, existing_digest)) = identity else {
+                            return Err(unreachable_step());
+                        };
+                        let replacing = Replacing {
+                            slot,
+                            generation,
+                            epoch,
+                            group,
+                            existing_digest,
+                            expected,
+                            now,
+                        };
+                        return Ok(match self.replace(&replacing, &meta, commit).await? {
+                            Attempt::Done(outcome) => Attempt::Done(Ok(vec![outcome])),
+                            Attempt::Retry => Attempt::Retry,
+                        });
                     } else {
                         break;
                     }
@@ -327,7 +347,7 @@ impl ScyllaStore {
             commit.write_meta(slot, generation, epoch, &meta);
             if moving {
                 let kept: Vec<i64> = written.keys().map(|&seq| stored(seq)).collect();
-                commit.delete_identities_except_all(slot, &kept);
+                commit.delete_identities_except(slot, &kept);
             }
             if !self.commit(commit).await? {
                 return Ok(Attempt::Retry);
