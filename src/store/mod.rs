@@ -44,8 +44,9 @@ impl PromotedBuckets {
 pub use repair::{RepairToken, StagingView, SwapReport};
 
 /// A run answered by [`MailboxStore::append`] one group at a time, stopping after the first
-/// answer that is not final (the run's rule, [`MailboxStore::append_run`]).
-pub(crate) async fn append_one_by_one<S: MailboxStore + ?Sized>(
+/// answer that is not final (the run's rule, [`MailboxStore::append_run`]). The `append_run` of
+/// a wrapper that overrides `append` (never of one that does not: `append` is a run of one).
+pub async fn append_one_by_one<S: MailboxStore + ?Sized>(
     store: &S,
     run: &[&EventGroup],
 ) -> Vec<Result<AppendOutcome, StoreError>> {
@@ -133,6 +134,24 @@ pub type PhaseHook = std::sync::Arc<
 ///   server's `TIME` (Redis), never the caller's.
 /// - **Bounded metadata.** At most `max_active_span_days + 1` day proofs, one gap boundary, and
 ///   identities only for events that can still physically exist.
+///
+/// # What a backend writes, and what it is given
+///
+/// The required core is what every backend does its own way: [`append_run`] (the one append:
+/// every other shape derives from it), `truncate_before`, `range_scan`, `promote`, `inspect`,
+/// and its name and counter. Everything else is provided: [`append`] is a run of one,
+/// [`append_runs`] runs concurrently and [`append_many`] runs of one; a repair's
+/// [`repair_append`] is a run of one of [`repair_append_run`]. A backend overrides a provided
+/// method only where it is cheaper with the same answers (Redis pipelines `append_runs`;
+/// Redis and memory keep a single-group path), and a backend without repairs leaves the
+/// `repair_*` methods refusing.
+///
+/// [`append_run`]: MailboxStore::append_run
+/// [`append`]: MailboxStore::append
+/// [`append_runs`]: MailboxStore::append_runs
+/// [`append_many`]: MailboxStore::append_many
+/// [`repair_append`]: MailboxStore::repair_append
+/// [`repair_append_run`]: MailboxStore::repair_append_run
 #[async_trait]
 pub trait MailboxStore: Send + Sync {
     /// Short backend name for logs and metric labels: `memory`, `redis`, `scylla`.
@@ -150,13 +169,20 @@ pub trait MailboxStore: Send + Sync {
     /// Expired day buckets this store compacted so far ([`PromotedBuckets`]).
     fn promoted_buckets_total(&self) -> u64;
 
-    /// Appends one group (SPEC 4.2, in that order).
+    /// Appends one group (SPEC 4.2, in that order): a run of one
+    /// ([`append_run`](MailboxStore::append_run)). A backend with a cheaper single path (Redis's
+    /// one-group script, memory's lock of one) overrides it with the same answers.
     ///
     /// Outcomes: `Inserted`, `Unchanged` (identical same-day replay), `Replaced` (different-content
     /// same-day replay; the whole old group is replaced), `ExpiredMerged` (expired input without
     /// identity: only the gap boundary moves), `Trimmed`, `StaleEpoch`. Errors: `Rejected`
     /// (validation, future window, span), `Conflict(CrossDay)`, `Corrupt` (fail closed).
-    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError>;
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        let mut answers = self.append_run(std::slice::from_ref(&group)).await;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(no_answer(self.backend())))
+    }
 
     /// Appends several groups, each exactly as [`append`](MailboxStore::append) would (each atomic
     /// on its own, in no particular order between them), answering in the order given. The
@@ -196,10 +222,11 @@ pub trait MailboxStore: Send + Sync {
     /// was not applied, and neither was any group after it, so the caller sends them again in
     /// order; applying a later group first would break the mailbox's source order. A final
     /// refusal (rejected, conflict) changes nothing and the run goes on, as one-by-one appends
-    /// would. Groups of several mailboxes are still answered correctly, one by one.
-    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        append_one_by_one(self, run).await
-    }
+    /// would. Groups of several mailboxes are still answered correctly, one by one
+    /// ([`append_one_by_one`]).
+    ///
+    /// The one append every backend writes itself; the other shapes derive from it.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>>;
 
     /// Raises `user_trim_seq` to `before_seq` (never lowers it) and deletes every group below it
     /// (SPEC 4.3). Natural expiry never calls this.
@@ -271,16 +298,21 @@ pub trait MailboxStore: Send + Sync {
 
     /// Appends `group` to the repair's staging copy with exactly the rules of [`append`]
     /// (SPEC 4.2), atomically checking that `token` still holds the fence (`FenceLost`
-    /// otherwise, nothing written).
+    /// otherwise, nothing written): a run of one ([`repair_append_run`]).
     ///
     /// [`append`]: MailboxStore::append
+    /// [`repair_append_run`]: MailboxStore::repair_append_run
     async fn repair_append(
         &self,
         token: &RepairToken,
         group: &EventGroup,
     ) -> Result<AppendOutcome, StoreError> {
-        let _ = (token, group);
-        Err(self.repair_unsupported())
+        let mut answers = self
+            .repair_append_run(token, std::slice::from_ref(&group))
+            .await;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(no_answer(self.backend())))
     }
 
     /// Appends a run (consecutive groups of one mailbox, [`append_run`]) to the repair's
@@ -296,7 +328,8 @@ pub trait MailboxStore: Send + Sync {
         token: &RepairToken,
         run: &[&EventGroup],
     ) -> Vec<Result<AppendOutcome, StoreError>> {
-        each_in_order(run, |group| self.repair_append(token, group)).await
+        let _ = (token, run);
+        vec![Err(self.repair_unsupported())]
     }
 
     /// [`truncate_before`](MailboxStore::truncate_before) on the staging copy, under the same

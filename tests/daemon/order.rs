@@ -36,6 +36,11 @@ impl MailboxStore for Recording {
         self.inner.promoted_buckets_total()
     }
 
+    /// Group by group through `append` below.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        mailbox_materializer::store::append_one_by_one(self, run).await
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         let user = group.mailbox.user_id.as_str().to_owned();
         {

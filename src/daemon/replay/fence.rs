@@ -137,8 +137,8 @@ mod tests {
         fn promoted_buckets_total(&self) -> u64 {
             self.0.promoted_buckets_total()
         }
-        async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
-            self.0.append(group).await
+        async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+            self.0.append_run(run).await
         }
         async fn truncate_before(
             &self,

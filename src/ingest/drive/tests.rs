@@ -34,6 +34,11 @@ impl MailboxStore for Flaky {
         self.inner.promoted_buckets_total()
     }
 
+    /// Group by group through `append` below.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        crate::store::append_one_by_one(self, run).await
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         self.appends.fetch_add(1, Ordering::SeqCst);
         let failing = self

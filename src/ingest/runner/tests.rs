@@ -38,6 +38,11 @@ impl MailboxStore for Limited {
         self.inner.promoted_buckets_total()
     }
 
+    /// Group by group through `append` below.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        crate::store::append_one_by_one(self, run).await
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);

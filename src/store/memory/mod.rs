@@ -397,18 +397,22 @@ impl MailboxStore for MemoryStore {
         }
     }
 
-    async fn repair_append(
+    /// Group by group, each under the staging lock as one append alone.
+    async fn repair_append_run(
         &self,
         token: &RepairToken,
-        group: &EventGroup,
-    ) -> Result<AppendOutcome, StoreError> {
-        crate::model::validate::validate_group(group)?;
-        token.check_user(&group.mailbox.user_id, self.backend())?;
+        run: &[&EventGroup],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
         let policy = self.policy;
-        self.with_staging(token, |state, now| {
-            crate::model::rules::check_future_window(&policy, group.day(), now)?;
-            state.append(&policy, now, group)
-        })
+        let one = |group: &EventGroup| -> Result<AppendOutcome, StoreError> {
+            crate::model::validate::validate_group(group)?;
+            token.check_user(&group.mailbox.user_id, self.backend())?;
+            self.with_staging(token, |state, now| {
+                crate::model::rules::check_future_window(&policy, group.day(), now)?;
+                state.append(&policy, now, group)
+            })
+        };
+        crate::store::answer_run(run, one)
     }
 
     async fn repair_truncate(

@@ -434,10 +434,6 @@ impl MailboxStore for ScyllaStore {
         self.promoted.total()
     }
 
-    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
-        self.append_as(group, Writer::Live).await
-    }
-
     /// One snapshot read and one conditional commit per run (`decide.rs`).
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
         if !crate::store::one_mailbox(run) {
@@ -478,12 +474,18 @@ impl MailboxStore for ScyllaStore {
         self.renew_repair(token, lease).await
     }
 
-    async fn repair_append(
+    /// A repair's run is decided by the same body as a live one (`decide.rs`): one snapshot
+    /// read and one conditional commit of the staging slot per run.
+    async fn repair_append_run(
         &self,
         token: &RepairToken,
-        group: &EventGroup,
-    ) -> Result<AppendOutcome, StoreError> {
-        self.append_as(group, Writer::Staging(token)).await
+        run: &[&EventGroup],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
+        if !crate::store::one_mailbox(run) {
+            let staging = Writer::Staging(token);
+            return crate::store::each_in_order(run, |group| self.append_as(group, staging)).await;
+        }
+        self.append_run_as(run, Writer::Staging(token)).await
     }
 
     async fn repair_truncate(
