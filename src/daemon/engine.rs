@@ -188,6 +188,45 @@ pub(crate) struct Engine {
     over_blocked_limit: bool,
 }
 
+/// Where a run is (as mini-redis's `Shutdown`): taking records from the poll thread, or draining
+/// what it holds until a deadline. Every way a run ends (a signal, a fatal client error, the poll
+/// thread gone) enters the drain through [`Phase::drain`], once.
+enum Phase {
+    Taking(mpsc::Receiver<IntakeEvent>),
+    Draining { until: tokio::time::Instant },
+}
+
+impl Phase {
+    /// Starts the drain, ending `within` from now; a second call changes nothing. Dropping the
+    /// intake releases a poll thread blocked on handing over a batch, and it stops: records not
+    /// yet admitted stay uncommitted for the next owner.
+    fn drain(&mut self, within: Duration) {
+        if let Phase::Taking(_) = self {
+            *self = Phase::Draining {
+                until: tokio::time::Instant::now() + within,
+            };
+        }
+    }
+
+    fn draining(&self) -> bool {
+        matches!(self, Phase::Draining { .. })
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Phase::Taking(_) => None,
+            Phase::Draining { until } => Some(*until),
+        }
+    }
+
+    fn intake(&mut self) -> Option<&mut mpsc::Receiver<IntakeEvent>> {
+        match self {
+            Phase::Taking(intake) => Some(intake),
+            Phase::Draining { .. } => None,
+        }
+    }
+}
+
 impl Engine {
     pub(crate) fn new(
         settings: EngineSettings,
@@ -226,38 +265,34 @@ impl Engine {
     ) -> RunReport {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Dropped (set to `None`) when the drain starts: a poll thread blocked on handing over a
-        // batch is released and stops.
-        let mut intake = Some(intake);
-        let mut deadline: Option<tokio::time::Instant> = None;
+        let drain_within = self.settings.shutdown_deadline;
+        let mut phase = Phase::Taking(intake);
         if *shutdown.borrow() {
-            deadline = Some(tokio::time::Instant::now());
-            intake = None;
+            phase.drain(Duration::ZERO);
         }
         loop {
             self.telemetry.health().liveness.engine_beat();
-            if self.fatal.is_some() && deadline.is_none() {
+            if self.fatal.is_some() && !phase.draining() {
                 tracing::error!(reason = ?self.fatal, "a Kafka client failed fatally; draining and exiting so the process is restarted");
-                intake = None;
-                deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
+                phase.drain(drain_within);
             }
-            if deadline.is_some() && self.driver.is_empty() {
+            if phase.draining() && self.driver.is_empty() {
                 break;
             }
-            let until = deadline.unwrap_or_else(tokio::time::Instant::now);
+            let draining = phase.draining();
+            let until = phase.deadline().unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
                 biased;
-                changed = shutdown.changed(), if deadline.is_none() => {
+                changed = shutdown.changed(), if !draining => {
                     if changed.is_err() || *shutdown.borrow() {
                         let in_flight: usize =
                             self.driver.windows().map(|(_, w)| w.pipeline.in_flight()).sum();
                         tracing::info!(in_flight, "shutdown: fetching stopped, draining");
-                        deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
                         // Records not yet admitted stay uncommitted; the next owner reads them.
-                        intake = None;
+                        phase.drain(drain_within);
                     }
                 }
-                event = async { intake.as_mut()?.recv().await }, if intake.is_some() => {
+                event = async { phase.intake()?.recv().await }, if !draining => {
                     match event {
                         Some(event) => {
                             self.on_intake(event);
@@ -269,7 +304,7 @@ impl Engine {
                                 if self.driver.windows().any(|(_, w)| w.state.paused) {
                                     break;
                                 }
-                                match intake.as_mut().map(|rx| rx.try_recv()) {
+                                match phase.intake().map(|rx| rx.try_recv()) {
                                     Some(Ok(event)) => self.on_intake(event),
                                     _ => break,
                                 }
@@ -279,9 +314,8 @@ impl Engine {
                             // The poll thread is gone (it panicked or its consumer failed):
                             // nothing more arrives, so drain what is here and stop with an error.
                             tracing::error!("the poll thread stopped; draining and exiting so the process is restarted");
-                            intake = None;
                             self.intake_lost = true;
-                            deadline = Some(tokio::time::Instant::now() + self.settings.shutdown_deadline);
+                            phase.drain(drain_within);
                         }
                     }
                 }
@@ -295,7 +329,7 @@ impl Engine {
                 _ = tokio::time::sleep_until(self.handovers.iter().map(|h| h.deadline()).min().unwrap_or(until)), if !self.handovers.is_empty() => {}
                 Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
                 _ = tick.tick() => self.housekeeping(),
-                _ = tokio::time::sleep_until(until), if deadline.is_some() => {
+                _ = tokio::time::sleep_until(until), if draining => {
                     tracing::warn!("shutdown deadline reached with records in flight; their offsets stay uncommitted");
                     break;
                 }
