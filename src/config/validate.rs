@@ -8,10 +8,19 @@ use super::{
 };
 
 impl Config {
-    /// Checks every field and the relations between them; the first problem is returned.
+    /// Checks every field and the relations between them, section by section; the first problem
+    /// is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.retention.policy().validate()?;
+        self.validate_redis()?;
+        self.validate_scylla()?;
+        self.validate_kafka()?;
+        self.validate_log()?;
+        self.validate_http()
+    }
 
+    /// `[store.redis]`: URLs, timeouts, WAIT, the patrol and the key prefix.
+    fn validate_redis(&self) -> Result<(), ConfigError> {
         let redis = &self.store.redis;
         for (key, url) in std::iter::once(("store.redis.url", &redis.url)).chain(
             redis
@@ -32,14 +41,18 @@ impl Config {
                 ));
             }
         }
-        for (key, value) in [
-            ("store.redis.connect_timeout_ms", redis.connect_timeout_ms),
-            ("store.redis.command_timeout_ms", redis.command_timeout_ms),
-        ] {
-            if value == 0 || value > 600_000 {
-                return Err(invalid(key, format!("{value} is outside 1..=600000")));
-            }
-        }
+        in_range(
+            "store.redis.connect_timeout_ms",
+            redis.connect_timeout_ms,
+            1,
+            600_000,
+        )?;
+        in_range(
+            "store.redis.command_timeout_ms",
+            redis.command_timeout_ms,
+            1,
+            600_000,
+        )?;
         if redis.wait_replicas > MAX_WAIT_REPLICAS {
             return Err(invalid(
                 "store.redis.wait_replicas",
@@ -49,13 +62,13 @@ impl Config {
                 ),
             ));
         }
-        if redis.wait_timeout_ms == 0 || redis.wait_timeout_ms > 600_000 {
-            // 0 would make WAIT block forever.
-            return Err(invalid(
-                "store.redis.wait_timeout_ms",
-                format!("{} is outside 1..=600000", redis.wait_timeout_ms),
-            ));
-        }
+        // 0 would make WAIT block forever.
+        in_range(
+            "store.redis.wait_timeout_ms",
+            redis.wait_timeout_ms,
+            1,
+            600_000,
+        )?;
         if redis.wait_replicas > 0 && redis.wait_timeout_ms >= redis.command_timeout_ms {
             // At or above the command timeout the client would give up first and never read
             // the acknowledgement count.
@@ -88,7 +101,11 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
 
+    /// `[store.scylla]`: nodes, keyspace, consistency, credentials, limits and TLS files.
+    fn validate_scylla(&self) -> Result<(), ConfigError> {
         let scylla = &self.store.scylla;
         if scylla.nodes.is_empty() {
             return Err(invalid(
@@ -158,22 +175,18 @@ impl Config {
                 "username and password go together (MATERIALIZER_SCYLLA_USERNAME / _PASSWORD)",
             ));
         }
-        if scylla.connect_timeout_ms == 0 || scylla.connect_timeout_ms > 600_000 {
-            return Err(invalid(
-                "store.scylla.connect_timeout_ms",
-                format!("{} is outside 1..=600000", scylla.connect_timeout_ms),
-            ));
-        }
-        if !(1..=super::MAX_SCYLLA_APPENDS_IN_FLIGHT).contains(&scylla.max_in_flight_appends) {
-            return Err(invalid(
-                "store.scylla.max_in_flight_appends",
-                format!(
-                    "{} is outside 1..={}",
-                    scylla.max_in_flight_appends,
-                    super::MAX_SCYLLA_APPENDS_IN_FLIGHT
-                ),
-            ));
-        }
+        in_range(
+            "store.scylla.connect_timeout_ms",
+            scylla.connect_timeout_ms,
+            1,
+            600_000,
+        )?;
+        in_range(
+            "store.scylla.max_in_flight_appends",
+            scylla.max_in_flight_appends as u64,
+            1,
+            super::MAX_SCYLLA_APPENDS_IN_FLIGHT as u64,
+        )?;
         if scylla.local_dc.len() > 256 || scylla.local_dc.chars().any(char::is_control) {
             return Err(invalid(
                 "store.scylla.local_dc",
@@ -199,7 +212,12 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
 
+    /// `[kafka]`: brokers, topics, the drain against the poll interval, the window and the owned
+    /// properties.
+    fn validate_kafka(&self) -> Result<(), ConfigError> {
         let kafka = &self.kafka;
         if kafka.brokers.trim().is_empty() {
             return Err(invalid(
@@ -306,9 +324,7 @@ impl Config {
                 1_000_000,
             ),
         ] {
-            if !(low..=high).contains(&value) {
-                return Err(invalid(key, format!("{value} is outside {low}..={high}")));
-            }
+            in_range(key, value, low, high)?;
         }
         if kafka.retry_max_ms < kafka.retry_initial_ms {
             return Err(invalid(
@@ -324,27 +340,42 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[log]`.
+    fn validate_log(&self) -> Result<(), ConfigError> {
         if !["text", "json"].contains(&self.log.format.as_str()) {
             return Err(invalid(
                 "log.format",
                 format!("{:?} is not text or json", self.log.format),
             ));
         }
+        Ok(())
+    }
 
+    /// `[http]`.
+    fn validate_http(&self) -> Result<(), ConfigError> {
         self.http
             .listen
             .parse::<SocketAddr>()
             .map_err(|e| invalid("http.listen", format!("{:?}: {e}", self.http.listen)))?;
-        if !(1_000..=3_600_000).contains(&self.http.liveness_timeout_ms) {
-            return Err(invalid(
-                "http.liveness_timeout_ms",
-                format!(
-                    "{} is outside 1000..=3600000",
-                    self.http.liveness_timeout_ms
-                ),
-            ));
-        }
+        in_range(
+            "http.liveness_timeout_ms",
+            self.http.liveness_timeout_ms,
+            1_000,
+            3_600_000,
+        )?;
         Ok(())
+    }
+}
+
+/// The one range check: `value` within `low..=high`, or a refusal naming `key` and the range.
+fn in_range(key: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
+    if (low..=high).contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("{value} is outside {low}..={high}")))
     }
 }
 
