@@ -42,10 +42,13 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 
 use super::dead_letter::{self, Letter, Source};
+use super::events::{
+    BlockedMailboxes, ConsumerError, Event, ExpiredBucketsPromoted, InFlightBytes,
+    PartitionAssigned, PartitionGauges, PartitionReadable, PartitionRevoked,
+};
 use super::fetch_waker::FetchWaker;
 use super::intake::{IntakeEvent, Polled, RawRecord};
 use super::kafka::{DaemonContext, GroupEvent, Handover};
-use super::metrics;
 use super::telemetry::Telemetry;
 use crate::config::Config;
 use crate::disposition::Disposition;
@@ -347,7 +350,12 @@ impl Engine {
         }
         self.driver.cancel_all();
         for (partition, window) in self.driver.windows() {
-            metrics::partition_revoked(*partition);
+            // Counted in the report; the line is the report's.
+            PartitionRevoked {
+                partition: *partition,
+                abandoned: 0,
+            }
+            .emit();
             report.abandoned_records += window.pipeline.in_flight();
             if let Some(watermark) = window.pipeline.watermark() {
                 report.committed.insert(*partition, watermark);
@@ -404,11 +412,7 @@ impl Engine {
                 ok,
             } => self.reread_started(partition, offset, token, ok),
             IntakeEvent::Error(error) => {
-                let code = error
-                    .rdkafka_error_code()
-                    .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
-                metrics::consumer_error(&code);
-                tracing::warn!(error = %error, "consumer error");
+                ConsumerError { error: &error }.emit();
                 if let Some((code, reason)) = self.consumer.client().fatal_error() {
                     self.telemetry.health().set_consumer(false);
                     self.fatal = Some(format!("the consumer failed fatally: {code:?}: {reason}"));
@@ -423,17 +427,15 @@ impl Engine {
     fn revoke(&mut self, partitions: Vec<i32>) {
         for partition in partitions {
             self.rereading.remove(&partition);
-            metrics::partition_revoked(partition);
-            if let Some(window) = self.driver.close(&partition) {
-                let abandoned = window.pipeline.in_flight();
-                if abandoned > 0 {
-                    tracing::info!(
-                        partition,
-                        abandoned,
-                        "revoked with records in flight: abandoned, not committed"
-                    );
-                }
+            let abandoned = self
+                .driver
+                .close(&partition)
+                .map_or(0, |window| window.pipeline.in_flight());
+            PartitionRevoked {
+                partition,
+                abandoned,
             }
+            .emit();
         }
     }
 
@@ -460,7 +462,7 @@ impl Engine {
             self.settings.max_records,
             PartitionState::new(generation),
         );
-        metrics::partition_assigned(partition, 0);
+        PartitionAssigned { partition, lag: 0 }.emit();
         // Lag is known as soon as the partition is: ask the broker now, off this task.
         let consumer = self.consumer.clone();
         let topic = self.settings.topic.clone();
@@ -485,7 +487,11 @@ impl Engine {
                 .or_insert(high);
             if consumer.context().is_assigned(partition) {
                 lock(&consumer.context().start_offsets).insert(partition, committed);
-                metrics::partition_assigned(partition, high - committed);
+                PartitionAssigned {
+                    partition,
+                    lag: high - committed,
+                }
+                .emit();
             }
         });
     }
@@ -616,7 +622,7 @@ impl Engine {
                 resume.add_partition(&self.settings.topic, *partition);
             }
         }
-        metrics::in_flight_bytes(total);
+        InFlightBytes(total).emit();
         if pause.count() > 0 {
             if let Err(e) = self.consumer.pause(&pause) {
                 tracing::warn!(error = %e, "pause failed");

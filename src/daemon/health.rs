@@ -21,9 +21,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::metadata::Metadata;
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::events::{Event, StoreEvicting, StoreOpenSlots, StoreRedirects, Subscription};
 use super::http::Health;
 use super::kafka::DaemonContext;
-use super::metrics;
 use crate::locks::lock;
 use crate::store::MailboxStore;
 
@@ -101,7 +101,12 @@ pub fn spawn(
                 let waiting_for = lock(&context.waiting_since).map(|since| since.elapsed());
                 let topic = TopicView::of(&metadata, &settings.topic);
                 let verdict = subscription(&settings, &topic, assigned, waiting_for);
-                metrics::subscription(!verdict.failing, topic.partitions(), assigned);
+                Subscription {
+                    available: !verdict.failing,
+                    topic_partitions: topic.partitions(),
+                    assigned,
+                }
+                .emit();
                 let now = (verdict.failing, verdict.line.clone());
                 if last_line.as_ref() != Some(&now) {
                     match (&verdict.line, verdict.failing) {
@@ -204,7 +209,7 @@ pub fn watch_redis_masters(
         loop {
             if let Ok((policies, open)) = store.master_readings().await {
                 let now = verdict(&policies, allow_eviction);
-                metrics::store_evicting(now.evicting());
+                StoreEvicting(now.evicting()).emit();
                 let changed = last.as_ref() != Some(&now);
                 match &now {
                     Verdict::Safe { .. } => {
@@ -235,7 +240,7 @@ pub fn watch_redis_masters(
                 let mut slots: Vec<_> = stuck.iter().map(|s| s.slot).collect();
                 slots.sort_unstable();
                 slots.dedup();
-                metrics::store_open_slots(slots.len());
+                StoreOpenSlots(slots.len()).emit();
                 if stuck.is_empty() {
                     if !reported.is_empty() {
                         tracing::info!("no Redis Cluster slot is left open any more");
@@ -268,9 +273,13 @@ async fn report_redirects(
     mut before: [u64; 5],
 ) {
     use crate::store::redis::REDIRECT_KINDS;
-    for (kind, total) in REDIRECT_KINDS.iter().zip(before) {
-        metrics::store_redirects(kind, total);
+    let totals = |counts: [u64; 5]| -> Vec<(&'static str, u64)> {
+        REDIRECT_KINDS.iter().copied().zip(counts).collect()
+    };
+    StoreRedirects {
+        totals: &totals(before),
     }
+    .emit();
     loop {
         tokio::time::sleep(MASTERS_RECHECK).await;
         let Some(now) = store.upgrade().and_then(|s| s.cluster_redirects()) else {
@@ -289,9 +298,10 @@ async fn report_redirects(
                 since.join(", ")
             );
         }
-        for (kind, total) in REDIRECT_KINDS.iter().zip(now) {
-            metrics::store_redirects(kind, total);
+        StoreRedirects {
+            totals: &totals(now),
         }
+        .emit();
         before = now;
     }
 }

@@ -34,8 +34,9 @@ use rdkafka::message::Message;
 use rdkafka::Offset;
 use tokio::sync::mpsc;
 
+use super::events::{Event, UnknownFields};
 use super::kafka::{DaemonContext, GroupEvent};
-use super::{log_identity, metrics};
+use super::log_identity;
 use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
 use crate::model::LogId;
 
@@ -362,9 +363,7 @@ fn flush(send: &dyn Fn(IntakeEvent) -> bool, batch: &mut Batch, options: &Decode
         .into_iter()
         .map(|raw| {
             let decoded = decode(&raw.payload, options).map(|decoded| {
-                if !decoded.unknown_fields.is_empty() {
-                    metrics::unknown_fields(&decoded.unknown_fields);
-                }
+                UnknownFields(&decoded.unknown_fields).emit();
                 decoded
                     .record
                     .at_position(raw.log.as_ref(), raw.partition, raw.offset)

@@ -20,8 +20,8 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::events::{CommitFailed, Event, OffsetCommitted};
 use super::http::Health;
-use super::metrics;
 use crate::config::KafkaConfig;
 
 /// Which client a configuration is for. `[kafka.properties]` holds the settings of every client
@@ -600,15 +600,17 @@ impl ConsumerContext for DaemonContext {
                     }
                     if let Offset::Offset(offset) = element.offset() {
                         committed.insert(element.partition(), offset);
-                        metrics::committed_offset(element.partition(), offset);
+                        OffsetCommitted {
+                            partition: element.partition(),
+                            offset,
+                        }
+                        .emit();
                     }
                 }
             }
             // "No offset" means nothing new was stored since the last commit: not a failure.
             Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "offset commit failed; the stored offsets are committed again at the next interval")
-            }
+            Err(e) => CommitFailed { error: &e }.emit(),
         }
     }
 }

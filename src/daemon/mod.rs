@@ -46,6 +46,7 @@
 pub(crate) mod dead_letter;
 pub(crate) mod dlq_reader;
 pub mod engine;
+pub(crate) mod events;
 pub(crate) mod fetch_waker;
 pub mod health;
 pub mod http;
@@ -120,9 +121,11 @@ pub async fn run(
 ) -> Result<RunReport, DaemonError> {
     let topic = config.kafka.topic.clone();
     let settings = EngineSettings::from_config(config, options.commit_offsets);
-    metrics::in_flight_budget(settings.max_bytes);
     let limit = memory_limit::limit();
-    metrics::memory_limit(limit.unwrap_or(0));
+    events::Event::emit(events::WindowBudget {
+        bytes: settings.max_bytes,
+        memory_limit: limit,
+    });
     if let Some(limit) = limit {
         match memory_limit::check(&config.kafka, limit) {
             Ok(peak) => tracing::info!(

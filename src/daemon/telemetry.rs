@@ -1,5 +1,6 @@
-//! One place that reports each event of the daemon: its metric, its log line and its progress
-//! count, so the three never disagree (the demo's table, `/metrics` and the logs are one story).
+//! The outcomes of records and deliveries, each reported in one place: its metric, its log line
+//! and its progress count, so the three never disagree (the demo's table, `/metrics` and the logs
+//! are one story). Every other event of the daemon is a struct in `events`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

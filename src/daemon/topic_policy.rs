@@ -162,7 +162,7 @@ pub fn watch(
         loop {
             let read = read(&kafka, &topic, READ_TIMEOUT).await;
             let compacted = read.as_ref().ok().map(CleanupPolicy::is_compacted);
-            super::metrics::topic_compacted(compacted);
+            super::events::Event::emit(super::events::TopicCompacted(compacted));
             let changed = last != Some(compacted);
             match &read {
                 Ok(policy) if policy.is_compacted() && (announce || changed) => {

@@ -11,9 +11,7 @@ impl Engine {
         // last tick.
         let promoted = self.driver.store().promoted_buckets_total();
         if promoted > self.promoted_reported {
-            metrics::promote_expired_buckets(
-                u32::try_from(promoted - self.promoted_reported).unwrap_or(u32::MAX),
-            );
+            ExpiredBucketsPromoted(promoted - self.promoted_reported).emit();
             self.promoted_reported = promoted;
         }
         let highs = lock(&self.consumer.context().high_watermarks).clone();
@@ -28,21 +26,18 @@ impl Engine {
                 .or(state.start)
                 .or_else(|| starts.get(partition).copied());
             state.start = state.start.or_else(|| starts.get(partition).copied());
-            metrics::partition_blocked(*partition, state.blocked.len());
-            metrics::partition_blocked_skipped(
-                *partition,
-                window.pipeline.skipped().map(|(_, n, _)| n).sum(),
-            );
-            if let Some(offset) = committed.get(partition) {
-                metrics::committed_offset(*partition, *offset);
-            }
             let lag = match (highs.get(partition), position) {
                 (Some(high), Some(position)) => Some(high - position),
                 _ => None,
             };
-            if let Some(lag) = lag {
-                metrics::consumer_lag(*partition, lag);
+            PartitionGauges {
+                partition: *partition,
+                blocked_mailboxes: state.blocked.len(),
+                skipped_deliveries: window.pipeline.skipped().map(|(_, n, _)| n).sum(),
+                committed: committed.get(partition).copied(),
+                lag,
             }
+            .emit();
             // Stalled: the consumer reports errors, the partition has records to read, nothing in
             // flight, not paused, and nothing arrived for a while — a record librdkafka cannot
             // read (an unsupported codec). Without consumer errors an idle partition whose last
@@ -57,18 +52,17 @@ impl Engine {
                 since_last_record: state.last_record.elapsed(),
                 threshold: self.settings.stalled_after,
             });
-            if stalled && !state.stalled {
-                tracing::error!(
-                    partition = *partition,
-                    lag = lag.unwrap_or(0),
-                    last_consumer_error = self.last_consumer_error.as_ref().map_or("none", |(_, e)| e.as_str()),
-                    "partition stalled: records are waiting but none could be read for {:?}; check the consumer errors above (a 'Not implemented' error means the topic uses a compression codec or format this build cannot read) and the broker's health",
-                    self.settings.stalled_after
-                );
+            PartitionReadable {
+                partition: *partition,
+                stalled,
+                was_stalled: state.stalled,
+                lag,
+                last_consumer_error: self.last_consumer_error.as_ref().map(|(_, e)| e.as_str()),
+                stalled_after: self.settings.stalled_after,
             }
+            .emit();
             state.stalled = stalled;
             any_stalled |= stalled;
-            metrics::partition_unreadable(*partition, stalled);
         }
         self.telemetry.health().set_consumer(!any_stalled);
         let blocked: usize = self
@@ -77,7 +71,12 @@ impl Engine {
             .map(|(_, w)| w.state.blocked.len())
             .sum();
         let limit = self.settings.max_blocked_mailboxes;
-        metrics::blocked_mailboxes(blocked, limit);
+        BlockedMailboxes {
+            blocked,
+            limit,
+            was_over: self.over_blocked_limit,
+        }
+        .emit();
         self.telemetry.health().set_blocked_list(
             blocked,
             self.driver
@@ -88,13 +87,6 @@ impl Engine {
                 .collect(),
         );
         let over = blocked > limit;
-        if over && !self.over_blocked_limit {
-            tracing::error!(
-                blocked,
-                limit,
-                "not ready: more mailboxes fail closed than kafka.max_blocked_mailboxes; damage in bulk (an evicting Redis, a log written out of order?): find the cause, repair them with materializer replay --reset-mailboxes (every other mailbox keeps flowing meanwhile)"
-            );
-        }
         self.over_blocked_limit = over;
         self.telemetry.health().set_blocked(
             over,

@@ -22,7 +22,8 @@
 
 use rdkafka::consumer::Consumer;
 
-use super::{metrics, Engine, PartitionState, Rereading};
+use super::{Engine, PartitionState, Rereading};
+use crate::daemon::events::{Event, RereadBehind, RereadStarted};
 
 impl Engine {
     /// Starts the re-reads that are due and finishes the closes of those whose calls are back.
@@ -67,7 +68,7 @@ impl Engine {
                     generation: window.state.generation,
                 },
             );
-            metrics::reread_started(partition);
+            RereadStarted { partition }.emit();
             self.consumer
                 .context()
                 .request_reread(partition, from, token);
@@ -114,14 +115,14 @@ impl Engine {
             };
             let position = window.pipeline.watermark().unwrap_or(until);
             let behind = (until - position).max(0);
-            metrics::reread_behind(*partition, behind);
+            RereadBehind {
+                partition: *partition,
+                behind,
+                until,
+            }
+            .emit();
             if behind == 0 {
                 window.state.reread_until = None;
-                tracing::info!(
-                    partition,
-                    offset = until,
-                    "the re-read caught up with where the partition had been read to"
-                );
             }
         }
     }

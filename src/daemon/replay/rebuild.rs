@@ -15,7 +15,7 @@ use super::progress::Progress;
 use super::range::{next_in_range, position_lost, Next, Range};
 use super::{pause_point, ReplayRequest, ReplaySummary, MAX_TRANSIENT_ATTEMPTS, STALL};
 use crate::config::Config;
-use crate::daemon::metrics;
+use crate::daemon::events::{Event, ReplayRecord};
 use crate::disposition::Disposition;
 use crate::ingest::drive::{Driver, Policy, Step, Verdict};
 use crate::ingest::pipeline::FinalRecord;
@@ -202,7 +202,7 @@ impl Rebuild<'_> {
 
     fn count(&mut self, word: &'static str) {
         *self.summary.outcomes.entry(word).or_default() += 1;
-        metrics::replay_record(word);
+        ReplayRecord(word).emit();
     }
 }
 

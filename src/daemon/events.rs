@@ -1,0 +1,355 @@
+//! The daemon's internal events (as Vector's `internal_events`): one small struct per thing that
+//! happens, whose `emit` writes its metrics and, where the event deserves one, its log line,
+//! together. A metric and the line that explains it are written in one place, so they never
+//! drift apart, and an event is named where it happens instead of spelled out in metric calls.
+//!
+//! The engine, the intake, the Kafka context and the monitors emit events; the metric names and
+//! the recorder stay in `metrics`, which only this module and `telemetry` (the outcome counts
+//! the demo's table shares with `/metrics`) call. The test at the end holds that.
+
+use std::time::Duration;
+
+use super::metrics;
+
+/// Something that happened, reported by [`emit`](Event::emit) and consumed by it.
+pub(crate) trait Event {
+    fn emit(self);
+}
+
+/// A partition was assigned; `lag` is what the broker holds past its committed offset (0 until
+/// the broker answered).
+pub(crate) struct PartitionAssigned {
+    pub partition: i32,
+    pub lag: i64,
+}
+
+impl Event for PartitionAssigned {
+    fn emit(self) {
+        metrics::partition_assigned(self.partition, self.lag);
+    }
+}
+
+/// A partition left this replica (revoked, or the run ended): its gauges disappear. `abandoned`
+/// records were in flight and stay uncommitted for the next owner.
+pub(crate) struct PartitionRevoked {
+    pub partition: i32,
+    pub abandoned: usize,
+}
+
+impl Event for PartitionRevoked {
+    fn emit(self) {
+        metrics::partition_revoked(self.partition);
+        if self.abandoned > 0 {
+            tracing::info!(
+                partition = self.partition,
+                abandoned = self.abandoned,
+                "revoked with records in flight: abandoned, not committed"
+            );
+        }
+    }
+}
+
+/// The consumer reported an error (most are transient and librdkafka retries them).
+pub(crate) struct ConsumerError<'a> {
+    pub error: &'a rdkafka::error::KafkaError,
+}
+
+impl Event for ConsumerError<'_> {
+    fn emit(self) {
+        let code = self
+            .error
+            .rdkafka_error_code()
+            .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
+        metrics::consumer_error(&code);
+        tracing::warn!(error = %self.error, "consumer error");
+    }
+}
+
+/// The bytes every window's records in flight are charged, all partitions.
+pub(crate) struct InFlightBytes(pub usize);
+
+impl Event for InFlightBytes {
+    fn emit(self) {
+        metrics::in_flight_bytes(self.0);
+    }
+}
+
+/// The window's byte budget and the process's memory limit, known at start.
+pub(crate) struct WindowBudget {
+    pub bytes: usize,
+    pub memory_limit: Option<u64>,
+}
+
+impl Event for WindowBudget {
+    fn emit(self) {
+        metrics::in_flight_budget(self.bytes);
+        metrics::memory_limit(self.memory_limit.unwrap_or(0));
+    }
+}
+
+/// The broker acknowledged a commit of `offset` on an assigned partition.
+pub(crate) struct OffsetCommitted {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl Event for OffsetCommitted {
+    fn emit(self) {
+        metrics::committed_offset(self.partition, self.offset);
+    }
+}
+
+/// An offset commit failed (the stored offsets are sent again at the next interval).
+pub(crate) struct CommitFailed<'a> {
+    pub error: &'a rdkafka::error::KafkaError,
+}
+
+impl Event for CommitFailed<'_> {
+    fn emit(self) {
+        tracing::warn!(
+            error = %self.error,
+            "offset commit failed; the stored offsets are committed again at the next interval"
+        );
+    }
+}
+
+/// A decoded record carried fields this build does not know (SPEC 3: ignored, counted).
+pub(crate) struct UnknownFields<'a, S: AsRef<str>>(pub &'a [S]);
+
+impl<S: AsRef<str>> Event for UnknownFields<'_, S> {
+    fn emit(self) {
+        if !self.0.is_empty() {
+            metrics::unknown_fields(self.0);
+        }
+    }
+}
+
+/// A partition is read again from its committed position (a blocked mailbox healed).
+pub(crate) struct RereadStarted {
+    pub partition: i32,
+}
+
+impl Event for RereadStarted {
+    fn emit(self) {
+        metrics::reread_started(self.partition);
+    }
+}
+
+/// How far a re-read still is behind the offset the partition had been read to.
+pub(crate) struct RereadBehind {
+    pub partition: i32,
+    pub behind: i64,
+    /// The offset the old window had reached.
+    pub until: i64,
+}
+
+impl Event for RereadBehind {
+    fn emit(self) {
+        metrics::reread_behind(self.partition, self.behind);
+        if self.behind == 0 {
+            tracing::info!(
+                partition = self.partition,
+                offset = self.until,
+                "the re-read caught up with where the partition had been read to"
+            );
+        }
+    }
+}
+
+/// Expired day buckets the store compacted since the last report.
+pub(crate) struct ExpiredBucketsPromoted(pub u64);
+
+impl Event for ExpiredBucketsPromoted {
+    fn emit(self) {
+        metrics::promote_expired_buckets(u32::try_from(self.0).unwrap_or(u32::MAX));
+    }
+}
+
+/// One assigned partition's gauges, refreshed every second.
+pub(crate) struct PartitionGauges {
+    pub partition: i32,
+    pub blocked_mailboxes: usize,
+    pub skipped_deliveries: u64,
+    pub committed: Option<i64>,
+    pub lag: Option<i64>,
+}
+
+impl Event for PartitionGauges {
+    fn emit(self) {
+        metrics::partition_blocked(self.partition, self.blocked_mailboxes);
+        metrics::partition_blocked_skipped(self.partition, self.skipped_deliveries);
+        if let Some(offset) = self.committed {
+            metrics::committed_offset(self.partition, offset);
+        }
+        if let Some(lag) = self.lag {
+            metrics::consumer_lag(self.partition, lag);
+        }
+    }
+}
+
+/// Whether a partition has records waiting that none could be read of (SPEC 10 readiness);
+/// the log line is written when it becomes so.
+pub(crate) struct PartitionReadable<'a> {
+    pub partition: i32,
+    pub stalled: bool,
+    pub was_stalled: bool,
+    pub lag: Option<i64>,
+    pub last_consumer_error: Option<&'a str>,
+    pub stalled_after: Duration,
+}
+
+impl Event for PartitionReadable<'_> {
+    fn emit(self) {
+        if self.stalled && !self.was_stalled {
+            tracing::error!(
+                partition = self.partition,
+                lag = self.lag.unwrap_or(0),
+                last_consumer_error = self.last_consumer_error.unwrap_or("none"),
+                "partition stalled: records are waiting but none could be read for {:?}; check the consumer errors above (a 'Not implemented' error means the topic uses a compression codec or format this build cannot read) and the broker's health",
+                self.stalled_after
+            );
+        }
+        metrics::partition_unreadable(self.partition, self.stalled);
+    }
+}
+
+/// The mailboxes failing closed on every partition, against `kafka.max_blocked_mailboxes`; the
+/// log line is written when the count crosses the limit.
+pub(crate) struct BlockedMailboxes {
+    pub blocked: usize,
+    pub limit: usize,
+    pub was_over: bool,
+}
+
+impl Event for BlockedMailboxes {
+    fn emit(self) {
+        metrics::blocked_mailboxes(self.blocked, self.limit);
+        if self.blocked > self.limit && !self.was_over {
+            tracing::error!(
+                blocked = self.blocked,
+                limit = self.limit,
+                "not ready: more mailboxes fail closed than kafka.max_blocked_mailboxes; damage in bulk (an evicting Redis, a log written out of order?): find the cause, repair them with materializer replay --reset-mailboxes (every other mailbox keeps flowing meanwhile)"
+            );
+        }
+    }
+}
+
+/// What the readiness probe learned of the subscription.
+pub(crate) struct Subscription {
+    pub available: bool,
+    pub topic_partitions: usize,
+    pub assigned: usize,
+}
+
+impl Event for Subscription {
+    fn emit(self) {
+        metrics::subscription(self.available, self.topic_partitions, self.assigned);
+    }
+}
+
+/// Whether the store may evict the mailboxes' keys.
+pub(crate) struct StoreEvicting(pub bool);
+
+impl Event for StoreEvicting {
+    fn emit(self) {
+        metrics::store_evicting(self.0);
+    }
+}
+
+/// Redis Cluster slots left open on two reads in a row.
+pub(crate) struct StoreOpenSlots(pub usize);
+
+impl Event for StoreOpenSlots {
+    fn emit(self) {
+        metrics::store_open_slots(self.0);
+    }
+}
+
+/// The Redis Cluster redirections met so far, by kind (the store counts them).
+pub(crate) struct StoreRedirects<'a> {
+    pub totals: &'a [(&'static str, u64)],
+}
+
+impl Event for StoreRedirects<'_> {
+    fn emit(self) {
+        for (kind, total) in self.totals {
+            metrics::store_redirects(kind, *total);
+        }
+    }
+}
+
+/// The dispatch topic's cleanup policy: `Some(true)` compacted, `None` unknown.
+pub(crate) struct TopicCompacted(pub Option<bool>);
+
+impl Event for TopicCompacted {
+    fn emit(self) {
+        metrics::topic_compacted(self.0);
+    }
+}
+
+/// A replay record reached its outcome.
+pub(crate) struct ReplayRecord(pub &'static str);
+
+impl Event for ReplayRecord {
+    fn emit(self) {
+        metrics::replay_record(self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The daemon's files that may call `metrics` directly: the module itself, this one, the
+    /// outcome counts of `telemetry`, and the HTTP side that serves `/metrics` and owns the
+    /// readiness gauge.
+    const MAY_CALL_METRICS: &[&str] = &[
+        "src/daemon/metrics.rs",
+        "src/daemon/metrics/",
+        "src/daemon/events.rs",
+        "src/daemon/telemetry.rs",
+        "src/daemon/http/",
+    ];
+
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn the_daemon_reports_through_events_never_metrics_directly() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut all = Vec::new();
+        files(&root.join("src/daemon"), &mut all);
+        assert!(all.len() > 20, "the daemon's sources were not found");
+        let mut offenders = Vec::new();
+        for path in all {
+            let relative = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .replace('\\', "/");
+            if MAY_CALL_METRICS.iter().any(|p| relative.starts_with(p)) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if code.contains("metrics::") && !code.trim_start().starts_with("use ") {
+                    offenders.push(format!("{relative}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "emit an event (daemon::events) instead: {offenders:#?}"
+        );
+    }
+}
