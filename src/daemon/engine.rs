@@ -48,7 +48,7 @@ use super::events::{
 };
 use super::fetch_waker::FetchWaker;
 use super::intake::{IntakeEvent, Polled, RawRecord};
-use super::kafka::{DaemonContext, GroupEvent, Handover};
+use super::kafka::{DaemonContext, GroupEvent, Handover, PartitionOffsets};
 use super::telemetry::Telemetry;
 use crate::config::Config;
 use crate::disposition::Disposition;
@@ -56,7 +56,6 @@ use crate::ingest::drive::{Driver, Policy, Step, Verdict};
 use crate::ingest::pipeline::Settled;
 use crate::ingest::runner::StoreCall;
 use crate::ingest::{DeliveryOutcome, DispatchRecord};
-use crate::locks::lock;
 use crate::model::{StoreError, UserId};
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -482,11 +481,10 @@ impl Engine {
                     _ => None,
                 })
                 .unwrap_or(low);
-            lock(&consumer.context().high_watermarks)
-                .entry(partition)
-                .or_insert(high);
-            if consumer.context().is_assigned(partition) {
-                lock(&consumer.context().start_offsets).insert(partition, committed);
+            if consumer
+                .context()
+                .partition_opened(partition, high, committed)
+            {
                 PartitionAssigned {
                     partition,
                     lag: high - committed,

@@ -24,7 +24,6 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::events::{Event, StoreEvicting, StoreOpenSlots, StoreRedirects, Subscription};
 use super::http::Health;
 use super::kafka::DaemonContext;
-use crate::locks::lock;
 use crate::store::MailboxStore;
 
 /// How often the probes run, and how long each may take.
@@ -97,8 +96,7 @@ pub fn spawn(
             // An unreachable broker says nothing about the topic: the last verdict stands.
             if let Some(metadata) = metadata {
                 let context = consumer.context();
-                let assigned = lock(&context.assigned).len();
-                let waiting_for = lock(&context.waiting_since).map(|since| since.elapsed());
+                let (assigned, waiting_for) = context.assignment();
                 let topic = TopicView::of(&metadata, &settings.topic);
                 let verdict = subscription(&settings, &topic, assigned, waiting_for);
                 Subscription {

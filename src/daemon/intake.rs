@@ -119,7 +119,7 @@ impl Intake {
                 let stop = stop.clone();
                 move || {
                     poll_loop(&consumer, &tx, &stop, &options);
-                    consumer.context().health.liveness.poll_stopped();
+                    consumer.context().health().liveness.poll_stopped();
                 }
             })?;
         Ok((
@@ -156,7 +156,7 @@ struct Identity {
 impl Identity {
     /// Reads the identity again (an assignment, or a retry after a failure), logging a change.
     fn refresh(&mut self, consumer: &BaseConsumer<DaemonContext>) {
-        let topic = consumer.context().topic.as_str();
+        let topic = consumer.context().topic();
         match log_identity::read(consumer.client(), topic, IDENTITY_TIMEOUT) {
             Ok(log) => {
                 if self.log.as_ref() != Some(&log) {
@@ -220,7 +220,7 @@ fn poll_loop(
         log: None,
         failed_at: None,
     };
-    let liveness = &consumer.context().health.liveness;
+    let liveness = &consumer.context().health().liveness;
     // Every hand-over to the engine waits on it: that wait is the engine's to account for.
     let send = |event: IntakeEvent| {
         liveness.poll_waiting(true);
@@ -248,7 +248,7 @@ fn poll_loop(
             }
             sent.remove(&partition);
             let ok = match consumer.seek(
-                consumer.context().topic.as_str(),
+                consumer.context().topic(),
                 partition,
                 Offset::Offset(offset),
                 Duration::from_secs(10),
@@ -337,7 +337,7 @@ fn moved_positions(
     let Ok(positions) = consumer.position() else {
         return Vec::new();
     };
-    let topic = consumer.context().topic.as_str();
+    let topic = consumer.context().topic();
     let mut moved = Vec::new();
     for element in positions.elements() {
         if element.topic() != topic {

@@ -333,39 +333,49 @@ pub struct Handover {
 /// librdkafka calls these from inside `poll`, on the poll thread (`intake`). Rebalance events are
 /// queued here and forwarded by the poll thread *after* the records it polled before them, so
 /// the engine sees every partition's records strictly inside its assignment.
+/// A copy of [`DaemonContext`]'s offsets by partition, for one round of gauges.
+pub(crate) struct PartitionOffsets {
+    /// High watermarks (statistics, or the broker's answer at assignment).
+    pub highs: HashMap<i32, i64>,
+    /// The committed offset when each partition was assigned.
+    pub starts: HashMap<i32, i64>,
+    /// The offsets the group last committed.
+    pub committed: HashMap<i32, i64>,
+}
+
 pub struct DaemonContext {
-    pub topic: String,
-    pub group_events: Mutex<Vec<GroupEvent>>,
+    topic: String,
+    group_events: Mutex<Vec<GroupEvent>>,
     /// High watermarks from the statistics, for `consumer_lag`.
-    pub high_watermarks: Arc<Mutex<HashMap<i32, i64>>>,
+    high_watermarks: Arc<Mutex<HashMap<i32, i64>>>,
     /// The committed offset of each partition when it was assigned (lag before any record).
-    pub start_offsets: Arc<Mutex<HashMap<i32, i64>>>,
+    start_offsets: Arc<Mutex<HashMap<i32, i64>>>,
     /// The offsets the group last committed, from the commit callback.
-    pub committed: Arc<Mutex<HashMap<i32, i64>>>,
+    committed: Arc<Mutex<HashMap<i32, i64>>>,
     /// The partitions of the topic assigned to this instance now (late callbacks of a revoked
     /// partition must not bring its gauges back).
-    pub assigned: Mutex<std::collections::HashSet<i32>>,
-    pub health: Arc<Health>,
+    assigned: Mutex<std::collections::HashSet<i32>>,
+    health: Arc<Health>,
     /// Where a revoke asks the engine to hand its partitions over (SPEC 7.2), and how long it
     /// waits for the answer; `None` until the engine runs.
-    pub handover: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Handover>>>,
-    pub handover_wait: std::time::Duration,
+    handover: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Handover>>>,
+    handover_wait: std::time::Duration,
     /// Woken on every assignment: the topic's cleanup policy is read again then
     /// ([`super::topic_policy::watch`]).
-    pub assigned_notify: Arc<tokio::sync::Notify>,
+    assigned_notify: Arc<tokio::sync::Notify>,
     /// Since when this replica has been waiting for an assignment: set at start and when an
     /// assignment is lost, cleared by any assignment (an empty one too). Readiness
     /// (`health::subscription`) turns false when the wait exceeds `kafka.assignment_timeout_ms`.
-    pub waiting_since: Mutex<Option<std::time::Instant>>,
+    waiting_since: Mutex<Option<std::time::Instant>>,
     /// The generation of the latest assignment: raised by every assignment before its event is
     /// queued. A hand-over names the generation it revokes, so one that reaches the engine late
     /// (a lost assignment's is never waited for) can only close windows opened by that
     /// assignment or an earlier one, never a newer assignment of the same partition.
-    pub generation: std::sync::atomic::AtomicU64,
+    generation: std::sync::atomic::AtomicU64,
     /// Partitions the engine wants read again from an offset (a blocked mailbox healed: its
     /// skipped deliveries come from the log), with the request's token; the poll thread seeks
     /// between two polls and answers with `IntakeEvent::Reread`.
-    pub rereads: Mutex<Vec<(i32, i64, u64)>>,
+    rereads: Mutex<Vec<(i32, i64, u64)>>,
 }
 
 impl DaemonContext {
@@ -384,6 +394,56 @@ impl DaemonContext {
             waiting_since: Mutex::new(Some(std::time::Instant::now())),
             generation: std::sync::atomic::AtomicU64::new(0),
             rereads: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The dispatch topic this context follows.
+    pub(crate) fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Where the engine takes revokes' hand-over requests (SPEC 7.2): set once, before the
+    /// consumer subscribes.
+    pub(crate) fn hand_over_to(&self, engine: tokio::sync::mpsc::UnboundedSender<Handover>) {
+        *lock(&self.handover) = Some(engine);
+    }
+
+    /// Woken on every assignment.
+    pub(crate) fn assigned_notify(&self) -> Arc<tokio::sync::Notify> {
+        self.assigned_notify.clone()
+    }
+
+    /// How many partitions are assigned now, and since when this replica has been waiting for
+    /// an assignment (readiness, `health::subscription`).
+    pub(crate) fn assignment(&self) -> (usize, Option<std::time::Duration>) {
+        let assigned = lock(&self.assigned).len();
+        let waiting_for = lock(&self.waiting_since).map(|since| since.elapsed());
+        (assigned, waiting_for)
+    }
+
+    /// What the broker said of a newly assigned partition: its high watermark (kept unless the
+    /// statistics already gave one) and the group's committed offset (its start, for the lag
+    /// before any record). False, and nothing kept of the start, when the partition was revoked
+    /// meanwhile: a late answer must not bring its gauges back.
+    pub(crate) fn partition_opened(&self, partition: i32, high: i64, committed: i64) -> bool {
+        lock(&self.high_watermarks).entry(partition).or_insert(high);
+        if !self.is_assigned(partition) {
+            return false;
+        }
+        lock(&self.start_offsets).insert(partition, committed);
+        true
+    }
+
+    /// The partitions' offsets as last known: high watermarks, starts and commits.
+    pub(crate) fn offsets(&self) -> PartitionOffsets {
+        PartitionOffsets {
+            highs: lock(&self.high_watermarks).clone(),
+            starts: lock(&self.start_offsets).clone(),
+            committed: lock(&self.committed).clone(),
         }
     }
 

@@ -143,9 +143,9 @@ pub async fn run(
         options.health.clone(),
         Engine::handover_wait(settings.shutdown_deadline),
     );
-    let assigned_notify = context.assigned_notify.clone();
+    let assigned_notify = context.assigned_notify();
     let (handover, handovers) = tokio::sync::mpsc::unbounded_channel();
-    *crate::locks::lock(&context.handover) = Some(handover);
+    context.hand_over_to(handover);
     let consumer: Arc<BaseConsumer<DaemonContext>> = Arc::new(
         kafka::consumer_config(&config.kafka, options.commit_offsets)
             .create_with_context(context)?,

@@ -14,9 +14,11 @@ impl Engine {
             ExpiredBucketsPromoted(promoted - self.promoted_reported).emit();
             self.promoted_reported = promoted;
         }
-        let highs = lock(&self.consumer.context().high_watermarks).clone();
-        let starts = lock(&self.consumer.context().start_offsets).clone();
-        let committed = lock(&self.consumer.context().committed).clone();
+        let PartitionOffsets {
+            highs,
+            starts,
+            committed,
+        } = self.consumer.context().offsets();
         let mut any_stalled = false;
         for (partition, window) in self.driver.windows_mut() {
             let idle = window.pipeline.is_empty() && !window.state.paused;
