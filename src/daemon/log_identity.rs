@@ -15,12 +15,14 @@
 
 #![allow(unsafe_code)] // the C bindings of DescribeTopics: each unsafe block says why it is sound
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::raw::c_char;
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
+
+use super::kafka_ffi::{text, Owned};
 
 use crate::model::LogId;
 
@@ -59,34 +61,6 @@ pub(crate) fn read<C: ClientContext>(
                 topic: topic.to_owned(),
             })
         }
-    }
-}
-
-/// Owns one librdkafka object and destroys it on every path out.
-struct Owned<T> {
-    ptr: *mut T,
-    destroy: unsafe extern "C" fn(*mut T),
-}
-
-impl<T> Drop for Owned<T> {
-    fn drop(&mut self) {
-        if !self.ptr.is_null() {
-            // SAFETY: `ptr` came from the librdkafka constructor paired with `destroy` and is
-            // destroyed exactly once, here.
-            unsafe { (self.destroy)(self.ptr) }
-        }
-    }
-}
-
-/// Text of a C string librdkafka owns (empty for null).
-///
-/// # Safety
-/// `ptr` is null or a NUL-terminated string valid for the call.
-unsafe fn text(ptr: *const c_char) -> String {
-    if ptr.is_null() {
-        String::new()
-    } else {
-        CStr::from_ptr(ptr).to_string_lossy().into_owned()
     }
 }
 

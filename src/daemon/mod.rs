@@ -52,6 +52,7 @@ pub mod health;
 pub mod http;
 pub mod intake;
 pub mod kafka;
+pub(crate) mod kafka_ffi;
 pub(crate) mod kafka_grants;
 pub mod liveness;
 pub(crate) mod log_identity;
