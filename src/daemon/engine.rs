@@ -324,7 +324,7 @@ impl Engine {
                 attempt = self.driver.next() => {
                     let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
                     let Ok(()) = self.driver.handle_with_ready(attempt, &mut policy);
-                    self.send_letters(policy.letters);
+                    self.send_dead_letters(policy.refused);
                     self.advance();
                 }
                 Some(handover) = handovers.recv() => self.begin_handover(handover),
@@ -367,7 +367,7 @@ impl Engine {
     fn drain_finished(&mut self) {
         let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
         let Ok(()) = self.driver.handle_ready(&mut policy);
-        self.send_letters(policy.letters);
+        self.send_dead_letters(policy.refused);
         self.advance();
     }
 
@@ -521,17 +521,18 @@ impl Engine {
         let mut policy = DaemonPolicy::new(&self.telemetry, self.settings.backoff);
         self.driver
             .admit(partition, offset, record, size, meta, decoded, &mut policy);
-        self.send_letters(policy.letters);
+        self.send_dead_letters(policy.refused);
     }
 
     /// Sends the dead letters of records settled with a refusal.
-    fn send_letters(&mut self, settled: Vec<(i32, Settled)>) {
-        for (partition, settled) in settled {
-            self.on_settled(partition, settled);
+    fn send_dead_letters(&mut self, refused: Vec<(i32, Settled)>) {
+        for (partition, settled) in refused {
+            self.send_dead_letter(partition, settled);
         }
     }
 
-    fn on_settled(&mut self, partition: i32, settled: Settled) {
+    /// The dead letter of one record settled with a refusal, built from its raw record.
+    fn send_dead_letter(&mut self, partition: i32, settled: Settled) {
         let Some(dead_letter) = settled.dead_letter else {
             return;
         };
@@ -615,7 +616,7 @@ impl Engine {
             if !state.paused && (window.pipeline.is_full() || bytes >= share) {
                 state.paused = true;
                 pause.add_partition(&self.settings.topic, *partition);
-            } else if state.paused && window.pipeline.has_room() && bytes <= share / 2 {
+            } else if state.paused && window.pipeline.drained_to_half() && bytes <= share / 2 {
                 state.paused = false;
                 resume.add_partition(&self.settings.topic, *partition);
             }
@@ -645,8 +646,8 @@ impl Engine {
 struct DaemonPolicy<'a> {
     telemetry: &'a Telemetry,
     backoff: Backoff,
-    /// Records settled with a refusal, for [`Engine::send_letters`].
-    letters: Vec<(i32, Settled)>,
+    /// Records settled with a refusal, whose dead letters [`Engine::send_dead_letters`] sends.
+    refused: Vec<(i32, Settled)>,
 }
 
 impl<'a> DaemonPolicy<'a> {
@@ -654,7 +655,7 @@ impl<'a> DaemonPolicy<'a> {
         Self {
             telemetry,
             backoff,
-            letters: Vec::new(),
+            refused: Vec::new(),
         }
     }
 }
@@ -736,7 +737,7 @@ impl Policy<i32, PartitionState> for DaemonPolicy<'_> {
     }
 
     fn dead_letter(&mut self, source: &i32, settled: Settled) -> bool {
-        self.letters.push((*source, settled));
+        self.refused.push((*source, settled));
         false
     }
 

@@ -31,7 +31,7 @@
 //! with a delivery in the window.
 //!
 //! The caller pauses its source when [`PartitionPipeline::is_full`] and resumes it below
-//! [`PartitionPipeline::has_room`] (hysteresis, so a full window does not turn into a
+//! [`PartitionPipeline::drained_to_half`] (hysteresis, so a full window does not turn into a
 //! pause/resume per record).
 //!
 //! [`bytes`]: PartitionPipeline::bytes
@@ -293,8 +293,9 @@ impl<R, M> PartitionPipeline<R, M> {
         self.slots.len() >= self.max_records
     }
 
-    /// True when the window has drained to half: a paused source may resume.
-    pub(crate) fn has_room(&self) -> bool {
+    /// True when the window has drained to half its records: a paused source may resume (the
+    /// gap between this and [`is_full`](Self::is_full) keeps pause and resume from flapping).
+    pub(crate) fn drained_to_half(&self) -> bool {
         self.slots.len() <= self.max_records / 2
     }
 

@@ -176,7 +176,7 @@ fn the_window_counts_final_records_until_they_leave_and_resumes_at_half() {
     assert!(p.pop_final().is_empty());
     complete(&mut p, first[0], ok());
     assert_eq!(p.pop_final().len(), 4);
-    assert!(p.has_room());
+    assert!(p.drained_to_half());
 }
 
 #[test]
