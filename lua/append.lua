@@ -115,8 +115,8 @@ end
 -- none (the new version has no position) and the older release's mailbox-level position.
 local function stale_position_fields(m, incoming)
   local stale = {}
-  if incoming == '' and m.extra2 then stale[#stale + 1] = position_key end
-  if m.extra3 then stale[#stale + 1] = 'source_position' end
+  if incoming == '' and m.seq_position then stale[#stale + 1] = position_key end
+  if m.mailbox_position then stale[#stale + 1] = 'source_position' end
   return stale
 end
 
@@ -177,15 +177,17 @@ if fields_known and fields_known[proof_field] ~= nil then
   local held = fields_known[position_key]
   m = {key = meta_key, version = fields_known.retention_format_version,
     trim = fields_known.user_trim_seq, seqbucket_max = fields_known.seqbucket_max_seq,
-    next_expiry = fields_known.next_expires_at, extra = fields_known[proof_field],
-    extra2 = held, extra3 = fields_known.source_position, exists = fields_known.exists}
+    next_expiry = fields_known.next_expires_at, proof = fields_known[proof_field],
+    seq_position = held, mailbox_position = fields_known.source_position,
+    exists = fields_known.exists}
 else
-  m = load_meta(meta_key, proof_field, position_key, 'source_position')
+  m = load_meta(meta_key,
+    {proof = proof_field, seq_position = position_key, mailbox_position = 'source_position'})
   if known then
     known.meta = {retention_format_version = m.version, user_trim_seq = m.trim,
       seqbucket_max_seq = m.seqbucket_max, next_expires_at = m.next_expiry,
-      [proof_field] = m.extra, [position_key] = m.extra2, source_position = m.extra3,
-      exists = m.exists}
+      [proof_field] = m.proof, [position_key] = m.seq_position,
+      source_position = m.mailbox_position, exists = m.exists}
   end
 end
 
@@ -256,12 +258,12 @@ if existing then
     end
   end
   if same then return {2, promoted} end
-  if m.extra2 == nil then
-    m.extra2 = redis.call('HGET', meta_key, position_key)
-    if known and known.meta then known.meta[position_key] = m.extra2 end
+  if m.seq_position == nil then
+    m.seq_position = redis.call('HGET', meta_key, position_key)
+    if known and known.meta then known.meta[position_key] = m.seq_position end
   end
   -- Different content from an older offset of the log and partition that wrote this version.
-  if superseded(m.extra2, incoming_position) then return {8, promoted, m.extra2} end
+  if superseded(m.seq_position, incoming_position) then return {8, promoted, m.seq_position} end
   -- Different content: the whole old group goes, the new one comes, atomically.
   if exact_score then
     redis.call('ZREMRANGEBYSCORE', day_key, seq, seq)
@@ -272,7 +274,7 @@ if existing then
   redis.call('EXPIREAT', day_key, expires_text)
   if known then known.bucket_expiry[day_key] = expires_text end
   -- The new version's position replaces the old one's (or the old one goes).
-  if incoming_position ~= '' and incoming_position ~= m.extra2 then
+  if incoming_position ~= '' and incoming_position ~= m.seq_position then
     hset_known(meta_key, {position_key, incoming_position}, known and known.meta)
   end
   hdel_known(meta_key, stale_position_fields(m, incoming_position), known and known.meta)
@@ -307,7 +309,7 @@ end
 
 -- A day with a proof is active (in the day set, inside the range): adding to it cannot widen
 -- the span. A new day is checked against the range kept in the meta.
-local had_proof = is_seq(m.extra)
+local had_proof = is_seq(m.proof)
 local low, high
 if not had_proof and redis.call('EXISTS', day_key) == 1 then
   -- A day the meta knows nothing of has no bucket yet; one that exists is what is left of a
@@ -335,8 +337,8 @@ end
 local bucket_expiry_set = known and known.bucket_expiry[day_key] == expires_text
 if had_proof and not bucket_expiry_set then
   local alive = redis.call('EXPIREAT', day_key, expires_text) == 1
-  if not alive and not seq_less(m.extra, m.trim) then
-    return refused(lost_bucket(day_text, m.extra))
+  if not alive and not seq_less(m.proof, m.trim) then
+    return refused(lost_bucket(day_text, m.proof))
   end
   bucket_expiry_set = alive
   if known and alive then known.bucket_expiry[day_key] = expires_text end
@@ -367,7 +369,7 @@ if incoming_position ~= '' then
 end
 if had_proof then
   fields[#fields + 1] = 'bucket_max_seq:' .. day_text
-  fields[#fields + 1] = seq_max(m.extra, seq)
+  fields[#fields + 1] = seq_max(m.proof, seq)
 else
   fields[#fields + 1] = 'bucket_max_seq:' .. day_text
   fields[#fields + 1] = seq

@@ -12,13 +12,13 @@
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if redis.call('GET', epoch_key) ~= ARGV[1] then return {0, 0, '0'} end
-local m = load_meta(meta_key, 'expired_gap_boundary')
+local m = load_meta(meta_key, {boundary = 'expired_gap_boundary'})
 local err = check_format(m)
 if err then return err end
 if not m.exists then return {0, 0, '0'} end
 err = meta_seqs(m)
 if err then return err end
-m.boundary, err = seq_value(m.extra, 'expired_gap_boundary')
+m.boundary, err = seq_value(m.boundary_text, 'expired_gap_boundary')
 if err then return err end
 local expired, perr = promote(m, days_key, seqbucket_key, now_text())
 if perr then return perr end

@@ -25,20 +25,10 @@ local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], 
 local current = redis.call('GET', epoch_key)
 if not current then return {1} end
 if current ~= ARGV[1] then return {ERR_EPOCH_MISMATCH, current} end
-local m = load_meta(meta_key, 'expired_gap_boundary')
-local err = check_format(m)
-if err then return err end
 -- The epoch key and its meta are written together: an epoch without its meta lost it.
-if not m.exists then return {ERR_META_LOST} end
-err = meta_seqs(m)
-if err then return err end
-m.boundary, err = seq_value(m.extra, 'expired_gap_boundary')
-if err then return err end
-local now = now_text()
-local _, perr = promote(m, days_key, seqbucket_key, now)
-if perr then return perr end
-err = check_cursor(m, ARGV[2], ARGV[3])
-if err then return err end
+local m, answer = scan_meta(meta_key, seqbucket_key, days_key, ARGV[2], ARGV[3], {ERR_META_LOST})
+if not m then return answer end
+local now = answer
 local days = redis.call('ZRANGE', days_key, 0, -1)
 if #days == 0 then
   -- An empty day set is the rare path (a mailbox without live days): make sure the meta proves

@@ -16,20 +16,9 @@
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local current = redis.call('GET', epoch_key)
 if current ~= ARGV[1] then return {ERR_EPOCH_MISMATCH, current or ''} end
-local m = load_meta(meta_key, 'expired_gap_boundary')
-local err = check_format(m)
-if err then return err end
-if not m.exists then
-  return {ERR_BAD_PROOF, 'meta disappeared between the scan read and its check'}
-end
-err = meta_seqs(m)
-if err then return err end
-m.boundary, err = seq_value(m.extra, 'expired_gap_boundary')
-if err then return err end
-local _, perr = promote(m, days_key, seqbucket_key, now_text())
-if perr then return perr end
-err = check_cursor(m, ARGV[2], ARGV[3])
-if err then return err end
+local m, err = scan_meta(meta_key, seqbucket_key, days_key, ARGV[2], ARGV[3],
+  {ERR_BAD_PROOF, "meta disappeared between the scan's read and its check"})
+if not m then return err end
 -- A day that expired during the read lost its proof to the promote above, so its missing
 -- bucket is no damage; a day emptied by a truncate has its proof below the trim.
 err = check_buckets_present(m, KEYS[5], {unpack(ARGV, 4)})

@@ -36,7 +36,7 @@ if current and current ~= epoch then
   return {ERR_EPOCH_MISMATCH, current}
 end
 
-local m = load_meta(meta_key, '')
+local m = load_meta(meta_key, {})
 local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
 err = check_integrity(m, identity_expiry(seqbucket_key) ~= -2, now)

@@ -12,21 +12,29 @@
   before every append and scan; this keeps it O(1) on the common path).
 ]]
 
--- Reads the format version, user_trim_seq, seqbucket_max_seq, next_expires_at, `extra` (a day
--- proof, or the gap boundary; '' for none) and, when given, `extra2` and `extra3` (append: the
--- seq's source position and the mailbox-level position an older release kept) in one call.
--- Returns a table with those fields (false when absent) and `exists`.
-local function load_meta(meta_key, extra, extra2, extra3)
+-- Reads the format version, user_trim_seq, seqbucket_max_seq and next_expires_at, and the fields
+-- `asked` names by their role, in one call: `boundary` (the gap boundary: promote and scans) or
+-- `proof` (a day's proof: append), and with `proof` also `seq_position` (the seq's source
+-- position) and `mailbox_position` (the mailbox-level position an older release kept). An empty
+-- `asked` (truncate) reads the four. Returns a table with those fields under their roles (false
+-- when absent; `boundary` as stored text) and `exists`.
+local function load_meta(meta_key, asked)
   local r
-  if extra2 then
+  if asked.proof then
     r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
-      'seqbucket_max_seq', 'next_expires_at', extra, extra2, extra3)
+      'seqbucket_max_seq', 'next_expires_at', asked.proof, asked.seq_position,
+      asked.mailbox_position)
   else
     r = redis.call('HMGET', meta_key, 'retention_format_version', 'user_trim_seq',
-      'seqbucket_max_seq', 'next_expires_at', extra)
+      'seqbucket_max_seq', 'next_expires_at', asked.boundary or '')
   end
   local m = {key = meta_key, version = r[1], trim = r[2], seqbucket_max = r[3],
-    next_expiry = r[4], extra = r[5], extra2 = r[6], extra3 = r[7]}
+    next_expiry = r[4]}
+  if asked.proof then
+    m.proof, m.seq_position, m.mailbox_position = r[5], r[6], r[7]
+  else
+    m.boundary_text = r[5]
+  end
   m.exists = r[1] or r[2] or r[3] or r[4] or r[5]
   if not m.exists then
     -- Only a meta none of whose read fields is set reaches here: a cold user, or damage.

@@ -6,6 +6,7 @@ use redis::Script;
 const COMMON: &str = include_str!("../../../lua/includes/common.lua");
 const META: &str = include_str!("../../../lua/includes/meta.lua");
 const PROMOTE: &str = include_str!("../../../lua/includes/promote.lua");
+const SCAN: &str = include_str!("../../../lua/includes/scan.lua");
 const COPY: &str = include_str!("../../../lua/includes/copy.lua");
 
 /// Every script, compiled once per store.
@@ -56,8 +57,14 @@ impl Scripts {
             append_run: Script::new(&Self::append_run_source()),
             truncate: mailbox_script(include_str!("../../../lua/truncate.lua")),
             promote: mailbox_script(include_str!("../../../lua/promote.lua")),
-            scan_begin: mailbox_script(include_str!("../../../lua/scan_begin.lua")),
-            scan_end: mailbox_script(include_str!("../../../lua/scan_end.lua")),
+            scan_begin: mailbox_script(&format!(
+                "{SCAN}\n{}",
+                include_str!("../../../lua/scan_begin.lua")
+            )),
+            scan_end: mailbox_script(&format!(
+                "{SCAN}\n{}",
+                include_str!("../../../lua/scan_end.lua")
+            )),
             inspect: Script::new(include_str!("../../../lua/inspect.lua")),
             repair_begin: repair_script(include_str!("../../../lua/repair_begin.lua")),
             repair_renew: repair_script(include_str!("../../../lua/repair_renew.lua")),
@@ -182,5 +189,17 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A refusal both a script and the shared rules write reads the same on every backend: the
+    /// Lua text is the Rust one (they had drifted apart once).
+    #[test]
+    fn a_scan_whose_meta_vanished_is_worded_as_on_every_other_backend() {
+        let detail = crate::model::rules::meta_vanished_during_scan().detail();
+        let lua = include_str!("../../../lua/scan_end.lua");
+        assert!(
+            lua.contains(&format!("\"{detail}\"")),
+            "scan_end.lua does not say {detail:?}"
+        );
     }
 }
