@@ -12,7 +12,8 @@
 //!
 //! Run: `KAFKA_BOOTSTRAP=$(scripts/kafka start) SCYLLA_NODES=$(scripts/cassandra start) cargo
 //! bench --bench repair_cost` (without `SCYLLA_NODES` only the Redis rows; `BENCH_GROUPS`
-//! overrides the 10,000). Prints a Markdown report.
+//! overrides the 10,000; `BENCH_MATERIALIZER` runs the repair with another build's binary, one
+//! built with `--features failpoints`). Prints a Markdown report.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -32,6 +33,13 @@ use support::reference::now_ms;
 
 /// CPU seconds a process has used so far (0 once it is gone: the figure is then not shown as
 /// more than it was).
+/// The binary the repair runs: this build's, or `BENCH_MATERIALIZER` (another build's, to
+/// compare two builds on the same server in one session).
+fn materializer() -> String {
+    std::env::var("BENCH_MATERIALIZER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_materializer").to_owned())
+}
+
 fn cpu_seconds_or_0(pid: &str) -> f64 {
     proc::cpu_seconds(pid).unwrap_or(0.0)
 }
@@ -167,7 +175,7 @@ fn timed_replay(setup: &DaemonSetup, server_pid: Option<&str>) -> (f64, String) 
     let config = setup.config_file(free_port());
     let script = format!(
         "{} replay --config {} --partition 0 --from-offset 0 --user {USER} --reset-mailboxes --progress off >/dev/null || exit $?\ntimes\n",
-        env!("CARGO_BIN_EXE_materializer"),
+        materializer(),
         config.display()
     );
     let server_start = server_pid.map(cpu_seconds_or_0);
@@ -213,7 +221,7 @@ async fn extra_at_peak(
     let hold_ms = 20_000;
     let config = setup.config_file(free_port());
     let log = setup.dir.join(format!("repair-peak-{}.err", now_ms()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_materializer"))
+    let mut child = Command::new(materializer())
         .args(["replay", "--config"])
         .arg(&config)
         .args(["--partition", "0", "--from-offset", "0", "--user", USER])

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod redis;
 pub mod repair;
 pub mod scylla;
+pub mod wrapper;
 
 use async_trait::async_trait;
 

@@ -9,11 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mailbox_materializer::model::{
-    AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, RetentionPolicy,
-    ScanPage, ScanRequest, StoreError, TruncateOutcome,
-};
+use mailbox_materializer::model::{AppendOutcome, EventGroup, RetentionPolicy, StoreError};
 use mailbox_materializer::store::memory::MemoryStore;
+use mailbox_materializer::store::wrapper::Wrapper;
 use mailbox_materializer::store::{MailboxStore, SystemClock};
 use support::in_process::InProcessDaemon;
 use support::kafka::{create_topic, produce, DaemonSetup};
@@ -27,18 +25,9 @@ struct Recording {
 }
 
 #[async_trait]
-impl MailboxStore for Recording {
-    fn backend(&self) -> &'static str {
-        "memory"
-    }
-
-    fn promoted_buckets_total(&self) -> u64 {
-        self.inner.promoted_buckets_total()
-    }
-
-    /// Group by group through `append` below.
-    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        mailbox_materializer::store::append_one_by_one(self, run).await
+impl Wrapper for Recording {
+    fn inner(&self) -> &dyn MailboxStore {
+        &self.inner
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
@@ -63,22 +52,6 @@ impl MailboxStore for Recording {
                 .push(group.mailbox_seq);
         }
         outcome
-    }
-
-    async fn truncate_before(&self, m: &MailboxId, s: u64) -> Result<TruncateOutcome, StoreError> {
-        self.inner.truncate_before(m, s).await
-    }
-
-    async fn range_scan(&self, m: &MailboxId, r: ScanRequest) -> Result<ScanPage, StoreError> {
-        self.inner.range_scan(m, r).await
-    }
-
-    async fn promote(&self, m: &MailboxId) -> Result<PromoteOutcome, StoreError> {
-        self.inner.promote(m).await
-    }
-
-    async fn inspect(&self, m: &MailboxId) -> Result<MailboxInspection, StoreError> {
-        self.inner.inspect(m).await
     }
 }
 

@@ -117,11 +117,9 @@ fn process_exists(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{
-        AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, RetentionPolicy,
-        ScanPage, ScanRequest, TruncateOutcome,
-    };
+    use crate::model::RetentionPolicy;
     use crate::store::memory::MemoryStore;
+    use crate::store::wrapper::Wrapper;
     use crate::store::SystemClock;
     use std::sync::Arc;
 
@@ -130,35 +128,9 @@ mod tests {
     struct FenceThenTimeout(Arc<MemoryStore>);
 
     #[async_trait::async_trait]
-    impl MailboxStore for FenceThenTimeout {
-        fn backend(&self) -> &'static str {
-            "memory"
-        }
-        fn promoted_buckets_total(&self) -> u64 {
-            self.0.promoted_buckets_total()
-        }
-        async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-            self.0.append_run(run).await
-        }
-        async fn truncate_before(
-            &self,
-            mailbox: &MailboxId,
-            before_seq: u64,
-        ) -> Result<TruncateOutcome, StoreError> {
-            self.0.truncate_before(mailbox, before_seq).await
-        }
-        async fn range_scan(
-            &self,
-            mailbox: &MailboxId,
-            request: ScanRequest,
-        ) -> Result<ScanPage, StoreError> {
-            self.0.range_scan(mailbox, request).await
-        }
-        async fn promote(&self, mailbox: &MailboxId) -> Result<PromoteOutcome, StoreError> {
-            self.0.promote(mailbox).await
-        }
-        async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError> {
-            self.0.inspect(mailbox).await
+    impl Wrapper for FenceThenTimeout {
+        fn inner(&self) -> &dyn MailboxStore {
+            self.0.as_ref()
         }
         async fn repair_fence(
             &self,

@@ -8,11 +8,9 @@ use async_trait::async_trait;
 
 use super::*;
 use crate::ingest::decode::{decode_record, DEFAULT_MAX_RECORD_BYTES};
-use crate::model::{
-    AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, RetentionPolicy,
-    ScanPage, ScanRequest, TruncateOutcome,
-};
+use crate::model::{AppendOutcome, EventGroup, MailboxId, RetentionPolicy, ScanRequest};
 use crate::store::memory::MemoryStore;
+use crate::store::wrapper::Wrapper;
 use crate::store::SystemClock;
 
 /// The memory store answering `unavailable` to its first `failures` appends, and once to the
@@ -25,18 +23,9 @@ struct Flaky {
 }
 
 #[async_trait]
-impl MailboxStore for Flaky {
-    fn backend(&self) -> &'static str {
-        "memory"
-    }
-
-    fn promoted_buckets_total(&self) -> u64 {
-        self.inner.promoted_buckets_total()
-    }
-
-    /// Group by group through `append` below.
-    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        crate::store::append_one_by_one(self, run).await
+impl Wrapper for Flaky {
+    fn inner(&self) -> &dyn MailboxStore {
+        &self.inner
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
@@ -56,22 +45,6 @@ impl MailboxStore for Flaky {
             });
         }
         self.inner.append(group).await
-    }
-
-    async fn truncate_before(&self, m: &MailboxId, s: u64) -> Result<TruncateOutcome, StoreError> {
-        self.inner.truncate_before(m, s).await
-    }
-
-    async fn range_scan(&self, m: &MailboxId, r: ScanRequest) -> Result<ScanPage, StoreError> {
-        self.inner.range_scan(m, r).await
-    }
-
-    async fn promote(&self, m: &MailboxId) -> Result<PromoteOutcome, StoreError> {
-        self.inner.promote(m).await
-    }
-
-    async fn inspect(&self, m: &MailboxId) -> Result<MailboxInspection, StoreError> {
-        self.inner.inspect(m).await
     }
 }
 

@@ -8,11 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use super::*;
-use crate::model::{
-    AppendOutcome, Event, EventGroup, MailboxId, MailboxInspection, Payload, PromoteOutcome,
-    RetentionPolicy, ScanPage, ScanRequest, TruncateOutcome, UserId,
-};
+use crate::model::{AppendOutcome, Event, EventGroup, MailboxId, Payload, RetentionPolicy, UserId};
 use crate::store::memory::MemoryStore;
+use crate::store::wrapper::Wrapper;
 use crate::store::SystemClock;
 
 /// The memory store with a limit of its own, counting the appends it holds at once.
@@ -25,22 +23,13 @@ struct Limited {
 }
 
 #[async_trait]
-impl MailboxStore for Limited {
-    fn backend(&self) -> &'static str {
-        "memory"
+impl Wrapper for Limited {
+    fn inner(&self) -> &dyn MailboxStore {
+        &self.inner
     }
 
     fn max_appends_in_flight(&self) -> Option<usize> {
         self.limit
-    }
-
-    fn promoted_buckets_total(&self) -> u64 {
-        self.inner.promoted_buckets_total()
-    }
-
-    /// Group by group through `append` below.
-    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        crate::store::append_one_by_one(self, run).await
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
@@ -52,22 +41,6 @@ impl MailboxStore for Limited {
         self.seen.lock().expect("lock").push(group.mailbox_seq);
         self.now.fetch_sub(1, Ordering::SeqCst);
         outcome
-    }
-
-    async fn truncate_before(&self, m: &MailboxId, s: u64) -> Result<TruncateOutcome, StoreError> {
-        self.inner.truncate_before(m, s).await
-    }
-
-    async fn range_scan(&self, m: &MailboxId, r: ScanRequest) -> Result<ScanPage, StoreError> {
-        self.inner.range_scan(m, r).await
-    }
-
-    async fn promote(&self, m: &MailboxId) -> Result<PromoteOutcome, StoreError> {
-        self.inner.promote(m).await
-    }
-
-    async fn inspect(&self, m: &MailboxId) -> Result<MailboxInspection, StoreError> {
-        self.inner.inspect(m).await
     }
 }
 
