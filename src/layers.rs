@@ -12,6 +12,10 @@
 //!
 //! A module's own paths (`crate::store::..` inside `store`) are always allowed. Doc comments may
 //! name anything: only code is checked.
+//!
+//! Inside `daemon`, one more rule: metrics are written by events (`daemon::events`), so only
+//! `metrics` itself, `events`, `telemetry` (the outcome counts) and the HTTP side (`/metrics`,
+//! the readiness gauge) call `metrics::`.
 
 #[cfg(test)]
 mod tests {
@@ -136,5 +140,44 @@ mod tests {
             Vec::<&str>::new()
         );
         assert_eq!(crate_paths("$crate::model"), Vec::<&str>::new());
+    }
+
+    /// The daemon's files that may call `metrics` directly.
+    const MAY_CALL_METRICS: &[&str] = &[
+        "daemon/metrics.rs",
+        "daemon/metrics/",
+        "daemon/events.rs",
+        "daemon/telemetry.rs",
+        "daemon/http/",
+    ];
+
+    #[test]
+    fn the_daemon_reports_through_events_never_metrics_directly() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&src.join("daemon"), &mut files);
+        assert!(files.len() > 20, "the daemon's sources were not found");
+        let mut offenders = Vec::new();
+        for path in files {
+            let relative = path
+                .strip_prefix(&src)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .replace('\\', "/");
+            if MAY_CALL_METRICS.iter().any(|p| relative.starts_with(p)) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if code.contains("metrics::") && !code.trim_start().starts_with("use ") {
+                    offenders.push(format!("{relative}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "emit an event (daemon::events) instead: {offenders:#?}"
+        );
     }
 }

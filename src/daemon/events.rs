@@ -5,7 +5,7 @@
 //!
 //! The engine, the intake, the Kafka context and the monitors emit events; the metric names and
 //! the recorder stay in `metrics`, which only this module and `telemetry` (the outcome counts
-//! the demo's table shares with `/metrics`) call. The test at the end holds that.
+//! the demo's table shares with `/metrics`) call; `crate::layers`' test holds that.
 
 use std::time::Duration;
 
@@ -293,63 +293,5 @@ pub(crate) struct ReplayRecord(pub &'static str);
 impl Event for ReplayRecord {
     fn emit(self) {
         metrics::replay_record(self.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The daemon's files that may call `metrics` directly: the module itself, this one, the
-    /// outcome counts of `telemetry`, and the HTTP side that serves `/metrics` and owns the
-    /// readiness gauge.
-    const MAY_CALL_METRICS: &[&str] = &[
-        "src/daemon/metrics.rs",
-        "src/daemon/metrics/",
-        "src/daemon/events.rs",
-        "src/daemon/telemetry.rs",
-        "src/daemon/http/",
-    ];
-
-    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                files(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
-
-    #[test]
-    fn the_daemon_reports_through_events_never_metrics_directly() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut all = Vec::new();
-        files(&root.join("src/daemon"), &mut all);
-        assert!(all.len() > 20, "the daemon's sources were not found");
-        let mut offenders = Vec::new();
-        for path in all {
-            let relative = path
-                .strip_prefix(root)
-                .unwrap_or(&path)
-                .to_string_lossy()
-                .replace('\\', "/");
-            if MAY_CALL_METRICS.iter().any(|p| relative.starts_with(p)) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            for (n, line) in text.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or("");
-                if code.contains("metrics::") && !code.trim_start().starts_with("use ") {
-                    offenders.push(format!("{relative}:{}: {}", n + 1, line.trim()));
-                }
-            }
-        }
-        assert!(
-            offenders.is_empty(),
-            "emit an event (daemon::events) instead: {offenders:#?}"
-        );
     }
 }
