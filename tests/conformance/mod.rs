@@ -23,7 +23,7 @@
 //! | 4.5 promote | `active_proof_compaction`, `compacted_days_are_counted_by_the_store`, `bad_proof_two_phase_promote_changes_nothing`, `thirty_two_consecutive_day_buckets`, `long_offline_recovery` |
 //! | 4.6 boundedness | `metadata_stays_bounded_over_a_year` |
 //! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference), `randomized_histories_agree_in_runs_and_one_by_one` (each history one by one and in runs) |
-//! | 7.1 repair | `repair_*` (`repair.rs`) |
+//! | 7.1 repair | `repair_*` (`repair.rs`; `repair_randomized_staged_histories_agree_in_runs_and_one_by_one`: random histories staged one by one and in runs) |
 //! | 7.2 zombies and log identity | `late_write_of_an_older_position_is_superseded`, `a_later_write_of_another_seq_never_fences_a_replace`, `a_cut_over_to_a_new_log_replaces_same_day_content` |
 //! | 7.2 positions as `explain` shows them | `seq_positions_name_each_live_seqs_stored_version`, `seq_positions_leave_out_expired_seqs` |
 //!
@@ -125,6 +125,7 @@ macro_rules! conformance_tests {
             repair_staging_follows_the_append_rules,
             repair_garbage_of_a_crashed_repair_is_collected,
             repair_runs_answer_each_group_like_repair_append,
+            repair_randomized_staged_histories_agree_in_runs_and_one_by_one,
             append_many_answers_each_group_like_append,
             append_run_answers_each_group_like_append,
             append_runs_spread_over_many_users_answer_each,

@@ -508,6 +508,12 @@ pub async fn append_many_answers_each_group_like_append(h: &H) {
     assert!(store.append_many(&[]).await.is_empty());
 }
 
+/// SPEC 7.1 both ways on random histories: a repair stages each group alone or in runs (its
+/// groups come as runs), the same answers, and after the swap the same inspection and pages.
+pub async fn repair_randomized_staged_histories_agree_in_runs_and_one_by_one(h: &H) {
+    super::history::compare_staged_runs_with_one_by_one(h.clone(), 12).await;
+}
+
 /// A repair rebuilds one mailbox from its whole log, so its groups reach the staging copy as
 /// runs (`StagingView::append_run`, one script call on Redis). Each group is answered exactly
 /// as `repair_append` alone answers it, and the swapped-in mailbox is the one one-by-one
