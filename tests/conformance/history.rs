@@ -858,47 +858,27 @@ async fn replay_steps(
                 i += 1;
             }
             Step::Append(_) => {
-                let end = (i..steps.len())
-                    .find(|&j| !matches!(steps[j], Step::Append(_)))
-                    .unwrap_or(steps.len());
-                let stretch: Vec<(usize, &EventGroup)> = (i..end)
-                    .filter_map(|j| match &steps[j] {
-                        Step::Append(g) => Some((j, g)),
-                        _ => None,
-                    })
-                    .collect();
-                let mut users: Vec<&str> = Vec::new();
-                for (_, g) in &stretch {
-                    if !users.contains(&g.mailbox.user_id.as_str()) {
-                        users.push(g.mailbox.user_id.as_str());
-                    }
-                }
-                for user in users {
-                    let mine: Vec<&(usize, &EventGroup)> = stretch
-                        .iter()
-                        .filter(|(_, g)| g.mailbox.user_id.as_str() == user)
-                        .collect();
-                    for run in mine.chunk_by(|a, b| a.1.mailbox == b.1.mailbox) {
-                        // A run stops after an answer that is not final (a history can reach
-                        // a corrupt mailbox); the caller sends the rest again, as a run.
-                        let mut rest = run;
-                        while !rest.is_empty() {
-                            let groups: Vec<&EventGroup> = rest.iter().map(|(_, g)| *g).collect();
-                            let answers = store.append_run(&groups).await;
-                            prop_assert!(!answers.is_empty(), "a run answered nothing");
-                            if answers.len() < rest.len() {
-                                let last = answers.last().and_then(|a| a.as_ref().err());
-                                prop_assert!(
-                                    last.is_some_and(|e| !e.is_final()),
-                                    "a run stopped after a final answer: {:?}",
-                                    answers.last()
-                                );
-                            }
-                            for ((j, _), answer) in rest.iter().zip(&answers) {
-                                observed[*j] = format!("append {}", observe(answer));
-                            }
-                            rest = &rest[answers.len()..];
+                let (end, runs) = append_runs_from(steps, i);
+                for run in &runs {
+                    // A run stops after an answer that is not final (a history can reach a
+                    // corrupt mailbox); the caller sends the rest again, as a run.
+                    let mut rest = &run[..];
+                    while !rest.is_empty() {
+                        let groups: Vec<&EventGroup> = rest.iter().map(|(_, g)| *g).collect();
+                        let answers = store.append_run(&groups).await;
+                        prop_assert!(!answers.is_empty(), "a run answered nothing");
+                        if answers.len() < rest.len() {
+                            let last = answers.last().and_then(|a| a.as_ref().err());
+                            prop_assert!(
+                                last.is_some_and(|e| !e.is_final()),
+                                "a run stopped after a final answer: {:?}",
+                                answers.last()
+                            );
                         }
+                        for ((j, _), answer) in rest.iter().zip(&answers) {
+                            observed[*j] = format!("append {}", observe(answer));
+                        }
+                        rest = &rest[answers.len()..];
                     }
                 }
                 i = end;
@@ -906,6 +886,40 @@ async fn replay_steps(
         }
     }
     Ok(observed)
+}
+
+/// The stretch of consecutive appends starting at step `from`, as runs: per user in order of
+/// first appearance, that user's appends in source order, cut where the mailbox (the epoch)
+/// changes; each group with its step's index. Answers the index after the stretch, and the runs.
+fn append_runs_from(steps: &[Step], from: usize) -> (usize, Vec<Vec<(usize, &EventGroup)>>) {
+    let end = (from..steps.len())
+        .find(|&j| !matches!(steps[j], Step::Append(_)))
+        .unwrap_or(steps.len());
+    let stretch: Vec<(usize, &EventGroup)> = (from..end)
+        .filter_map(|j| match &steps[j] {
+            Step::Append(g) => Some((j, g)),
+            _ => None,
+        })
+        .collect();
+    let mut users: Vec<&str> = Vec::new();
+    for (_, g) in &stretch {
+        if !users.contains(&g.mailbox.user_id.as_str()) {
+            users.push(g.mailbox.user_id.as_str());
+        }
+    }
+    let mut runs = Vec::new();
+    for user in users {
+        let mine: Vec<(usize, &EventGroup)> = stretch
+            .iter()
+            .filter(|(_, g)| g.mailbox.user_id.as_str() == user)
+            .copied()
+            .collect();
+        runs.extend(
+            mine.chunk_by(|a, b| a.1.mailbox == b.1.mailbox)
+                .map(<[_]>::to_vec),
+        );
+    }
+    (end, runs)
 }
 
 /// What a mailbox holds, as the contract shows it: its inspection and every page of a scan
@@ -935,14 +949,41 @@ async fn stored_state(fixture: &dyn Fixture, mb: &MailboxId) -> String {
 /// `harness`, one group at a time and in runs. Every call must answer the same, and every
 /// mailbox must end with the same inspection and the same pages.
 pub async fn compare_runs_with_one_by_one(harness: Arc<dyn Harness>, cases: u32) {
+    compare_both_ways(harness, cases, Way::Live).await;
+}
+
+/// SPEC 7.1 both ways: `cases` random histories staged by a repair into two fresh fixtures of
+/// `harness`, one group at a time and in runs (a repair rebuilds a mailbox from its log as
+/// runs). Every call must answer the same, and every swapped-in mailbox must end with the same
+/// inspection and the same pages.
+pub async fn compare_staged_runs_with_one_by_one(harness: Arc<dyn Harness>, cases: u32) {
+    compare_both_ways(harness, cases, Way::Staged).await;
+}
+
+/// Where a both-ways comparison writes: the live mailboxes, or a repair's staging copies.
+#[derive(Clone, Copy)]
+enum Way {
+    Live,
+    Staged,
+}
+
+async fn compare_both_ways(harness: Arc<dyn Harness>, cases: u32, way: Way) {
     run_histories(cases, move |policy, ops| {
         let harness = harness.clone();
         async move {
             let steps = concrete_steps(&policy, &ops);
             let one = harness.fixture(policy, NOW0).await;
             let runs = harness.fixture(policy, NOW0).await;
-            let expected = replay_steps(&*one, &steps, false).await?;
-            let actual = replay_steps(&*runs, &steps, true).await?;
+            let (expected, actual) = match way {
+                Way::Live => (
+                    replay_steps(&*one, &steps, false).await?,
+                    replay_steps(&*runs, &steps, true).await?,
+                ),
+                Way::Staged => (
+                    replay_staged(&*one, &steps, false).await?,
+                    replay_staged(&*runs, &steps, true).await?,
+                ),
+            };
             for (i, (x, y)) in expected.iter().zip(&actual).enumerate() {
                 prop_assert_eq!(x, y, "step {} ({:?}) differs", i, steps.get(i));
             }
@@ -1022,39 +1063,20 @@ async fn replay_staged(
                 i += 1;
             }
             Step::Append(_) => {
-                let end = (i..steps.len())
-                    .find(|&j| !matches!(steps[j], Step::Append(_)))
-                    .unwrap_or(steps.len());
-                let stretch: Vec<(usize, &EventGroup)> = (i..end)
-                    .filter_map(|j| match &steps[j] {
-                        Step::Append(g) => Some((j, g)),
-                        _ => None,
-                    })
-                    .collect();
-                let mut users: Vec<&str> = Vec::new();
-                for (_, g) in &stretch {
-                    if !users.contains(&g.mailbox.user_id.as_str()) {
-                        users.push(g.mailbox.user_id.as_str());
-                    }
-                }
-                for user in users {
+                let (end, runs) = append_runs_from(steps, i);
+                for run in &runs {
+                    let user = run[0].1.mailbox.user_id.as_str();
                     let token = token_of(user)
                         .ok_or_else(|| TestCaseError::fail(format!("no fence for {user}")))?;
-                    let mine: Vec<&(usize, &EventGroup)> = stretch
-                        .iter()
-                        .filter(|(_, g)| g.mailbox.user_id.as_str() == user)
-                        .collect();
-                    for run in mine.chunk_by(|a, b| a.1.mailbox == b.1.mailbox) {
-                        let mut rest = run;
-                        while !rest.is_empty() {
-                            let groups: Vec<&EventGroup> = rest.iter().map(|(_, g)| *g).collect();
-                            let answers = store.repair_append_run(&token, &groups).await;
-                            prop_assert!(!answers.is_empty(), "a staged run answered nothing");
-                            for ((j, _), answer) in rest.iter().zip(&answers) {
-                                observed[*j] = format!("append {}", observe(answer));
-                            }
-                            rest = &rest[answers.len()..];
+                    let mut rest = &run[..];
+                    while !rest.is_empty() {
+                        let groups: Vec<&EventGroup> = rest.iter().map(|(_, g)| *g).collect();
+                        let answers = store.repair_append_run(&token, &groups).await;
+                        prop_assert!(!answers.is_empty(), "a staged run answered nothing");
+                        for ((j, _), answer) in rest.iter().zip(&answers) {
+                            observed[*j] = format!("append {}", observe(answer));
                         }
+                        rest = &rest[answers.len()..];
                     }
                 }
                 i = end;
@@ -1066,45 +1088,4 @@ async fn replay_staged(
         prop_assert!(swapped.is_ok(), "swap of {}: {:?}", user, swapped.err());
     }
     Ok(observed)
-}
-
-/// SPEC 7.1 both ways: `cases` random histories staged by a repair into two fresh fixtures of
-/// `harness`, one group at a time and in runs (a repair rebuilds a mailbox from its log as
-/// runs). Every call must answer the same, and every swapped-in mailbox must end with the same
-/// inspection and the same pages.
-pub async fn compare_staged_runs_with_one_by_one(harness: Arc<dyn Harness>, cases: u32) {
-    run_histories(cases, move |policy, ops| {
-        let harness = harness.clone();
-        async move {
-            let steps = concrete_steps(&policy, &ops);
-            let one = harness.fixture(policy, NOW0).await;
-            let runs = harness.fixture(policy, NOW0).await;
-            let expected = replay_staged(&*one, &steps, false).await?;
-            let actual = replay_staged(&*runs, &steps, true).await?;
-            for (i, (x, y)) in expected.iter().zip(&actual).enumerate() {
-                prop_assert_eq!(x, y, "step {} ({:?}) differs", i, steps.get(i));
-            }
-            let epochs = steps
-                .iter()
-                .filter_map(|s| match s {
-                    Step::Append(g) => Some(g.mailbox.epoch),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(1);
-            for u in 0..USERS {
-                for epoch in 0..=epochs {
-                    let mb = mailbox(&format!("u-hist-{u}"), epoch);
-                    prop_assert_eq!(
-                        stored_state(&*one, &mb).await,
-                        stored_state(&*runs, &mb).await,
-                        "the stored state of {} differs after the swap",
-                        mb
-                    );
-                }
-            }
-            Ok(())
-        }
-    })
-    .await;
 }
