@@ -4,6 +4,7 @@
 //!
 //! What a line's result means is [`Disposition`]'s table. `apply` differs from the daemon only in
 //! its [`ApplyPolicy`], what it does not wait for: a corrupt mailbox is printed `corrupt` (exit 3) instead of blocking,
+//! and its later lines are printed `held` (the drive loop holds it for the rest of the run),
 //! a user fenced by a running repair stops the run (exit 2, retry later) with no line printed for
 //! that record, and an unreachable store is retried briefly before the same exit 2. Lines printed
 //! before an exit 2 are final; rerunning the whole input is safe (replay is idempotent).
@@ -245,12 +246,14 @@ impl<S> Policy<S, ()> for ApplyPolicy {
     }
 }
 
-/// Whether one of a final record's deliveries met a corrupt mailbox.
+/// Whether one of a final record's deliveries met a corrupt mailbox, or was held because its
+/// mailbox answered `corrupt` earlier in the run: either exits 3.
 pub(super) fn is_corrupt(record: &FinalRecord<impl Sized>) -> bool {
-    record
-        .deliveries
-        .iter()
-        .any(|(_, r)| matches!(r, Err(StoreError::Corrupt { .. })))
+    !record.held.is_empty()
+        || record
+            .deliveries
+            .iter()
+            .any(|(_, r)| matches!(r, Err(StoreError::Corrupt { .. })))
 }
 
 /// Prints a final record's lines; true when one of its deliveries met a corrupt mailbox.
@@ -262,6 +265,9 @@ fn print_record(out: &mut impl Write, record: &FinalRecord<u64>) -> bool {
     }
     for result in &record.results() {
         print_line(out, &ApplyLine::delivery(Some(line), result));
+    }
+    for delivery in &record.held {
+        print_line(out, &ApplyLine::held(Some(line), delivery));
     }
     is_corrupt(record)
 }

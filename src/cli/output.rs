@@ -68,6 +68,24 @@ impl<'a> ApplyLine<'a> {
         }
     }
 
+    /// A delivery not applied because an earlier delivery of its mailbox in this run answered
+    /// `corrupt` (SPEC 8.1's `held`): the mailbox is held as the daemon holds it.
+    pub(super) fn held(line: Option<u64>, delivery: &'a crate::ingest::Delivery) -> Self {
+        Self {
+            line,
+            user_id: Some(delivery.mailbox().user_id.as_str()),
+            epoch: Some(delivery.mailbox().epoch),
+            mailbox_seq: delivery.mailbox_seq(),
+            outcome: "held",
+            user_trim_seq: None,
+            error: Some(LineError {
+                kind: "held",
+                field: None,
+                detail: "not applied: an earlier delivery of this mailbox in this run answered corrupt; rebuild the mailbox from the log (replay --reset-mailboxes), then apply again".to_owned(),
+            }),
+        }
+    }
+
     pub(super) fn malformed(line: Option<u64>, error: &DecodeError) -> Self {
         Self {
             line,

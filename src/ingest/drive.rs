@@ -16,9 +16,10 @@
 //!    - not reached (its run stopped at an earlier answer that is not final): it waits in its
 //!      lane and leads the next run;
 //!    - not final (block, retry, abort): the front end's [`Policy::not_final`] answers with a
-//!      [`Verdict`]: retry after a delay (the daemon, always), take it as final (`apply` and
-//!      `replay` report a corrupt mailbox and go on) or stop the run (`apply` and `replay` after
-//!      a few attempts, a lost repair fence).
+//!      [`Verdict`]: retry after a delay (the daemon, always), take it as final (`apply`,
+//!      `replay` and `dlq redrive` report a corrupt mailbox and go on, and the driver holds
+//!      that mailbox for the rest of the run: its later deliveries are skipped and reported
+//!      `held`) or stop the run (`apply` and `replay` after a few attempts, a lost repair fence).
 //! 3. The front end takes final records out of the window in source order
 //!    ([`PartitionPipeline::pop_final`]) and reports or commits them.
 //!
@@ -346,6 +347,7 @@ where
             delivery: &delivery,
         };
         let disposition = Disposition::of(&result);
+        let mut held = Vec::new();
         if !disposition.is_final() {
             match policy.not_final(step, &mut window.state, &result, disposition) {
                 Verdict::Retry(delay) => {
@@ -360,13 +362,19 @@ where
                     self.pump(policy);
                     return Ok(());
                 }
+                Verdict::Final if disposition == Disposition::Block => {
+                    // A corrupt answer taken as final holds its mailbox for the rest of the
+                    // run: its later deliveries are skipped and reported held, never applied
+                    // over a mailbox that failed closed (SPEC 7.3; the daemon parks instead).
+                    held = window.pipeline.hold(key.at);
+                }
                 Verdict::Final => {}
                 Verdict::Stop(stop) => return Err(stop),
             }
         }
         policy.delivery_final(step, &mut window.state, &result);
         let settled = window.pipeline.complete(key.at, result);
-        if let Some(settled) = settled {
+        for settled in held.into_iter().chain(settled) {
             self.settle(key.source, settled, policy);
         }
         self.pump(policy);

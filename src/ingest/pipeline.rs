@@ -131,6 +131,9 @@ pub(crate) struct FinalRecord<M> {
     /// Some delivery was skipped (its user is parked): the record is not done with yet, it is
     /// read again once that user heals, and counted then.
     pub skipped: bool,
+    /// The deliveries skipped, in record order: a front end that holds a corrupt mailbox for
+    /// the rest of its run reports each as `held` (SPEC 8.1).
+    pub held: Vec<Arc<Delivery>>,
 }
 
 impl<M> FinalRecord<M> {
@@ -254,6 +257,10 @@ struct Parked {
     skipped: u64,
     /// The head is final: what was skipped waits for the re-read.
     healed: bool,
+    /// Held for the rest of the run ([`PartitionPipeline::hold`]): a front end that reports a
+    /// corrupt answer as final (`apply`, `replay`, `dlq redrive`) skips the user's later
+    /// deliveries for good, instead of re-reading them once the head is final.
+    held: bool,
 }
 
 /// The window of one source.
@@ -354,6 +361,25 @@ impl<R, M> PartitionPipeline<R, M> {
     /// is skipped, and so is every one admitted later (see [`Parked`]). Returns the records this
     /// settled (their other deliveries were all final). Parking a parked user changes nothing.
     pub(crate) fn park(&mut self, head: DeliveryRef) -> Vec<Settled> {
+        self.park_as(head, false)
+    }
+
+    /// Holds the user of the delivery at `head` for the rest of the run: as [`Self::park`], but
+    /// the head is completed by the caller (its corrupt answer is final) and the user stays
+    /// parked afterwards, so every later delivery of it is skipped and reported held (SPEC 7.3:
+    /// every front end holds a corrupt mailbox the way the daemon does). Holding a held user
+    /// changes nothing; holding a parked one makes it held.
+    pub(crate) fn hold(&mut self, head: DeliveryRef) -> Vec<Settled> {
+        if let Some(user) = self.delivery(head).map(|d| d.mailbox().user_id.clone()) {
+            if let Some(parked) = self.parked.get_mut(&user) {
+                parked.held = true;
+                return Vec::new();
+            }
+        }
+        self.park_as(head, true)
+    }
+
+    fn park_as(&mut self, head: DeliveryRef, held: bool) -> Vec<Settled> {
         let Some(user) = self.delivery(head).map(|d| d.mailbox().user_id.clone()) else {
             return Vec::new();
         };
@@ -371,6 +397,7 @@ impl<R, M> PartitionPipeline<R, M> {
             first_skipped: None,
             skipped: 0,
             healed: false,
+            held,
         };
         let mut settled = Vec::new();
         for at in rest {
@@ -524,7 +551,7 @@ impl<R, M> PartitionPipeline<R, M> {
         if let Some(parked) = self.parked.get_mut(&user).filter(|p| p.head == at) {
             // The parked user's head is final: its mailbox is healthy again. Nothing skipped:
             // it flows again at once; otherwise its skipped deliveries wait for the re-read.
-            if parked.first_skipped.is_some() {
+            if parked.first_skipped.is_some() || parked.held {
                 parked.healed = true;
             } else {
                 self.parked.remove(&user);
@@ -700,6 +727,13 @@ impl<R, M> PartitionPipeline<R, M> {
         self.bytes -= slot.raw_bytes;
         let outcome = slot.outcome();
         let skipped = slot.skipped.iter().any(|s| *s);
+        let held = slot
+            .deliveries
+            .iter()
+            .zip(&slot.skipped)
+            .filter(|(_, skipped)| **skipped)
+            .map(|(d, _)| d.clone())
+            .collect();
         let deliveries = slot
             .deliveries
             .into_iter()
@@ -712,6 +746,7 @@ impl<R, M> PartitionPipeline<R, M> {
             deliveries,
             malformed: slot.malformed,
             skipped,
+            held,
         }
     }
 

@@ -196,6 +196,9 @@ impl Rebuild<'_> {
         };
         for record in finals {
             let word = replay_word(&record);
+            if !record.held.is_empty() {
+                *self.summary.groups.entry("held").or_default() += record.held.len() as u64;
+            }
             self.count(word);
         }
     }
@@ -305,6 +308,9 @@ fn replay_word(record: &FinalRecord<()>) -> &'static str {
             });
     if corrupt {
         "corrupt"
+    } else if !record.held.is_empty() {
+        // Its mailbox answered corrupt earlier in the run: held, as the daemon holds it.
+        "held"
     } else {
         record.outcome.as_str()
     }

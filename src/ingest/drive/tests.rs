@@ -354,3 +354,94 @@ async fn a_run_stopped_by_a_retry_goes_on_after_it_in_source_order() {
     assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
     assert_eq!(driver.window(&0).map(|w| w.calls()), Some(0));
 }
+
+/// The memory store answering `corrupt` to every append of `user`.
+struct CorruptUser {
+    inner: MemoryStore,
+    user: &'static str,
+    appends: AtomicU32,
+}
+
+#[async_trait]
+impl Wrapper for CorruptUser {
+    fn inner(&self) -> &dyn MailboxStore {
+        &self.inner
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        if group.mailbox.user_id.as_str() == self.user {
+            self.appends.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::corrupt(crate::model::CorruptKind::IndexLost));
+        }
+        self.inner.append(group).await
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_answer_taken_as_final_holds_the_mailbox_for_the_rest_of_the_run() {
+    let store = Arc::new(CorruptUser {
+        inner: MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock)),
+        user: "u-bad",
+        appends: AtomicU32::new(0),
+    });
+    let mut driver: TestDriver = Driver::new(store.clone());
+    assert!(driver.open(0, 16, ()));
+    let mut policy = Fixed::new(|_| Verdict::Final);
+    // The bad user's later records come both before its first answer (already in the window)
+    // and after it (admitted once the answer is in).
+    assert!(driver.admit(0, 1, (), 1, 1, record(&["u-bad", "u-ok"], 1), &mut policy));
+    assert!(driver.admit(0, 2, (), 1, 2, record(&["u-bad"], 2), &mut policy));
+    let mut finals = Vec::new();
+    while driver.window(&0).is_some_and(|w| w.calls() > 0) {
+        let attempt = driver.next().await;
+        driver.handle(attempt, &mut policy).expect("no stop");
+        if let Some(window) = driver.window_mut(&0) {
+            finals.extend(window.pipeline.pop_final());
+        }
+    }
+    assert!(driver.admit(0, 3, (), 1, 3, record(&["u-bad", "u-ok"], 3), &mut policy));
+    loop {
+        if let Some(window) = driver.window_mut(&0) {
+            finals.extend(window.pipeline.pop_final());
+        }
+        if driver.is_empty() {
+            break;
+        }
+        let attempt = driver.next().await;
+        driver.handle(attempt, &mut policy).expect("no stop");
+    }
+    let summary: Vec<(i64, Vec<&str>, Vec<&str>)> = finals
+        .iter()
+        .map(|r| {
+            let answered = r
+                .deliveries
+                .iter()
+                .map(|(d, result)| match result {
+                    Err(StoreError::Corrupt { .. }) => "corrupt",
+                    Ok(_) if d.mailbox().user_id.as_str() == "u-ok" => "u-ok applied",
+                    _ => "other",
+                })
+                .collect();
+            let held = r
+                .held
+                .iter()
+                .map(|d| d.mailbox().user_id.as_str())
+                .collect();
+            (r.meta, answered, held)
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (1, vec!["corrupt", "u-ok applied"], vec![]),
+            (2, vec![], vec!["u-bad"]),
+            (3, vec!["u-ok applied"], vec!["u-bad"]),
+        ],
+        "the corrupt mailbox answers once; its later deliveries are held, the others flow"
+    );
+    assert_eq!(
+        store.appends.load(Ordering::SeqCst),
+        1,
+        "nothing more is written to a mailbox that answered corrupt"
+    );
+}
