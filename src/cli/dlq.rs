@@ -22,11 +22,12 @@ use serde::Serialize;
 use super::apply::{is_corrupt, ApplyPolicy, Failure};
 use super::{EXIT_CORRUPT, EXIT_UNAVAILABLE};
 use crate::config::Config;
-use crate::daemon::dlq_reader::{fetch, DeadLetterMessage, DlqReader, PartitionSpan};
+use crate::daemon::dlq_reader::{fetch, log_identity, DeadLetterMessage, DlqReader, PartitionSpan};
 use crate::daemon::replay::parse_time_ms;
 use crate::ingest::decode;
 use crate::ingest::drive::Driver;
 use crate::ingest::pipeline::{FinalRecord, RecordOutcome};
+use crate::model::LogId;
 use crate::store::MailboxStore;
 
 use super::output::ApplyLine;
@@ -415,6 +416,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
         })
         .collect();
     let mut policy = ApplyPolicy;
+    let mut identities: BTreeMap<String, LogId> = BTreeMap::new();
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failure: Option<Failure> = None;
     let mut source_done = false;
@@ -448,7 +450,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
                         source: letter.source().map(|(t, p, o)| (t.to_owned(), p, o)),
                         kind: letter.kind().to_owned(),
                     };
-                    let bytes = match original(config, &letter).await {
+                    let bytes = match original(config, &letter, &mut identities).await {
                         Ok(bytes) => bytes,
                         Err(Original::Gone(detail)) => {
                             // Reported; nothing can bring the record back, but the progress
@@ -531,7 +533,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
         }
         return code;
     }
-    if counts.contains_key("corrupt") {
+    if counts.contains_key("corrupt") || counts.contains_key("held") {
         ExitCode::from(EXIT_CORRUPT)
     } else if ["refused_again", "malformed", "source_gone"]
         .iter()
@@ -551,8 +553,16 @@ enum Original {
     Unreadable(String),
 }
 
-/// The original record of a letter: its value, or (an excerpt) the record at its source.
-async fn original(config: &Config, letter: &DeadLetterMessage) -> Result<Vec<u8>, Original> {
+/// The original record of a letter: its value, or (an excerpt) the record at its source, once
+/// the source is proven to be the same log the letter's record was read from (SPEC 7.3): after
+/// the topic was recreated or cut over under the same name, the record at those coordinates is
+/// an unrelated one, and the letter's original is gone. `identities` caches each topic's
+/// identity for the run.
+async fn original(
+    config: &Config,
+    letter: &DeadLetterMessage,
+    identities: &mut BTreeMap<String, LogId>,
+) -> Result<Vec<u8>, Original> {
     if !letter.truncated() {
         return Ok(letter.value.clone());
     }
@@ -561,6 +571,27 @@ async fn original(config: &Config, letter: &DeadLetterMessage) -> Result<Vec<u8>
             "the letter holds an excerpt and no source coordinates".to_owned(),
         ));
     };
+    if let Some(position) = letter.source_position() {
+        let current = match identities.get(topic) {
+            Some(log) => log.clone(),
+            None => {
+                let log = log_identity(config, topic).await.map_err(|e| {
+                    Original::Unreadable(format!(
+                        "the letter at offset {} holds an excerpt and the identity of its source could not be read: {e}",
+                        letter.offset
+                    ))
+                })?;
+                identities.insert(topic.to_owned(), log.clone());
+                log
+            }
+        };
+        if current != position.log {
+            return Err(Original::Gone(format!(
+                "the letter holds an excerpt of a record of log {}, and {topic} is now log {current} (deleted and recreated, or cut over under the same name): the record at partition {partition} offset {offset} is not the original",
+                position.log
+            )));
+        }
+    }
     match fetch(config, topic, partition, offset).await {
         Ok(Some(record)) => Ok(record.value),
         Ok(None) => Err(Original::Gone(format!(
@@ -591,13 +622,16 @@ fn print_redriven(partition: i32, record: &FinalRecord<Origin>) -> &'static str 
         .iter()
         .map(|r| ApplyLine::delivery(None, r))
         .collect();
+    deliveries.extend(record.held.iter().map(|d| ApplyLine::held(None, d)));
     if let Some(error) = &record.malformed {
         deliveries.push(ApplyLine::malformed(None, error));
     }
     let result = if record.malformed.is_some() {
         "malformed"
-    } else if is_corrupt(record) {
+    } else if is_corrupt(record) && record.held.is_empty() {
         "corrupt"
+    } else if is_corrupt(record) {
+        "held"
     } else if record.outcome == RecordOutcome::Applied {
         "applied"
     } else {

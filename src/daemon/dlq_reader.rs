@@ -319,6 +319,26 @@ impl DlqReader {
     }
 }
 
+/// The identity of `topic`'s log now (SPEC 7.2): a letter whose `source_log` differs was read
+/// from another log (the topic was deleted and recreated, or cut over under the same name), so
+/// the record at its coordinates now is not its original.
+pub(crate) async fn log_identity(
+    config: &Config,
+    topic: &str,
+) -> Result<crate::model::LogId, String> {
+    let group = format!("{}-dlq-inspect", config.kafka.group_id);
+    let consumer: BaseConsumer = consumer_config(config, &group)
+        .create()
+        .map_err(|e| format!("kafka: {e}"))?;
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        super::log_identity::read(consumer.client(), &topic, KAFKA_TIMEOUT)
+            .map_err(|e| format!("kafka: the identity of {topic}: {e}"))
+    })
+    .await
+    .map_err(|e| format!("the reader stopped: {e}"))?
+}
+
 /// The one message at `offset` of `topic`'s `partition`; `None` when the partition no longer
 /// (or does not yet) hold it.
 pub(crate) async fn fetch(
