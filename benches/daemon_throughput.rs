@@ -369,6 +369,7 @@ async fn daemon_run_tapped(
         progress: progress.clone(),
         health,
         commit_offsets: true,
+        mock_log: None,
         #[cfg(feature = "failpoints")]
         on_producer: None,
     };

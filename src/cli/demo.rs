@@ -176,6 +176,16 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
         None
     };
 
+    // The mock cluster answers no DescribeTopics (a read would wait out its timeout): the demo
+    // names its log by the mock cluster's ID and the topic, as for a broker without topic IDs.
+    let cluster = producer
+        .client()
+        .fetch_cluster_id(Duration::from_secs(5))
+        .unwrap_or_else(|| "demo-mock-cluster".to_owned());
+    let Some(identity) = crate::model::LogId::cluster_topic(&cluster, &config.kafka.topic) else {
+        eprintln!("error: the mock cluster's ID {cluster:?} cannot name a log");
+        return ExitCode::FAILURE;
+    };
     let store = Arc::new(MemoryStore::new(config.retention.policy(), clock));
     let progress = Arc::new(Progress::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -187,6 +197,7 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
             progress: progress.clone(),
             health,
             commit_offsets: true,
+            mock_log: Some(identity.clone()),
             #[cfg(feature = "failpoints")]
             on_producer: None,
         };

@@ -219,6 +219,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         progress: Arc::new(Progress::default()),
         health,
         commit_offsets,
+        mock_log: None,
         #[cfg(feature = "failpoints")]
         on_producer: None,
     };

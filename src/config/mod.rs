@@ -86,6 +86,18 @@ impl Default for LogConfig {
     }
 }
 
+/// `kafka.on_records_lost`: the policy after the log deleted records before this group read
+/// them (SPEC 7.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRecordsLost {
+    /// Name, count and alert the loss, and carry on from the log's start.
+    #[default]
+    Continue,
+    /// The same, and hold the partition until an operator accepts the loss.
+    Hold,
+}
+
 /// The storage backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -456,6 +468,13 @@ pub struct KafkaConfig {
     /// log written out of order) and an operator must look. Each costs its head record and about
     /// 300 bytes while it waits; the replica keeps applying every other mailbox's records.
     pub max_blocked_mailboxes: u64,
+    /// What a partition does after the log deleted records this group never read (retention or
+    /// `DeleteRecords` overtook it, SPEC 7.3); the loss is named, counted and alerted either way.
+    /// `continue` (the default): carry on from the log's start, since nothing can bring the
+    /// records back and holding would stop every other user of the partition. `hold`: the
+    /// partition waits, readiness false, until an operator accepts the loss (`POST
+    /// /records-lost/accept?partition=N`), for a pipeline that can re-produce the records first.
+    pub on_records_lost: OnRecordsLost,
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
@@ -542,6 +561,7 @@ impl Default for KafkaConfig {
             stalled_after_ms: 30_000,
             assignment_timeout_ms: 120_000,
             max_blocked_mailboxes: 1_000,
+            on_records_lost: OnRecordsLost::Continue,
             properties: BTreeMap::new(),
             property_files: BTreeMap::new(),
         }

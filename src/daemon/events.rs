@@ -65,6 +65,57 @@ impl Event for ConsumerError<'_> {
     }
 }
 
+/// The log deleted offsets of a partition before this group read them (SPEC 7.3): named in an
+/// ERROR, counted; `held`: the partition waits for an operator (`kafka.on_records_lost`).
+pub(crate) struct RecordsLost {
+    pub loss: super::records_lost::Loss,
+    pub held: bool,
+}
+
+impl Event for RecordsLost {
+    fn emit(self) {
+        let loss = self.loss;
+        let count = u64::try_from(loss.to - loss.from).unwrap_or(0);
+        metrics::records_lost(loss.partition, loss.reason.as_str(), count);
+        let then = if self.held {
+            "the partition is held (kafka.on_records_lost = \"hold\") until an operator accepts the loss: POST /records-lost/accept?partition=N on this replica"
+        } else {
+            "carrying on from the log's start (kafka.on_records_lost = \"continue\"): the mailboxes of these records miss them; produce them again if they can be had"
+        };
+        tracing::error!(
+            partition = loss.partition,
+            from = loss.from,
+            to = loss.to,
+            count,
+            reason = loss.reason.as_str(),
+            "records lost: the log deleted offsets {}..{} of partition {} before this group read them (retention or DeleteRecords overtook it); {then}",
+            loss.from,
+            loss.to,
+            loss.partition,
+        );
+        if self.held {
+            metrics::partition_held_lost(loss.partition, true);
+        }
+    }
+}
+
+/// An operator accepted a held loss: the partition carries on from `from`.
+pub(crate) struct RecordsLostAccepted {
+    pub partition: i32,
+    pub from: i64,
+}
+
+impl Event for RecordsLostAccepted {
+    fn emit(self) {
+        metrics::partition_held_lost(self.partition, false);
+        tracing::warn!(
+            partition = self.partition,
+            from = self.from,
+            "the loss of records was accepted by an operator: the partition carries on from the log's start"
+        );
+    }
+}
+
 /// The bytes every window's records in flight are charged, all partitions.
 pub(crate) struct InFlightBytes(pub usize);
 

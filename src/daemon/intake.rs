@@ -21,7 +21,13 @@
 //! Each record leaves this thread with its source position (SPEC 7.2): the log's identity
 //! (`log_identity`), read again whenever partitions are assigned (a recreated topic or a new
 //! cluster is assigned anew) before any record polled after the assignment is tagged, and the
-//! record's partition and offset. While the identity cannot be read, records carry no position.
+//! record's partition and offset. Positions are never forgotten (SPEC 7.3): while the identity
+//! cannot be read, records are **held**, never handed over without a position — a positionless
+//! write would lose the fence a later zombie write is judged by, and tagging with the last
+//! identity read would compare a recreated topic's offsets with the old log's. Holding is a seek
+//! back to the first record not handed over ([`Held`]); the identity is read again every
+//! [`IDENTITY_RETRY`] meanwhile, and the partition's position is not reported, so nothing past
+//! the held record is committed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,12 +37,14 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::Offset;
+use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::events::{Event, UnknownFields};
+use super::events::{Event, RecordsLost, RecordsLostAccepted, UnknownFields};
 use super::kafka::{DaemonContext, GroupEvent};
 use super::log_identity;
+use super::records_lost::{Continuity, Loss};
+use crate::config::OnRecordsLost;
 use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
 use crate::model::LogId;
 
@@ -107,9 +115,13 @@ pub(crate) struct Intake {
 
 impl Intake {
     /// Starts polling `consumer`; events arrive on the returned receiver.
+    /// `known`: the log's identity when the caller knows it in advance (the demo's mock
+    /// cluster, which answers no DescribeTopics); otherwise it is read on each assignment.
     pub(crate) fn start(
         consumer: Arc<BaseConsumer<DaemonContext>>,
         options: DecodeOptions,
+        known: Option<LogId>,
+        on_records_lost: OnRecordsLost,
     ) -> std::io::Result<(Self, mpsc::Receiver<IntakeEvent>)> {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
@@ -118,7 +130,7 @@ impl Intake {
             .spawn({
                 let stop = stop.clone();
                 move || {
-                    poll_loop(&consumer, &tx, &stop, &options);
+                    poll_loop(&consumer, &tx, &stop, &options, known, on_records_lost);
                     consumer.context().health().liveness.poll_stopped();
                 }
             })?;
@@ -143,34 +155,45 @@ impl Intake {
 
 /// How long a read of the log's identity may take.
 const IDENTITY_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often an identity that could not be read is tried again (between assignments).
-const IDENTITY_RETRY: Duration = Duration::from_secs(30);
+/// How often an identity that could not be read is tried again while records wait for it.
+const IDENTITY_RETRY: Duration = Duration::from_secs(2);
 
 /// The log's identity as this thread tags records with it.
 struct Identity {
     log: Option<LogId>,
+    /// Given by the caller: never read (see [`Intake::start`]).
+    fixed: bool,
     /// When the last read failed; `None` after a success.
     failed_at: Option<std::time::Instant>,
 }
 
 impl Identity {
     /// Reads the identity again (an assignment, or a retry after a failure), logging a change.
+    /// A failed read leaves no identity: records wait until one is read (see the module).
     fn refresh(&mut self, consumer: &BaseConsumer<DaemonContext>) {
+        if self.fixed {
+            return;
+        }
         let topic = consumer.context().topic();
-        match log_identity::read(consumer.client(), topic, IDENTITY_TIMEOUT) {
+        match read_identity(consumer, topic) {
             Ok(log) => {
                 if self.log.as_ref() != Some(&log) {
                     tracing::info!(topic, log = %log, "dispatch log identity");
+                }
+                if self.failed_at.is_some() {
+                    tracing::info!(topic, log = %log, "the dispatch log's identity is read again: held records flow");
                 }
                 self.log = Some(log);
                 self.failed_at = None;
             }
             Err(e) => {
-                tracing::warn!(
-                    topic,
-                    error = %e,
-                    "the dispatch log's identity cannot be read: records carry no source position until it can (they apply, and fence no zombie)"
-                );
+                if self.failed_at.is_none() {
+                    tracing::warn!(
+                        topic,
+                        error = %e,
+                        "the dispatch log's identity cannot be read: records wait until it can (a record never applies without its source position); retrying every {IDENTITY_RETRY:?}"
+                    );
+                }
                 self.log = None;
                 self.failed_at = Some(std::time::Instant::now());
             }
@@ -180,6 +203,215 @@ impl Identity {
     fn retry_due(&self) -> bool {
         self.failed_at
             .is_some_and(|at| at.elapsed() >= IDENTITY_RETRY)
+    }
+}
+
+/// The identity read, or a fault injected by a test (`MATERIALIZER_FAIL_IDENTITY`, failpoints
+/// builds: see `fault::identity`).
+fn read_identity(
+    consumer: &BaseConsumer<DaemonContext>,
+    topic: &str,
+) -> Result<LogId, log_identity::LogIdentityError> {
+    fault::identity(topic)?;
+    log_identity::read(consumer.client(), topic, IDENTITY_TIMEOUT)
+}
+
+/// Why a partition's records wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The log's identity is unknown (see the module).
+    Identity,
+    /// The log deleted records before they were read, and `kafka.on_records_lost = "hold"`:
+    /// the partition waits (paused) until an operator accepts the loss.
+    Lost,
+}
+
+/// Partitions whose records wait: each at the offset of its first record not handed over, which
+/// the consumer is sought back to. Bound: one entry per assigned partition.
+#[derive(Debug, Default)]
+struct Held {
+    at: HashMap<i32, (i64, Why)>,
+}
+
+impl Held {
+    /// A record at `offset` polled while its partition must wait for `why`: true when the
+    /// consumer must be sought back to it (the first held record of its partition, or one the
+    /// consumer delivers again after a seek); false for a later record fetched before the seek
+    /// took effect (dropped: the seek brings it again).
+    fn hold(&mut self, partition: i32, offset: i64, why: Why) -> bool {
+        match self.at.get(&partition) {
+            Some((first, _)) if offset > *first => false,
+            Some((_, Why::Lost)) => {
+                self.at.insert(partition, (offset, Why::Lost));
+                true
+            }
+            _ => {
+                self.at.insert(partition, (offset, why));
+                true
+            }
+        }
+    }
+
+    /// Why `partition` waits, if it does.
+    fn why(&self, partition: i32) -> Option<Why> {
+        self.at.get(&partition).map(|(_, why)| *why)
+    }
+
+    fn holds(&self, partition: i32) -> bool {
+        self.at.contains_key(&partition)
+    }
+
+    fn forget(&mut self, partitions: &[i32]) {
+        for partition in partitions {
+            self.at.remove(partition);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.at.clear();
+    }
+
+    /// The partitions held for `why` among `only` (`None`: all), removed: `(partition, offset)`.
+    fn release(&mut self, why: Why, only: Option<&[i32]>) -> Vec<(i32, i64)> {
+        let released: Vec<(i32, i64)> = self
+            .at
+            .iter()
+            .filter(|(p, (_, w))| *w == why && only.is_none_or(|only| only.contains(p)))
+            .map(|(p, (offset, _))| (*p, *offset))
+            .collect();
+        for (partition, _) in &released {
+            self.at.remove(partition);
+        }
+        released
+    }
+}
+
+/// Once the identity is known, the partitions held for it flow again from their first held
+/// record (librdkafka drops what it fetched before a seek, so nothing later comes first).
+fn release(
+    consumer: &BaseConsumer<DaemonContext>,
+    identity: &Identity,
+    held: &mut Held,
+    sent: &mut HashMap<i32, i64>,
+) {
+    if identity.log.is_none() {
+        return;
+    }
+    for (partition, offset) in held.release(Why::Identity, None) {
+        sent.remove(&partition);
+        seek_back(consumer, partition, offset);
+    }
+}
+
+/// Pauses or resumes `partition` at the consumer (a hold for lost records, see [`Why::Lost`]).
+fn set_paused(consumer: &BaseConsumer<DaemonContext>, partition: i32, paused: bool) {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(consumer.context().topic(), partition);
+    let result = if paused {
+        consumer.pause(&tpl)
+    } else {
+        consumer.resume(&tpl)
+    };
+    if let Err(e) = result {
+        tracing::warn!(partition, paused, error = %e, "a partition held for lost records could not be paused or resumed");
+    }
+}
+
+/// The committed offsets of `partitions` (those with one), read at their assignment.
+fn committed_offsets(
+    consumer: &BaseConsumer<DaemonContext>,
+    partitions: &[i32],
+) -> HashMap<i32, Option<i64>> {
+    let topic = consumer.context().topic();
+    let mut tpl = TopicPartitionList::new();
+    for partition in partitions {
+        tpl.add_partition(topic, *partition);
+    }
+    match consumer.committed_offsets(tpl, IDENTITY_TIMEOUT) {
+        Ok(committed) => partitions
+            .iter()
+            .map(|p| {
+                let offset = committed
+                    .find_partition(topic, *p)
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                (*p, offset)
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the committed offsets of the assigned partitions could not be read: records lost before the first record read are not detected this time");
+            HashMap::new()
+        }
+    }
+}
+
+/// The log's start of `partition` (see `records_lost`): from the last fetch, else the broker.
+fn log_start(consumer: &BaseConsumer<DaemonContext>, partition: i32) -> Option<i64> {
+    let topic = consumer.context().topic();
+    super::kafka_ffi::cached_log_start(consumer.client(), topic, partition).or_else(|| {
+        consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(5))
+            .ok()
+            .map(|(low, _)| low)
+    })
+}
+
+/// What the poll thread does about a loss: names and counts it, and under `hold` holds the
+/// partition at `at` (paused, sought back); true when it holds.
+fn on_loss(
+    consumer: &BaseConsumer<DaemonContext>,
+    loss: Loss,
+    policy: OnRecordsLost,
+    at: i64,
+    held: &mut Held,
+) -> bool {
+    let hold = policy == OnRecordsLost::Hold;
+    RecordsLost { loss, held: hold }.emit();
+    let health = consumer.context().health();
+    if !hold {
+        health.records_lost_carried_on(loss.partition, loss.from, loss.to);
+        return false;
+    }
+    health.records_lost_held(loss.partition, loss.from, loss.to);
+    held.hold(loss.partition, at, Why::Lost);
+    set_paused(consumer, loss.partition, true);
+    seek_back(consumer, loss.partition, at);
+    true
+}
+
+/// The held-for-loss partitions an operator accepted flow again from where they were held.
+fn release_accepted(
+    consumer: &BaseConsumer<DaemonContext>,
+    held: &mut Held,
+    sent: &mut HashMap<i32, i64>,
+) {
+    let accepted = consumer.context().health().take_records_lost_accepted();
+    if accepted.is_empty() {
+        return;
+    }
+    for (partition, offset) in held.release(Why::Lost, Some(&accepted)) {
+        sent.remove(&partition);
+        seek_back(consumer, partition, offset);
+        set_paused(consumer, partition, false);
+        RecordsLostAccepted {
+            partition,
+            from: offset,
+        }
+        .emit();
+    }
+}
+
+/// Seeks `partition` back to `offset` (a held record, read again later).
+fn seek_back(consumer: &BaseConsumer<DaemonContext>, partition: i32, offset: i64) {
+    if let Err(e) = consumer.seek(
+        consumer.context().topic(),
+        partition,
+        Offset::Offset(offset),
+        Duration::from_secs(10),
+    ) {
+        tracing::warn!(partition, offset, error = %e, "a held record's partition could not be sought back");
     }
 }
 
@@ -215,11 +447,16 @@ fn poll_loop(
     tx: &mpsc::Sender<IntakeEvent>,
     stop: &AtomicBool,
     options: &DecodeOptions,
+    known: Option<LogId>,
+    on_records_lost: OnRecordsLost,
 ) {
     let mut identity = Identity {
-        log: None,
+        fixed: known.is_some(),
+        log: known,
         failed_at: None,
     };
+    let mut held = Held::default();
+    let mut continuity = Continuity::default();
     let liveness = &consumer.context().health().liveness;
     // Every hand-over to the engine waits on it: that wait is the engine's to account for.
     let send = |event: IntakeEvent| {
@@ -247,6 +484,10 @@ fn poll_loop(
                 return;
             }
             sent.remove(&partition);
+            if held.why(partition) == Some(Why::Identity) {
+                held.forget(&[partition]);
+            }
+            continuity.reread(partition, offset);
             let ok = match consumer.seek(
                 consumer.context().topic(),
                 partition,
@@ -279,11 +520,32 @@ fn poll_loop(
                 return;
             }
             // Records polled from here on may come from a recreated topic or another cluster.
+            for event in &group_events {
+                match event {
+                    GroupEvent::Revoked(partitions) => {
+                        held.forget(partitions);
+                        continuity.forget(partitions);
+                        consumer.context().health().records_lost_forget(partitions);
+                    }
+                    GroupEvent::Lost => {
+                        let all: Vec<i32> = held.at.keys().copied().collect();
+                        consumer.context().health().records_lost_forget(&all);
+                        held.clear();
+                        continuity.clear();
+                    }
+                    GroupEvent::Assigned(partitions, _) => {
+                        for (partition, committed) in committed_offsets(consumer, partitions) {
+                            continuity.assigned(partition, committed);
+                        }
+                    }
+                }
+            }
             if group_events
                 .iter()
                 .any(|e| matches!(e, GroupEvent::Assigned(..)))
             {
                 identity.refresh(consumer);
+                release(consumer, &identity, &mut held, &mut sent);
             }
             for event in group_events {
                 if !send(IntakeEvent::Group(event)) {
@@ -292,8 +554,37 @@ fn poll_loop(
             }
         }
         match polled {
+            Some(Ok(message)) if held.why(message.partition()) == Some(Why::Lost) => {
+                // Held for lost records: the engine's resume of a partition it had paused may
+                // have let records through; the partition is paused and sought back again.
+                if held.hold(message.partition(), message.offset(), Why::Lost) {
+                    set_paused(consumer, message.partition(), true);
+                    seek_back(consumer, message.partition(), message.offset());
+                }
+            }
+            Some(Ok(message)) if identity.log.is_none() => {
+                // No identity: the record waits (see the module), and so does every later one
+                // of its partition.
+                if held.hold(message.partition(), message.offset(), Why::Identity) {
+                    seek_back(consumer, message.partition(), message.offset());
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if identity.retry_due() || identity.failed_at.is_none() {
+                    identity.refresh(consumer);
+                    release(consumer, &identity, &mut held, &mut sent);
+                }
+            }
             Some(Ok(message)) => {
                 wedge::poll();
+                let (partition, offset) = (message.partition(), message.offset());
+                let loss = continuity.reached(partition, offset, offset + 1, || {
+                    log_start(consumer, partition)
+                });
+                if let Some(loss) = loss {
+                    if on_loss(consumer, loss, on_records_lost, offset, &mut held) {
+                        continue;
+                    }
+                }
                 let record = RawRecord {
                     partition: message.partition(),
                     offset: message.offset(),
@@ -319,8 +610,19 @@ fn poll_loop(
                 }
                 if identity.retry_due() {
                     identity.refresh(consumer);
+                    release(consumer, &identity, &mut held, &mut sent);
                 }
-                let moved = moved_positions(consumer, &mut sent);
+                release_accepted(consumer, &mut held, &mut sent);
+                let mut moved = moved_positions(consumer, &mut sent, &held);
+                // A position past records never read (no record after them to show it).
+                moved.retain(|&(partition, position)| {
+                    let loss = continuity.reached(partition, position, position, || {
+                        log_start(consumer, partition)
+                    });
+                    !loss.is_some_and(|loss| {
+                        on_loss(consumer, loss, on_records_lost, position, &mut held)
+                    })
+                });
                 if !moved.is_empty() && !send(IntakeEvent::Positions(moved)) {
                     return;
                 }
@@ -329,10 +631,12 @@ fn poll_loop(
     }
 }
 
-/// The positions of the assigned partitions of the topic that moved since `sent`.
+/// The positions of the assigned partitions of the topic that moved since `sent`; never a held
+/// partition's (its position may be past records not handed over).
 fn moved_positions(
     consumer: &BaseConsumer<DaemonContext>,
     sent: &mut HashMap<i32, i64>,
+    held: &Held,
 ) -> Vec<(i32, i64)> {
     let Ok(positions) = consumer.position() else {
         return Vec::new();
@@ -340,7 +644,7 @@ fn moved_positions(
     let topic = consumer.context().topic();
     let mut moved = Vec::new();
     for element in positions.elements() {
-        if element.topic() != topic {
+        if element.topic() != topic || held.holds(element.partition()) {
             continue;
         }
         if let Offset::Offset(position) = element.offset() {
@@ -372,6 +676,41 @@ fn flush(send: &dyn Fn(IntakeEvent) -> bool, batch: &mut Batch, options: &Decode
         })
         .collect();
     send(IntakeEvent::Records(records))
+}
+
+/// Fault-injection points of the identity read (failpoints builds).
+mod fault {
+    use super::log_identity::LogIdentityError;
+
+    #[cfg(not(feature = "failpoints"))]
+    pub(super) fn identity(_topic: &str) -> Result<(), LogIdentityError> {
+        Ok(())
+    }
+
+    /// With `MATERIALIZER_FAIL_IDENTITY=<ms>`, every read of the log's identity fails during the
+    /// first `<ms>` milliseconds after the process's first read (a broker roll that times
+    /// DescribeTopics out).
+    #[cfg(feature = "failpoints")]
+    pub(super) fn identity(topic: &str) -> Result<(), LogIdentityError> {
+        use std::sync::OnceLock;
+        use std::time::{Duration, Instant};
+        static FIRST_READ: OnceLock<Instant> = OnceLock::new();
+        let Some(window) = std::env::var("MATERIALIZER_FAIL_IDENTITY")
+            .ok()
+            .and_then(|ms| ms.parse::<u64>().ok())
+        else {
+            return Ok(());
+        };
+        let first = *FIRST_READ.get_or_init(Instant::now);
+        if first.elapsed() < Duration::from_millis(window) {
+            eprintln!("failpoint: the identity read fails");
+            return Err(LogIdentityError::TimedOut {
+                topic: topic.to_owned(),
+                timeout: Duration::ZERO,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A fault-injection point for the liveness tests: with `MATERIALIZER_WEDGE=poll` (test

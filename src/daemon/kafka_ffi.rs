@@ -36,3 +36,29 @@ pub(crate) unsafe fn text(ptr: *const c_char) -> String {
         CStr::from_ptr(ptr).to_string_lossy().into_owned()
     }
 }
+
+/// The log start offset of `topic`'s `partition` as the last fetch response reported it
+/// (librdkafka caches it per partition from every FetchResponse), without asking the broker;
+/// `None` before the first fetch. The records-lost check reads it for the fetch that brought the
+/// record it judges, so it is as fresh as that record.
+pub(crate) fn cached_log_start<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let name = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the handle is the client's live one; the topic name is a valid C string for the
+    // call; librdkafka only reads its cached offsets under its own lock and writes the two i64s.
+    let code = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            client.native_ptr(),
+            name.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (code == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && low >= 0)
+        .then_some(low)
+}

@@ -55,6 +55,8 @@ pub const STORE_REDIRECTS_TOTAL: &str = "materializer_store_redirects_total";
 pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
 pub const TOPIC_PARTITIONS: &str = "materializer_topic_partitions";
 pub const SUBSCRIPTION_AVAILABLE: &str = "materializer_subscription_available";
+pub const RECORDS_LOST_TOTAL: &str = "materializer_records_lost_total";
+pub const PARTITION_HELD_LOST: &str = "materializer_partition_held_records_lost";
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -297,6 +299,14 @@ fn describe() {
         "1 when the dispatch topic's cleanup.policy contains compact (repairs are refused), 0 when it does not, -1 when it could not be read"
     );
     describe_counter!(
+        RECORDS_LOST_TOTAL,
+        "Offsets of the dispatch topic the log deleted before this group read them (retention or DeleteRecords overtook it), by partition and reason (committed_below_log_start, offset_out_of_range)"
+    );
+    describe_gauge!(
+        PARTITION_HELD_LOST,
+        "1 while a partition waits after records were lost (kafka.on_records_lost = hold) for an operator to accept the loss, 0 otherwise"
+    );
+    describe_counter!(
         CONSUMER_ERRORS_TOTAL,
         "Errors the Kafka consumer returned instead of a record, by librdkafka error code"
     );
@@ -442,6 +452,22 @@ pub fn ready(ready: bool) {
 
 /// Call when the consumer returns an error instead of a record, with the librdkafka error code's
 /// name (`NotImplemented`, `BadMessage`, ...: a closed set, so the label stays bounded).
+/// The records-lost reasons (`records_lost_total{partition,reason}`), exported at 0 for every
+/// assigned partition so an alert sees the first loss as an increase.
+pub(crate) const LOSS_REASONS: &[&str] = &["committed_below_log_start", "offset_out_of_range"];
+
+/// Offsets `count` of `partition` deleted before they were read (SPEC 7.3).
+pub(crate) fn records_lost(partition: i32, reason: &'static str, count: u64) {
+    counter!(RECORDS_LOST_TOTAL, "partition" => partition.to_string(), "reason" => reason)
+        .increment(count);
+}
+
+/// Whether `partition` waits for an operator to accept a loss.
+pub(crate) fn partition_held_lost(partition: i32, held: bool) {
+    gauge!(PARTITION_HELD_LOST, "partition" => partition.to_string())
+        .set(f64::from(u8::from(held)));
+}
+
 pub(crate) fn consumer_error(code: &str) {
     let code = if code.len() <= 64 && code.chars().all(|c| c.is_ascii_alphanumeric()) {
         code.to_owned()
@@ -518,6 +544,9 @@ fn partitions() -> MutexGuard<'static, BTreeMap<i32, PartitionGauges>> {
 /// `consumer_lag` exists from the assignment rather than from the first statistics tick. Also
 /// exports `partition_blocked` and `partition_unreadable` at 0.
 pub(crate) fn partition_assigned(partition: i32, lag: i64) {
+    for reason in LOSS_REASONS {
+        records_lost(partition, reason, 0);
+    }
     let mut table = partitions();
     let entry = table.entry(partition).or_default();
     entry.lag = Some(lag.max(0) as f64);

@@ -59,6 +59,7 @@ pub(crate) mod log_identity;
 pub(crate) mod logging;
 pub mod memory_limit;
 pub mod metrics;
+pub(crate) mod records_lost;
 pub mod replay;
 pub mod tap;
 pub(crate) mod telemetry;
@@ -104,6 +105,11 @@ pub struct DaemonOptions {
     /// Commit offsets to the group. False for a store that does not outlive the process (the
     /// memory store): a restart must re-read the log, since nothing it wrote survived.
     pub commit_offsets: bool,
+    /// Set by the demo: the broker is librdkafka's mock cluster, which answers no admin request
+    /// (DescribeTopics, DescribeAcls), so the log is named by this identity and the ACL probe is
+    /// off; a wait on either would only time out. `None` (a real broker): the identity is read
+    /// on each assignment, and records wait while it cannot be read (SPEC 7.3).
+    pub mock_log: Option<crate::model::LogId>,
     /// Test machinery: called with the dead-letter producer once it exists, so a test can make
     /// librdkafka raise a fatal error on it (`rd_kafka_test_fatal_error`).
     #[cfg(feature = "failpoints")]
@@ -163,7 +169,12 @@ pub async fn run(
         backend = store.backend(),
         "consuming"
     );
-    let (intake, records) = Intake::start(consumer.clone(), config.decode_options())?;
+    let (intake, records) = Intake::start(
+        consumer.clone(),
+        config.decode_options(),
+        options.mock_log.clone(),
+        config.kafka.on_records_lost,
+    )?;
     let probes = health::spawn(
         store.clone(),
         consumer.clone(),
@@ -171,7 +182,11 @@ pub async fn run(
             topic: topic.clone(),
             group: config.kafka.group_id.clone(),
             dlq_topic: config.kafka.dlq_topic.clone(),
-            acls: kafka_grants::daemon_acls(&config.kafka),
+            acls: if options.mock_log.is_some() {
+                Vec::new()
+            } else {
+                kafka_grants::daemon_acls(&config.kafka)
+            },
             assignment_timeout: std::time::Duration::from_millis(
                 config.kafka.assignment_timeout_ms,
             ),

@@ -65,6 +65,15 @@ async fn bodies(store: &dyn MailboxStore, user: &str) -> Vec<String> {
 
 /// The zombie scenario on whatever store `setup` names; `store` reads the result.
 async fn zombie_loses_to_the_new_owner(setup: DaemonSetup, store: &dyn MailboxStore) {
+    zombie_loses_to_a_new_owner_started_with(setup, store, &[]).await;
+}
+
+/// The zombie scenario with the new owner B started with `b_env` (its failpoints).
+async fn zombie_loses_to_a_new_owner_started_with(
+    setup: DaemonSetup,
+    store: &dyn MailboxStore,
+    b_env: &[(&str, &str)],
+) {
     let user = "zombie-u";
     create_topic(&setup.topic, 1).await;
     create_topic(&setup.dlq_topic, 1).await;
@@ -86,7 +95,7 @@ async fn zombie_loses_to_the_new_owner(setup: DaemonSetup, store: &dyn MailboxSt
     std::thread::sleep(PAST_THE_SESSION);
 
     // B owns the partition now: it applies v1, then the newer replacement v2, and commits both.
-    let mut b = Daemon::start(&setup);
+    let mut b = Daemon::start_with_env(&setup, b_env);
     produce(&setup.topic, &[(0, record(user, 1, "v2", now))]).await;
     wait_for(
         "replica B to commit both records",
@@ -209,6 +218,24 @@ async fn a_zombie_write_never_overwrites_the_new_owner_on_redis() {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("zombie-redis", Some(redis.url()));
     zombie_loses_to_the_new_owner(setup, &redis_store(&redis.url()).await).await;
+}
+
+/// SPEC 7.3 "Positions are never forgotten": the new owner cannot read the log's identity for
+/// its first 12 s (a DescribeTopics that times out in a broker roll). Before, its records applied
+/// without a position meanwhile, a positionless replace deleted the seq's stored position, and
+/// the zombie's older write then applied and reverted the seq for good. Now B's records wait for
+/// the identity, are written with their positions, and the zombie's write is `superseded`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_write_never_wins_after_the_new_owner_failed_to_read_the_logs_identity() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("zombie-identity", Some(redis.url()));
+    let store = redis_store(&redis.url()).await;
+    zombie_loses_to_a_new_owner_started_with(
+        setup,
+        &store,
+        &[("MATERIALIZER_FAIL_IDENTITY", "12000")],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

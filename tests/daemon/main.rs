@@ -46,6 +46,7 @@ mod kafka_codecs;
 mod liveness;
 mod log_colour;
 mod order;
+mod records_lost;
 mod scylla;
 mod subscription;
 mod tap;

@@ -38,6 +38,7 @@ impl InProcessDaemon {
             progress: progress.clone(),
             health,
             commit_offsets: false,
+            mock_log: None,
             on_producer,
         };
         let config = config.clone();

@@ -43,6 +43,10 @@ pub struct Health {
     blocked: Condition,
     /// Failing while the broker says the daemon lacks an ACL records need (`health::spawn`).
     kafka_grants: Condition,
+    /// Partitions whose records the log deleted before they were read (SPEC 7.3): held ones
+    /// (`kafka.on_records_lost = "hold"`) fail readiness until an operator accepts the loss;
+    /// the line names the last loss either way.
+    records_lost: std::sync::Mutex<RecordsLostState>,
     /// Why the store did not open yet at start (unreachable, a missing grant, an incomplete
     /// schema): the `store:` line of `/readyz` until it opens.
     store_waiting: std::sync::Mutex<Option<String>>,
@@ -55,6 +59,17 @@ pub struct Health {
     pub(crate) liveness: super::liveness::Liveness,
     /// The live decisions `/debug/tap` streams.
     pub(crate) tap: super::tap::Tap,
+}
+
+/// What `/readyz` knows of records lost (see [`Health::records_lost_held`]).
+#[derive(Debug, Default)]
+struct RecordsLostState {
+    /// Held partitions and their lost ranges.
+    held: std::collections::BTreeMap<i32, (i64, i64)>,
+    /// Held partitions an operator accepted, not yet released by the poll thread.
+    accepted: std::collections::BTreeSet<i32>,
+    /// The last loss carried on from: partition and range.
+    last: Option<(i32, i64, i64)>,
 }
 
 /// A readiness condition that a probe decides as a whole: whether it fails, and its `/readyz`
@@ -162,6 +177,90 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    fn lost(&self) -> std::sync::MutexGuard<'_, RecordsLostState> {
+        self.records_lost.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The poll thread holds `partition` after offsets `from..to` were lost unread.
+    pub(crate) fn records_lost_held(&self, partition: i32, from: i64, to: i64) {
+        self.lost().held.insert(partition, (from, to));
+        super::metrics::ready(self.ready());
+    }
+
+    /// The poll thread carried on past offsets `from..to` of `partition`, lost unread.
+    pub(crate) fn records_lost_carried_on(&self, partition: i32, from: i64, to: i64) {
+        self.lost().last = Some((partition, from, to));
+    }
+
+    /// The held partitions an operator accepted since the last call: the poll thread releases
+    /// them.
+    pub(crate) fn take_records_lost_accepted(&self) -> Vec<i32> {
+        let mut lost = self.lost();
+        if lost.accepted.is_empty() {
+            return Vec::new();
+        }
+        let accepted: Vec<i32> = std::mem::take(&mut lost.accepted).into_iter().collect();
+        for partition in &accepted {
+            if let Some((from, to)) = lost.held.remove(partition) {
+                lost.last = Some((*partition, from, to));
+            }
+        }
+        drop(lost);
+        super::metrics::ready(self.ready());
+        accepted
+    }
+
+    /// A held partition left this replica: its hold goes with it (the next owner finds the
+    /// loss again at its committed offset).
+    pub(crate) fn records_lost_forget(&self, partitions: &[i32]) {
+        let mut lost = self.lost();
+        for partition in partitions {
+            lost.held.remove(partition);
+            lost.accepted.remove(partition);
+        }
+    }
+
+    /// `POST /records-lost/accept?partition=N`: the operator accepts the loss of a held
+    /// partition. `Err` says why nothing was accepted.
+    pub(crate) fn accept_records_lost(&self, partition: i32) -> Result<(i64, i64), String> {
+        let mut lost = self.lost();
+        match lost.held.get(&partition).copied() {
+            Some(range) => {
+                lost.accepted.insert(partition);
+                Ok(range)
+            }
+            None => Err(format!(
+                "partition {partition} is not held for lost records on this replica (held: {:?})",
+                lost.held.keys().collect::<Vec<_>>()
+            )),
+        }
+    }
+
+    fn records_lost_line(&self) -> String {
+        let lost = self.lost();
+        if !lost.held.is_empty() {
+            let held: Vec<String> = lost
+                .held
+                .iter()
+                .map(|(p, (from, to))| format!("partition {p} offsets {from}..{to}"))
+                .collect();
+            return format!(
+                "held: {} deleted by the log before this group read them; accept with POST /records-lost/accept?partition=N (kafka.on_records_lost = \"hold\")",
+                held.join(", ")
+            );
+        }
+        match lost.last {
+            Some((p, from, to)) => {
+                format!("ok (the last loss: partition {p} offsets {from}..{to}, carried on)")
+            }
+            None => "ok".to_owned(),
+        }
+    }
+
+    fn records_lost_failing(&self) -> bool {
+        !self.lost().held.is_empty()
+    }
+
     /// Turns `/debug/blocked` on (`http.debug_endpoints`).
     pub fn serve_debug_endpoints(&self, on: bool) {
         self.debug_endpoints.store(on, Ordering::Relaxed);
@@ -219,7 +318,7 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nblocked mailboxes: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\nblocked mailboxes: {}\ndead letters: {}\n",
             if self.store_ok() {
                 "ok".to_owned()
             } else {
@@ -236,6 +335,7 @@ impl Health {
             self.kafka_grants.line(),
             self.subscription.line(),
             word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
+            self.records_lost_line(),
             self.blocked.line(),
             word(
                 !self.dead_letters_failing.load(Ordering::Relaxed),
@@ -258,5 +358,6 @@ impl Health {
             && !self.store_slots.failing()
             && !self.blocked.failing()
             && !self.kafka_grants.failing()
+            && !self.records_lost_failing()
     }
 }

@@ -84,6 +84,9 @@ pub async fn serve(listen: &str, health: Arc<Health>) -> std::io::Result<SocketA
 /// The response to one request. `HEAD` is routed as `GET`; hyper leaves the body out.
 fn route(health: &Health, request: &Request<Incoming>) -> Response<Body> {
     let method = request.method();
+    if request.uri().path() == "/records-lost/accept" {
+        return accept_records_lost(health, request);
+    }
     if method != Method::GET && method != Method::HEAD {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -124,6 +127,42 @@ fn route(health: &Health, request: &Request<Incoming>) -> Response<Body> {
         }
         "/debug/tap" => tap(health, request.uri().query().unwrap_or("")),
         _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
+    }
+}
+
+/// `POST /records-lost/accept?partition=N` (SPEC 7.3, `kafka.on_records_lost = "hold"`): the
+/// operator accepts that the log deleted records of a held partition before they were read; the
+/// partition carries on from the log's start. Only a partition held on this replica is accepted.
+fn accept_records_lost(health: &Health, request: &Request<Incoming>) -> Response<Body> {
+    if request.method() != Method::POST {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only POST: /records-lost/accept?partition=N\n".to_owned(),
+        );
+    }
+    let partition = request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("partition="))
+        .and_then(|value| value.parse::<i32>().ok())
+        .filter(|p| *p >= 0);
+    let Some(partition) = partition else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "partition: a dispatch-topic partition number is required: /records-lost/accept?partition=N\n"
+                .to_owned(),
+        );
+    };
+    match health.accept_records_lost(partition) {
+        Ok((from, to)) => text(
+            StatusCode::OK,
+            format!(
+                "accepted: partition {partition} carries on past the lost offsets {from}..{to}\n"
+            ),
+        ),
+        Err(why) => text(StatusCode::CONFLICT, format!("{why}\n")),
     }
 }
 
