@@ -255,3 +255,141 @@ async fn an_unreadable_truncated_letter_is_never_committed_past() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(lines.is_empty(), "{lines:?}");
 }
+
+/// SPEC 7.3: a re-drive that fetches a truncated letter's original checks that the source is
+/// still the log the record was read from. Here the topic was deleted and recreated under the
+/// same name, and its offset 0 now holds an unrelated record: the letter is `source_gone` (exit
+/// 1, not committed past), and the unrelated record is not applied. Before, it was applied with
+/// the old log's position and reported `applied`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_letter_from_a_recreated_topic_is_source_gone_never_an_unrelated_record() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("dlq-recreated", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let tag = unique("orig");
+    let original = numbered_dispatches(&tag, 1, now_ms());
+    let original = original.lines().next().expect("one record").to_owned();
+    produce(&setup.topic, &[(0, original.as_bytes().to_vec())]).await;
+
+    // The log's identity as the daemon reads it: the letter's `source_log`.
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "the daemon to name the log",
+        Duration::from_secs(60),
+        || daemon.log().contains("dispatch log identity"),
+        || daemon.log(),
+    );
+    let log_line = daemon.log();
+    let old_log = log_line
+        .lines()
+        .find(|l| l.contains("dispatch log identity"))
+        .and_then(|l| l.split("log=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("log=<id> in the identity line")
+        .trim_matches('"')
+        .to_owned();
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+
+    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", support::kafka::bootstrap())
+        .create()
+        .expect("producer");
+    let headers = [
+        ("error_outcome", "rejected"),
+        ("error_kind", "future_created_at"),
+        ("error_detail", "created_at beyond the future window"),
+        ("source_topic", setup.topic.as_str()),
+        ("source_partition", "0"),
+        ("source_offset", "0"),
+        ("source_log", old_log.as_str()),
+        ("dlq_truncated", "true"),
+    ]
+    .iter()
+    .fold(OwnedHeaders::new(), |h, (key, value)| {
+        h.insert(Header {
+            key,
+            value: Some(*value),
+        })
+    });
+    producer
+        .send(
+            FutureRecord::<(), _>::to(&setup.dlq_topic)
+                .partition(0)
+                .payload(&original.as_bytes()[..20])
+                .headers(headers),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("letter produced");
+
+    // The topic is deleted and recreated under the same name; offset 0 is another record now.
+    let admin: AdminClient<DefaultClientContext> = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", support::kafka::bootstrap())
+        .create()
+        .expect("admin");
+    let deleted = admin
+        .delete_topics(&[setup.topic.as_str()], &AdminOptions::new())
+        .await
+        .expect("delete topic");
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let unrelated_user = format!("{tag}-unrelated");
+    let unrelated = serde_json::json!({
+        "dispatch_id": "unrelated", "group_id": "g", "committed_at": now_ms(),
+        "deliveries": [{"user_id": unrelated_user, "epoch": 1, "mailbox_seq": 1,
+            "events": [{"event_ordinal": 0, "payload": {"x": 1}}]}]
+    })
+    .to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let created = admin
+            .create_topics(
+                &[rdkafka::admin::NewTopic::new(
+                    &setup.topic,
+                    1,
+                    rdkafka::admin::TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new(),
+            )
+            .await
+            .expect("create topic");
+        if created.iter().all(Result::is_ok) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the topic was not recreated: {created:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        produce(&setup.topic, &[(0, unrelated.into_bytes())]).await,
+        [0]
+    );
+
+    let config = setup.config_file(free_port());
+    let group = format!("{}-dlq-redrive-all", setup.group);
+    let (out, lines) = dlq(&config, &["redrive"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["result"], "source_gone", "{lines:?}");
+    assert!(
+        lines[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("deleted and recreated, or cut over")),
+        "{lines:?}"
+    );
+    let store = redis_store(&redis.url()).await;
+    assert!(
+        scan_seqs(&store, &unrelated_user).await.is_empty(),
+        "the unrelated record at the letter's coordinates was applied"
+    );
+    let progress = support::kafka::committed(&group, &setup.dlq_topic, 1);
+    assert!(progress[0] <= 0, "committed past the letter: {progress:?}");
+}

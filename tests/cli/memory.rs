@@ -253,6 +253,43 @@ fn corrupt_mailbox_makes_apply_exit_3() {
     assert_eq!(lines[1]["error"]["kind"], "identity_missing");
 }
 
+/// SPEC 7.3 / 8.1 `held`: once a mailbox answered `corrupt`, `apply` writes nothing more to it in
+/// that run, as the daemon holds it; its later lines are reported `held` and the run exits 3.
+/// Before, line 3 was applied (`inserted`) over the mailbox that had just failed closed.
+#[test]
+fn apply_holds_a_mailbox_that_answered_corrupt_for_the_rest_of_the_run() {
+    let env = Env::new("held");
+    let input = format!(
+        "{}\n{}\n{}\n",
+        dispatch(5, 0, "a"),
+        dispatch(3, 0, "b"),
+        dispatch(6, 0, "c")
+    );
+    let (lines, code) = env.json_lines(&["apply"], Some(&input));
+    assert_eq!(code, 3);
+    let outcomes: Vec<(u64, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["line"].as_u64().unwrap_or(0),
+                l["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(outcomes, vec![(1, "inserted"), (2, "corrupt"), (3, "held")]);
+    assert_eq!(lines[2]["error"]["kind"], "held");
+    assert_eq!(lines[2]["mailbox_seq"], 6);
+    let (scan, _) = env.json_lines(
+        &["scan", "--user", "u-17", "--epoch", "3", "--after", "0"],
+        None,
+    );
+    let seqs: Vec<u64> = scan[0]["groups"]
+        .as_array()
+        .map(|g| g.iter().filter_map(|g| g["mailbox_seq"].as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(seqs, vec![5], "the held line wrote nothing");
+}
+
 #[test]
 fn unavailable_backend_exits_2_and_bad_config_exits_1() {
     let env = Env::new("unavailable");

@@ -442,19 +442,33 @@ fn partition_rows(
         .collect()
 }
 
-/// The WHY cell of a partition: its first blocked mailbox (`index_lost hot @8`), and how many
-/// more.
+/// The WHY cell of a partition: offsets the log deleted before they were read (`lost 3`, `held:
+/// lost 3` while the partition waits for an operator, SPEC 7.3), then its first blocked mailbox
+/// (`index_lost hot @8`), and how many more.
 fn why(latest: &Scrape, partition: i32) -> String {
-    let mut here = latest.blocked.iter().filter(|b| b.partition == partition);
-    let Some(first) = here.next() else {
-        return String::new();
+    let this = partition.to_string();
+    let of_partition = |name: &str| -> f64 {
+        find(latest, name)
+            .filter(|s| s.label("partition") == Some(this.as_str()))
+            .map(|s| s.value)
+            .sum()
     };
-    let more = here.count();
-    let mut text = format!("{} {} @{}", first.kind, first.user_id, first.offset);
-    if more > 0 {
-        text.push_str(&format!(" +{more} more"));
+    let mut parts = Vec::new();
+    let lost = of_partition("materializer_records_lost_total");
+    if lost > 0.0 {
+        let held = of_partition("materializer_partition_held_records_lost") > 0.0;
+        parts.push(format!("{}lost {lost}", if held { "held: " } else { "" }));
     }
-    text
+    let mut here = latest.blocked.iter().filter(|b| b.partition == partition);
+    if let Some(first) = here.next() {
+        let more = here.count();
+        let mut text = format!("{} {} @{}", first.kind, first.user_id, first.offset);
+        if more > 0 {
+            text.push_str(&format!(" +{more} more"));
+        }
+        parts.push(text);
+    }
+    parts.join("; ")
 }
 
 #[cfg(test)]
@@ -494,6 +508,13 @@ mod tests {
         assert_eq!(why(&latest, 0), "index_lost hot @8 +1 more");
         assert_eq!(why(&latest, 1), "index_lost a @3");
         assert_eq!(why(&latest, 2), "");
+        latest.samples = parse(
+            "materializer_records_lost_total{partition=\"1\",reason=\"committed_below_log_start\"} 3\n\
+             materializer_records_lost_total{partition=\"2\",reason=\"offset_out_of_range\"} 4\n\
+             materializer_partition_held_records_lost{partition=\"2\"} 1\n",
+        );
+        assert_eq!(why(&latest, 1), "lost 3; index_lost a @3");
+        assert_eq!(why(&latest, 2), "held: lost 4");
     }
 
     #[test]

@@ -180,7 +180,8 @@ impl Clients {
                 return refuse(
                     "log_start_above_start",
                     format!(
-                        "the partition's log starts at offset {low} (retention deleted the records before it), above the requested start {from}: a rebuild would miss them; pass --allow-partial-history to replay from {low}"
+                        "records lost: the log deleted offsets {from}..{low} of partition {} before this replay read them (its log starts at offset {low}, above the requested start {from}): a rebuild would miss them; pass --allow-partial-history to replay from {low}",
+                        request.partition
                     ),
                 );
             }
