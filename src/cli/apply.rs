@@ -122,6 +122,15 @@ pub(super) async fn run(
     }
     driver.cancel_all();
     drop(lines);
+    if failure.is_some() {
+        // Stopping early: every line applied is still printed, also those behind a line that
+        // never finished (their users' records are independent of it).
+        if let Some(window) = driver.window_mut(&()) {
+            for record in window.pipeline.take_every_final() {
+                corrupt |= print_record(&mut out, &record);
+            }
+        }
+    }
     let _ = out.flush();
     if let Some((line, message, code)) = failure {
         if line > 0 {

@@ -197,17 +197,31 @@ pub fn watch_redis_masters(
     allow_eviction: bool,
     health: Arc<Health>,
 ) -> tokio::task::JoinHandle<()> {
-    use crate::store::redis::eviction::{verdict, Verdict};
+    use crate::store::redis::eviction::{full_line, verdict, NodePolicy, Verdict};
     use crate::store::redis::open_slots::OpenSlot;
     if let Some(start) = store.cluster_redirects() {
         tokio::spawn(report_redirects(Arc::downgrade(&store), start));
     }
     tokio::spawn(async move {
         let mut last: Option<Verdict> = None;
+        let mut last_full: Option<String> = None;
         let mut seen: Vec<OpenSlot> = Vec::new();
         let mut reported: Vec<OpenSlot> = Vec::new();
         loop {
             if let Ok((policies, open)) = store.master_readings().await {
+                // SPEC 7.3: a full master refuses every write that adds data (OOM, retried);
+                // readiness says so, naming it, until memory is freed or the limit raised.
+                let full = full_line(&policies);
+                let failing = policies.iter().any(NodePolicy::full);
+                if full.is_some() != last_full.is_some() {
+                    match &full {
+                        Some(line) if failing => tracing::error!("not ready: {line}"),
+                        Some(line) => tracing::warn!("{line}"),
+                        None => tracing::info!("no Redis master is near its maxmemory any more"),
+                    }
+                }
+                health.set_store_memory(failing, full.clone());
+                last_full = full;
                 let now = verdict(&policies, allow_eviction);
                 StoreEvicting(now.evicting()).emit();
                 let changed = last.as_ref() != Some(&now);

@@ -50,6 +50,7 @@ pub(crate) const IN_FLIGHT_BUDGET_BYTES: &str = "materializer_in_flight_budget_b
 pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
 pub const STORE_EVICTING: &str = "materializer_store_evicting";
+pub const STORE_FULL: &str = "materializer_store_full";
 pub const STORE_OPEN_SLOTS: &str = "materializer_store_open_slots";
 pub const STORE_REDIRECTS_TOTAL: &str = "materializer_store_redirects_total";
 pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
@@ -275,6 +276,10 @@ fn describe() {
         "1 when a Redis master's maxmemory-policy evicts keys (only run with store.redis.allow_eviction = true), 0 otherwise"
     );
     describe_gauge!(
+        STORE_FULL,
+        "1 while the store refuses writes for memory (a Redis master at its maxmemory, or an OOM answer in the last 5 s): the writes wait, nothing is dead-lettered; 0 otherwise"
+    );
+    describe_gauge!(
         BLOCKED_MAILBOXES,
         "Mailboxes this replica holds failing closed (corrupt), all partitions; each holds only itself"
     );
@@ -330,6 +335,7 @@ fn zero_counters() {
     gauge!(BLOCKED_MAILBOXES).set(0.0);
     // Only a Redis store can evict; every other store exports 0 from the start.
     gauge!(STORE_EVICTING).set(0.0);
+    gauge!(STORE_FULL).set(0.0);
     gauge!(STORE_OPEN_SLOTS).set(0.0);
 }
 
@@ -351,6 +357,11 @@ pub fn memory_limit(bytes: u64) {
 /// Whether the store may evict the mailboxes' keys ([`STORE_EVICTING`]).
 pub(crate) fn store_evicting(evicting: bool) {
     gauge!(STORE_EVICTING).set(if evicting { 1.0 } else { 0.0 });
+}
+
+/// Whether the store refuses writes for memory ([`STORE_FULL`]).
+pub(crate) fn store_full(full: bool) {
+    gauge!(STORE_FULL).set(f64::from(u8::from(full)));
 }
 
 /// Redis Cluster slots left open by an interrupted reshard on two reads in a row

@@ -722,6 +722,25 @@ impl<R, M> PartitionPipeline<R, M> {
         out
     }
 
+    /// Every final record, wherever it stands in the window, in source order: what a front end
+    /// that stops early (`apply` on an unreachable or full store) reports before it exits, so
+    /// every line it applied is printed even behind one that never finished.
+    pub(crate) fn take_every_final(&mut self) -> Vec<FinalRecord<M>> {
+        let finals: Vec<i64> = self
+            .slots
+            .iter()
+            .filter(|(_, slot)| slot.stage == Stage::Final)
+            .map(|(offset, _)| *offset)
+            .collect();
+        let mut out = Vec::with_capacity(finals.len());
+        for offset in finals {
+            if let Some(slot) = self.slots.remove(&offset) {
+                out.push(self.leave(slot));
+            }
+        }
+        out
+    }
+
     /// A final record leaving the window: its bytes are no longer charged.
     fn leave(&mut self, slot: Slot<R, M>) -> FinalRecord<M> {
         self.bytes -= slot.raw_bytes;

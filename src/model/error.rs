@@ -271,6 +271,13 @@ impl StoreError {
         }
     }
 
+    /// The store refused the call for memory (Redis `OOM`: used memory over `maxmemory`), a
+    /// transient state that readiness names "store full" (SPEC 7.3).
+    pub fn out_of_memory(&self) -> bool {
+        matches!(self, Self::Unavailable { detail, .. }
+            if detail.contains("OOM") || detail.contains("used memory > 'maxmemory'"))
+    }
+
     /// The error kind word of SPEC 8.1.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -47,6 +47,7 @@ mod liveness;
 mod log_colour;
 mod order;
 mod records_lost;
+mod redis_full;
 mod scylla;
 mod subscription;
 mod tap;

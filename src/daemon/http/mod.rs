@@ -35,6 +35,13 @@ pub struct Health {
     /// Failing while a Redis master evicts keys without `store.redis.allow_eviction`
     /// (`health::watch_redis_masters`).
     store_policy: Condition,
+    /// Failing while a Redis master is at its `maxmemory` as the periodic read of every master
+    /// found it (`health::watch_redis_masters`); its line names the masters and their use.
+    store_memory: Condition,
+    /// When a write was last refused for memory (`OOM`; ms since the Unix epoch, 0: never):
+    /// the store is full for [`WRITE_FAILURE_WINDOW_MS`] after it, whatever the periodic read
+    /// saw (a master hovers just under its limit between the refused calls).
+    oom_at_ms: std::sync::atomic::AtomicU64,
     /// Failing while a Redis Cluster slot stays migrating or importing (an interrupted reshard;
     /// `health::watch_redis_masters`).
     store_slots: Condition,
@@ -165,6 +172,14 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
+    /// The masters at their `maxmemory` (`failing`), as the periodic check found them; the
+    /// line names the masters near it either way.
+    pub(crate) fn set_store_memory(&self, failing: bool, line: Option<String>) {
+        self.store_memory.set(failing, line);
+        super::metrics::store_full(self.store_full());
+        super::metrics::ready(self.ready());
+    }
+
     /// The cluster's open slots as the periodic check found them (`health::watch_redis_masters`).
     pub(crate) fn set_store_slots(&self, failing: bool, line: Option<String>) {
         self.store_slots.set(failing, line);
@@ -292,14 +307,45 @@ impl Health {
         super::metrics::ready(self.ready());
     }
 
-    /// A store write failed transiently just now.
-    pub(crate) fn write_failed(&self) {
+    /// A store write failed transiently just now; `out_of_memory` when the store refused it
+    /// for memory (`OOM`, SPEC 7.3 "store full").
+    pub(crate) fn write_failed(&self, out_of_memory: bool) {
         self.write_failed_at_ms.store(now_ms(), Ordering::Relaxed);
+        if out_of_memory {
+            self.oom_at_ms.store(now_ms(), Ordering::Relaxed);
+            super::metrics::store_full(true);
+        }
         super::metrics::ready(false);
     }
 
-    /// Sets the `ready` gauge from the current state (a write failure ages out of the window).
+    /// The store refuses writes for memory: a master read at its limit, or an `OOM` answer
+    /// within [`WRITE_FAILURE_WINDOW_MS`].
+    fn store_full(&self) -> bool {
+        self.store_memory.failing()
+            || now_ms().saturating_sub(self.oom_at_ms.load(Ordering::Relaxed))
+                < WRITE_FAILURE_WINDOW_MS
+    }
+
+    fn store_memory_line(&self) -> String {
+        if self.store_memory.failing() || !self.store_full() {
+            return self.store_memory.line();
+        }
+        let masters = self
+            .store_memory
+            .line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        format!(
+            "store full: writes are refused with OOM (used memory > maxmemory) and wait, nothing is dead-lettered; free memory or raise maxmemory{}",
+            masters.map(|m| format!(" ({m})")).unwrap_or_default()
+        )
+    }
+
+    /// Sets the `ready` and `store_full` gauges from the current state (a write failure ages
+    /// out of the window).
     pub fn refresh(&self) {
+        super::metrics::store_full(self.store_full());
         super::metrics::ready(self.ready());
     }
 
@@ -318,7 +364,7 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\nblocked mailboxes: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore memory: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\nblocked mailboxes: {}\ndead letters: {}\n",
             if self.store_ok() {
                 "ok".to_owned()
             } else {
@@ -330,6 +376,7 @@ impl Health {
             },
             word(!recent_write_failure, "failing"),
             self.store_policy.line(),
+            self.store_memory_line(),
             self.store_slots.line(),
             word(self.broker_ok(), "unreachable"),
             self.kafka_grants.line(),
@@ -356,6 +403,7 @@ impl Health {
             && !self.subscription.failing()
             && !self.store_policy.failing()
             && !self.store_slots.failing()
+            && !self.store_full()
             && !self.blocked.failing()
             && !self.kafka_grants.failing()
             && !self.records_lost_failing()

@@ -71,7 +71,17 @@ fn exported_series_follow_the_lifecycle_of_spec_9() {
 
     partition_revoked(7);
     let text = handle.render();
-    assert!(!text.contains("partition=\"7\""), "{text}");
+    // Gauges vanish; the records-lost counter stays, zero from the assignment on, so the first
+    // loss is an increase an alert sees (SPEC 7.3), and a loss stays visible after the move.
+    assert!(
+        text.lines()
+            .filter(|l| l.contains("partition=\"7\""))
+            .all(|l| l.starts_with(RECORDS_LOST_TOTAL)),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "{RECORDS_LOST_TOTAL}{{partition=\"7\",reason=\"committed_below_log_start\"}} 0"
+    )));
     assert!(text.contains(&format!("{CONSUMER_LAG}{{partition=\"8\"}} 0")));
     partition_revoked(8);
     let text = handle.render();

@@ -17,6 +17,48 @@ pub struct NodePolicy {
     /// The master's address (the redacted URL of a standalone server).
     pub node: String,
     pub policy: String,
+    /// `used_memory` and `maxmemory` of `INFO memory` (bytes; no limit is `None`), when the
+    /// server reports them: a master at its limit refuses every script that adds data (`OOM`).
+    pub memory: Option<(u64, u64)>,
+}
+
+impl NodePolicy {
+    /// The master is at or over its `maxmemory`: writes that add data are refused (SPEC 7.3).
+    pub fn full(&self) -> bool {
+        self.memory.is_some_and(|(used, limit)| used >= limit)
+    }
+}
+
+/// The readiness line of the masters at 90% of their `maxmemory` or more, `None` when none is
+/// (SPEC 7.3: "store full", naming the master). Only a master at its limit fails readiness
+/// ([`NodePolicy::full`]); a nearer one is named, since a master refuses a large call before
+/// `INFO` shows it at the limit.
+pub fn full_line(policies: &[NodePolicy]) -> Option<String> {
+    let near = |p: &&NodePolicy| p.memory.is_some_and(|(used, limit)| used * 10 >= limit * 9);
+    let any_full = policies.iter().any(NodePolicy::full);
+    let full: Vec<String> = policies
+        .iter()
+        .filter(near)
+        .filter_map(|p| {
+            let (used, limit) = p.memory?;
+            Some(format!(
+                "{} uses {:.1} MiB of maxmemory {:.1} MiB",
+                p.node,
+                used as f64 / 1_048_576.0,
+                limit as f64 / 1_048_576.0
+            ))
+        })
+        .collect();
+    (!full.is_empty()).then(|| {
+        if any_full {
+            format!(
+                "store full: {}: writes are refused (OOM) and wait, nothing is dead-lettered; free memory or raise maxmemory",
+                full.join("; ")
+            )
+        } else {
+            format!("near maxmemory: {}", full.join("; "))
+        }
+    })
 }
 
 /// The policy that never evicts.
@@ -72,8 +114,12 @@ impl RedisStore {
     pub async fn eviction_policies(&self) -> Result<Vec<NodePolicy>, StoreError> {
         let mut policies = Vec::new();
         for (node, mut connection) in self.masters().await? {
-            let policy = policy_of(&mut connection).await?;
-            policies.push(NodePolicy { node, policy });
+            let (policy, memory) = policy_of(&mut connection).await?;
+            policies.push(NodePolicy {
+                node,
+                policy,
+                memory,
+            });
         }
         Ok(policies)
     }
@@ -86,11 +132,15 @@ impl RedisStore {
         let mut policies = Vec::new();
         let mut open = Vec::new();
         for (node, mut connection) in self.masters().await? {
-            let policy = policy_of(&mut connection).await?;
+            let (policy, memory) = policy_of(&mut connection).await?;
             if self.settings.cluster {
                 open.extend(super::open_slots::read(&node, &mut connection).await?);
             }
-            policies.push(NodePolicy { node, policy });
+            policies.push(NodePolicy {
+                node,
+                policy,
+                memory,
+            });
         }
         open.sort();
         Ok((policies, open))
@@ -99,18 +149,29 @@ impl RedisStore {
 
 /// The `maxmemory_policy` line of `INFO memory`, falling back to `CONFIG GET
 /// maxmemory-policy` (a managed service that hides it from `INFO`). `INFO` first: the ACL user
-/// of the grants table has `+info` and no `+config|get`, which would also show secrets.
-async fn policy_of(connection: &mut Connection) -> Result<String, StoreError> {
+/// of the grants table has `+info` and no `+config|get`, which would also show secrets. With it,
+/// the memory used and the limit, when `INFO` tells them.
+async fn policy_of(
+    connection: &mut Connection,
+) -> Result<(String, Option<(u64, u64)>), StoreError> {
     let info: Result<String, RedisError> = redis::cmd("INFO")
         .arg("memory")
         .query_async(connection)
         .await;
-    if let Some(policy) = info.as_ref().ok().and_then(|info| {
-        info.lines()
-            .find_map(|line| line.strip_prefix("maxmemory_policy:"))
-            .map(|p| p.trim().to_owned())
-    }) {
-        return Ok(policy);
+    let field = |name: &str| -> Option<String> {
+        info.as_ref().ok().and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(|p| p.trim().to_owned())
+        })
+    };
+    let number = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
+    let memory = match (number("used_memory:"), number("maxmemory:")) {
+        (Some(used), Some(limit)) if limit > 0 => Some((used, limit)),
+        _ => None,
+    };
+    if let Some(policy) = field("maxmemory_policy:") {
+        return Ok((policy, memory));
     }
     let config: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
@@ -130,6 +191,7 @@ async fn policy_of(connection: &mut Connection) -> Result<String, StoreError> {
     config
         .get(1)
         .cloned()
+        .map(|policy| (policy, memory))
         .ok_or_else(|| StoreError::Unavailable {
             backend: BACKEND,
             detail: "neither INFO memory nor CONFIG GET maxmemory-policy tells the eviction policy"
@@ -143,6 +205,7 @@ mod tests {
 
     fn node(node: &str, policy: &str) -> NodePolicy {
         NodePolicy {
+            memory: None,
             node: node.to_owned(),
             policy: policy.to_owned(),
         }

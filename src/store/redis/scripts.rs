@@ -34,20 +34,44 @@ const APPEND: &str = include_str!("../../../lua/append.lua");
 const KNOWN: &str = "local known = {bucket_expiry = {}}";
 const KNOWN_ALONE: &str = "local known = false";
 
-/// A mailbox script's source: the shared helpers, the meta checks and promote, then its body.
-/// Each script carries only the includes it calls: every definition is a closure Redis builds
-/// on each call.
-fn mailbox_source(body: &str) -> String {
-    format!("{COMMON}\n{META}\n{PROMOTE}\n{body}")
+/// How Redis (7.0+, the first with script flags) checks memory for a script (SPEC 7.3: no
+/// write may take Redis past `maxmemory`). A script without a shebang is checked lazily: it may
+/// run past `maxmemory` once its first write was a command Redis does not check for memory (the
+/// append's first write is an `EXPIREAT`), so every script declares its flags.
+#[derive(Debug, Clone, Copy)]
+enum Memory {
+    /// `#!lua`: a script that adds data is refused whole, before it runs, with `OOM` while the
+    /// server is over `maxmemory` (the records wait and are retried: `OOM` is transient).
+    Grows,
+    /// `#!lua flags=allow-oom`: a script that reads, or only shrinks the mailbox (promote,
+    /// truncate, a scan's promote, a repair's clean-up), runs when the server is full, so readers
+    /// and an operator freeing memory are not locked out by the limit.
+    Shrinks,
 }
 
-fn mailbox_script(body: &str) -> Script {
-    Script::new(&mailbox_source(body))
+impl Memory {
+    fn shebang(self) -> &'static str {
+        match self {
+            Self::Grows => "#!lua",
+            Self::Shrinks => "#!lua flags=allow-oom",
+        }
+    }
 }
 
-/// A repair script: the shared helpers and the copy helpers, then its body.
-fn repair_script(body: &str) -> Script {
-    Script::new(&format!("{COMMON}\n{COPY}\n{body}"))
+/// A mailbox script's source: its shebang (see [`Memory`]), the shared helpers, the meta checks
+/// and promote, then its body. Each script carries only the includes it calls: every definition
+/// is a closure Redis builds on each call.
+fn mailbox_source(memory: Memory, body: &str) -> String {
+    format!("{}\n{COMMON}\n{META}\n{PROMOTE}\n{body}", memory.shebang())
+}
+
+fn mailbox_script(memory: Memory, body: &str) -> Script {
+    Script::new(&mailbox_source(memory, body))
+}
+
+/// A repair script: its shebang, the shared helpers and the copy helpers, then its body.
+fn repair_script(memory: Memory, body: &str) -> Script {
+    Script::new(&format!("{}\n{COMMON}\n{COPY}\n{body}", memory.shebang()))
 }
 
 impl Scripts {
@@ -55,29 +79,45 @@ impl Scripts {
         Self {
             append: Script::new(&Self::append_source()),
             append_run: Script::new(&Self::append_run_source()),
-            truncate: mailbox_script(include_str!("../../../lua/truncate.lua")),
-            promote: mailbox_script(include_str!("../../../lua/promote.lua")),
-            scan_begin: mailbox_script(&format!(
-                "{SCAN}\n{}",
-                include_str!("../../../lua/scan_begin.lua")
+            truncate: mailbox_script(Memory::Shrinks, include_str!("../../../lua/truncate.lua")),
+            promote: mailbox_script(Memory::Shrinks, include_str!("../../../lua/promote.lua")),
+            scan_begin: mailbox_script(
+                Memory::Shrinks,
+                &format!("{SCAN}\n{}", include_str!("../../../lua/scan_begin.lua")),
+            ),
+            scan_end: mailbox_script(
+                Memory::Shrinks,
+                &format!("{SCAN}\n{}", include_str!("../../../lua/scan_end.lua")),
+            ),
+            inspect: Script::new(&format!(
+                "{}\n{}",
+                Memory::Shrinks.shebang(),
+                include_str!("../../../lua/inspect.lua")
             )),
-            scan_end: mailbox_script(&format!(
-                "{SCAN}\n{}",
-                include_str!("../../../lua/scan_end.lua")
-            )),
-            inspect: Script::new(include_str!("../../../lua/inspect.lua")),
-            repair_begin: repair_script(include_str!("../../../lua/repair_begin.lua")),
-            repair_renew: repair_script(include_str!("../../../lua/repair_renew.lua")),
-            repair_swap: repair_script(include_str!("../../../lua/repair_swap.lua")),
-            repair_abort: repair_script(include_str!("../../../lua/repair_abort.lua")),
-            repair_collect: repair_script(include_str!("../../../lua/repair_collect.lua")),
-            user_keys: repair_script(include_str!("../../../lua/user_keys.lua")),
+            repair_begin: repair_script(
+                Memory::Grows,
+                include_str!("../../../lua/repair_begin.lua"),
+            ),
+            repair_renew: repair_script(
+                Memory::Grows,
+                include_str!("../../../lua/repair_renew.lua"),
+            ),
+            repair_swap: repair_script(Memory::Grows, include_str!("../../../lua/repair_swap.lua")),
+            repair_abort: repair_script(
+                Memory::Shrinks,
+                include_str!("../../../lua/repair_abort.lua"),
+            ),
+            repair_collect: repair_script(
+                Memory::Shrinks,
+                include_str!("../../../lua/repair_collect.lua"),
+            ),
+            user_keys: repair_script(Memory::Shrinks, include_str!("../../../lua/user_keys.lua")),
         }
     }
 
     /// The full source of the append script, as loaded (for benchmarks that call it by hand).
     pub fn append_source() -> String {
-        mailbox_source(&format!("{KNOWN_ALONE}\n{APPEND}"))
+        mailbox_source(Memory::Grows, &format!("{KNOWN_ALONE}\n{APPEND}"))
     }
 
     /// The full source of the run script: the includes, `lua/append.lua`'s body as the local
@@ -85,10 +125,13 @@ impl Scripts {
     /// one group's arguments unchanged), then `lua/append_run.lua`. One body, two scripts: a
     /// group is decided by the same lines alone or in a run.
     pub fn append_run_source() -> String {
-        mailbox_source(&format!(
-            "{KNOWN}\nlocal function append_one(ARGV)\n{APPEND}\nend\n{}",
-            include_str!("../../../lua/append_run.lua")
-        ))
+        mailbox_source(
+            Memory::Grows,
+            &format!(
+                "{KNOWN}\nlocal function append_one(ARGV)\n{APPEND}\nend\n{}",
+                include_str!("../../../lua/append_run.lua")
+            ),
+        )
     }
 }
 
