@@ -195,6 +195,10 @@ end
 -- current epoch has no meta lost it (an evicting Redis, a stray DEL), with whatever else went.
 -- Writing on would start the mailbox afresh over the loss.
 if current == ARGV[3] and not m.exists then return {ERR_META_LOST} end
+-- SPEC 7.3: an epoch key lost (the meta of the record's epoch exists without it) or gone
+-- backwards (a move into an epoch that already has a mailbox).
+local lost = epoch_lost(current, ARGV[3], m)
+if lost then return lost end
 
 -- Promote only looks (and writes nothing) before the meta's first expiry; past it, it may
 -- rewrite the meta and empty the index, which `known` then forgets.
@@ -320,6 +324,10 @@ if not had_proof and redis.call('EXISTS', day_key) == 1 then
 end
 if not had_proof then
   load_range(m)
+  -- The first write of a day: the day set must hold what the meta counts, or the new day would
+  -- be added to what is left of a lost set, and scans would serve it as the whole mailbox.
+  local lost_days = day_set_lost(m, days_key)
+  if lost_days then return refused(lost_days) end
   local day = tonumber(day_text)
   low, high = day, day
   local min_day, max_day = tonumber(m.min_day), tonumber(m.max_day)

@@ -11,11 +11,21 @@
   current one or has no meta), or ERR_UNSUPPORTED_FORMAT found, ERR_BAD_PROOF detail.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-if redis.call('GET', epoch_key) ~= ARGV[1] then return {0, 0, '0'} end
+local current = redis.call('GET', epoch_key)
 local m = load_meta(meta_key, {boundary = 'expired_gap_boundary'})
-local err = check_format(m)
+-- SPEC 7.3: a lost epoch key, meta or day set is damage, never "nothing to promote".
+local err = epoch_lost(current, ARGV[1], m)
 if err then return err end
-if not m.exists then return {0, 0, '0'} end
+if current ~= ARGV[1] then return {0, 0, '0'} end
+err = check_format(m)
+if err then return err end
+if not m.exists then
+  if redis.call('EXISTS', seqbucket_key, days_key) > 0 then return {ERR_META_LOST} end
+  return {0, 0, '0'}
+end
+load_range(m)
+err = day_set_lost(m, days_key)
+if err then return err end
 err = meta_seqs(m)
 if err then return err end
 m.boundary, err = seq_value(m.boundary_text, 'expired_gap_boundary')

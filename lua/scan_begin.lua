@@ -19,17 +19,32 @@
   is empty): a page must never claim coverage of groups that were not read. A lost bucket is
   found by scan_end.lua, among the days whose read came back empty.
 
-  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set.
+  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set, HGET of
+  the meta's day count (SPEC 7.3: a lost day set is found before a page claims coverage).
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local current = redis.call('GET', epoch_key)
-if not current then return {1} end
-if current ~= ARGV[1] then return {ERR_EPOCH_MISMATCH, current} end
+if not current or current ~= ARGV[1] then
+  -- SPEC 7.3: no epoch key, or an older one, while this epoch has a mailbox: the key was lost
+  -- (and perhaps written again by a stale record). One EXISTS, on this path only.
+  if (not current or seq_less(current, ARGV[1])) and redis.call('EXISTS', meta_key) == 1 then
+    return epoch_lost(current, ARGV[1], {exists = true})
+  end
+  if not current then return {1} end
+  return {ERR_EPOCH_MISMATCH, current}
+end
 -- The epoch key and its meta are written together: an epoch without its meta lost it.
 local m, answer = scan_meta(meta_key, seqbucket_key, days_key, ARGV[2], ARGV[3], {ERR_META_LOST})
 if not m then return answer end
 local now = answer
 local days = redis.call('ZRANGE', days_key, 0, -1)
+-- SPEC 7.3: the day set must hold what the meta counts, or the page would claim coverage of
+-- days it never looked at (a lost or partly restored set).
+local counted = tonumber(redis.call('HGET', meta_key, 'active_day_count')) or 0
+if counted ~= #days then
+  return {ERR_BAD_PROOF, 'the day set holds ' .. #days .. ' day(s) although the meta counts ' ..
+    counted .. ' (evicted, deleted or not restored)'}
+end
 if #days == 0 then
   -- An empty day set is the rare path (a mailbox without live days): make sure the meta proves
   -- no live day either, or the page would claim coverage up to seqbucket_max_seq of groups it

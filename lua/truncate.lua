@@ -37,7 +37,15 @@ if current and current ~= epoch then
 end
 
 local m = load_meta(meta_key, {})
-local err, promoted = prepare_write(m, days_key, seqbucket_key, now)
+local err = epoch_lost(current, epoch, m)
+if err then return err end
+if m.exists then
+  load_range(m)
+  err = day_set_lost(m, days_key)
+  if err then return err end
+end
+local promoted
+err, promoted = prepare_write(m, days_key, seqbucket_key, now)
 if err then return err end
 err = check_integrity(m, identity_expiry(seqbucket_key) ~= -2, now)
 if err then return after_promote(err, promoted) end

@@ -76,6 +76,46 @@ local function load_range(m)
   m.day_count, m.min_day, m.max_day, m.range_loaded = r[1], r[2], r[3], true
 end
 
+--[[
+  SPEC 7.3, any one piece of a mailbox lost: the epoch key, the meta, the identity index, the day
+  set and the day buckets are written together, so a piece found without the others was lost (a
+  stray DEL, an eviction, a partial restore), and writing or reading on would serve the rest as
+  if whole. The invariants are what the meta already knows, checked where the script reads the
+  piece anyway or on a rare path: the epoch key and its epoch's meta exist together
+  (`epoch_lost`), and the day set holds exactly the meta's `active_day_count` days
+  (`day_set_lost`: one ZCARD on the first write of a day, none on the common path).
+]]
+
+-- The epoch key `current` (false when missing) against the epoch `wanted` of a call whose meta
+-- is `m`: the error reply when the key was lost (the meta of its epoch exists) or went
+-- backwards (it names an older epoch than one that has a mailbox: lost, then written again by a
+-- stale record). nil otherwise.
+local function epoch_lost(current, wanted, m)
+  if not m.exists then return nil end
+  if not current then
+    return {-14 --[[bad_proof]], 'the epoch key is missing although epoch ' .. wanted ..
+      ' has a mailbox (evicted, deleted or not restored)'}
+  end
+  if current ~= wanted and seq_less(current, wanted) then
+    return {-14 --[[bad_proof]], 'the epoch key says ' .. current .. ' although epoch ' ..
+      wanted .. ' has a mailbox (the key was lost and written again by an older epoch)'}
+  end
+  return nil
+end
+
+-- The day set's size against the meta's `active_day_count` (`m` with its range loaded): the
+-- error reply when they disagree.
+local function day_set_lost(m, days_key)
+  if not m.exists then return nil end
+  local counted = tonumber(m.day_count) or 0
+  local held = redis.call('ZCARD', days_key)
+  if held ~= counted then
+    return {-14 --[[bad_proof]], 'the day set holds ' .. held .. ' day(s) although the meta ' ..
+      'counts ' .. counted .. ' (evicted, deleted or not restored)'}
+  end
+  return nil
+end
+
 -- A seq field value ('0' when absent); nil, err when it is not a canonical decimal seq.
 local function seq_value(v, field)
   if v == false or v == nil then return '0', nil end

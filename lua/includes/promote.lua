@@ -22,7 +22,11 @@ local function promote(m, days_key, seqbucket_key, now)
     return 0, nil
   end
 
-  -- Phase 1: validate and plan.
+  -- Phase 1: validate and plan. The day set first holds what the meta counts (SPEC 7.3): a lost
+  -- set would otherwise be "repaired" into an empty range below, hiding the loss for good.
+  load_range(m)
+  local lost_days = day_set_lost(m, days_key)
+  if lost_days then return nil, lost_days end
   local expired = redis.call('ZRANGE', days_key, '-inf', now, 'BYSCORE', 'WITHSCORES')
   local boundary = nil
   local expired_days = {}

@@ -24,4 +24,12 @@ pub enum Corruption {
     /// The memory store keeps a mailbox in one structure, which cannot lose a part of itself:
     /// it answers false.
     LoseDayEvents(u64),
+    /// Delete the user's epoch record (Redis `P:epoch:{user}`; Scylla the user's slot pointer
+    /// row), as a stray `DEL`, an eviction or a partial restore would. The memory store keeps a
+    /// user in one structure: it answers false.
+    LoseEpochKey,
+    /// Delete the mailbox's day set (Redis `P:mbdays:{user}:<epoch>`). On Scylla the days are a
+    /// column of the meta row, lost only with it (`LoseMeta`); memory keeps one structure: both
+    /// answer false.
+    LoseDaySet,
 }

@@ -14,6 +14,11 @@ use mailbox_materializer::store::MailboxStore;
 use super::{at_day, expiry_of, group, mailbox, policy, user, Fixture, Harness, NOW0, TODAY0};
 
 #[allow(unused_imports)]
+pub use super::loss::{
+    every_lost_piece_answers_the_truth_or_corrupt,
+    every_lost_piece_answers_the_truth_or_corrupt_at_a_fixed_clock,
+};
+#[allow(unused_imports)]
 pub use super::repair::*;
 
 type H = Arc<dyn Harness>;

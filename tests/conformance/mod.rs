@@ -25,6 +25,7 @@
 //! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference), `randomized_histories_agree_in_runs_and_one_by_one` (each history one by one and in runs) |
 //! | 7.1 repair | `repair_*` (`repair.rs`; `repair_randomized_staged_histories_agree_in_runs_and_one_by_one`: random histories staged one by one and in runs) |
 //! | 7.2 zombies and log identity | `late_write_of_an_older_position_is_superseded`, `a_later_write_of_another_seq_never_fences_a_replace`, `a_cut_over_to_a_new_log_replaces_same_day_content` |
+//! | 7.3 any one piece lost | `every_lost_piece_answers_the_truth_or_corrupt` (`loss.rs`: a generated matrix of pieces x states x operations against the memory reference) |
 //! | 7.2 positions as `explain` shows them | `seq_positions_name_each_live_seqs_stored_version`, `seq_positions_leave_out_expired_seqs` |
 //!
 //! The suite runs in the `store` test binary (`tests/store/`), one module per backend and
@@ -35,6 +36,7 @@
 
 pub mod cases;
 pub mod history;
+pub mod loss;
 pub mod memory;
 pub mod redis;
 pub mod repair;
@@ -139,6 +141,7 @@ macro_rules! conformance_tests {
             scans_beside_same_day_replaces_never_skip_a_group,
             ordinals_above_two_to_the_31_keep_identity_and_order,
             scan_epoch_check_comes_before_the_reverse_range,
+            every_lost_piece_answers_the_truth_or_corrupt,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -145,6 +145,10 @@ impl Fixture for RedisFixture {
             Corruption::LoseDayEvents(day) => {
                 self.cmd::<i64>(redis::cmd("DEL").arg(keys.day(day))).await == 1
             }
+            Corruption::LoseEpochKey => {
+                self.cmd::<i64>(redis::cmd("DEL").arg(&keys.epoch)).await == 1
+            }
+            Corruption::LoseDaySet => self.cmd::<i64>(redis::cmd("DEL").arg(&keys.days)).await == 1,
             Corruption::BreakProof(day) => {
                 self.cmd::<i64>(
                     redis::cmd("HDEL")

@@ -286,6 +286,22 @@ impl Fixture for ScyllaFixture {
             // Each identity row is written with its own TTL in the same statement: no index
             // key whose expiry could be lost on its own.
             Corruption::LoseIdentityTtl => false,
+            // The user's row of record: which slot is live (slot -1).
+            Corruption::LoseEpochKey => {
+                let pointer = format!("user_id = '{user}' AND slot = -1 AND seq = 0");
+                let had = self
+                    .has_rows(format!(
+                        "SELECT live_slot FROM {ks}.user_mailbox WHERE {pointer}"
+                    ))
+                    .await;
+                self.cql(format!(
+                    "DELETE FROM {ks}.user_mailbox WHERE user_id = '{user}' AND slot = -1"
+                ))
+                .await;
+                had
+            }
+            // The days are a column of the meta row: lost only with it (`LoseMeta`).
+            Corruption::LoseDaySet => false,
         }
     }
 

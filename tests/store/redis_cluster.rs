@@ -65,6 +65,7 @@ async fn conformance_cases_on_a_three_master_cluster() {
         a_later_write_of_another_seq_never_fences_a_replace,
         a_cut_over_to_a_new_log_replaces_same_day_content,
         scans_beside_same_day_replaces_never_skip_a_group,
+        every_lost_piece_answers_the_truth_or_corrupt_at_a_fixed_clock,
     );
 }
 

@@ -192,6 +192,9 @@ impl UserState {
         mailbox.expire_physically(now);
         mailbox.check_format()?;
         if mailbox.meta.is_none() {
+            // SPEC 7.3: keys of the mailbox without its meta are what is left of a lost meta,
+            // never an empty mailbox.
+            mailbox.check_meta_not_lost()?;
             return Ok(None);
         }
         mailbox.promote(now)?;
@@ -236,6 +239,7 @@ impl UserState {
         mailbox.expire_physically(now);
         mailbox.check_format()?;
         if mailbox.meta.is_none() {
+            mailbox.check_meta_not_lost()?;
             return Ok(PromoteOutcome::default());
         }
         let expired_days = mailbox.promote(now)?;
@@ -350,7 +354,10 @@ impl UserState {
                 .map(|p| p.max_seq.take().is_some())
                 .unwrap_or(false),
             // Each identity carries its own expiry here; there is no key TTL to lose.
-            Corruption::LoseIdentityTtl | Corruption::LoseDayEvents(_) => false,
+            Corruption::LoseIdentityTtl
+            | Corruption::LoseDayEvents(_)
+            | Corruption::LoseEpochKey
+            | Corruption::LoseDaySet => false,
         }
     }
 }

@@ -277,6 +277,14 @@ impl ScyllaStore {
         //    write, and only its own identities after).
         let proves_live_groups = d.meta.exists() && d.meta.proves_live_groups(now);
         let starting = d.moving && !d.wrote;
+        if identity.is_some() && !starting && !d.meta.exists() {
+            // SPEC 7.3: an identity row without its meta is what is left of a lost meta; a
+            // replace over it would start the mailbox afresh.
+            return Ok(retry_or_block(
+                d.read,
+                StoreError::corrupt(crate::model::error::CorruptKind::MetaLost),
+            ));
+        }
         if identity.is_none() && !starting && (!d.meta.exists() || proves_live_groups) {
             let mut present = !d.written.is_empty() || d.snapshot_identity(seq - 1).is_some();
             if !present && !d.moving {

@@ -35,7 +35,10 @@ impl ScyllaStore {
         let mut meta = current.meta.clone();
         meta.check_format()?;
         if !meta.exists() {
-            return Ok(Attempt::Done(Ok(PromoteOutcome::default())));
+            // SPEC 7.3: the live slot holds this epoch without its meta: the meta was lost.
+            return Err(StoreError::corrupt(
+                crate::model::error::CorruptKind::MetaLost,
+            ));
         }
         let promoted = meta.promote(now)?;
         if !promoted.is_empty() {

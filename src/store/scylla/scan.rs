@@ -41,13 +41,49 @@ fn view(snapshot: &Snapshot, epoch: u32, reverse: bool) -> Result<Option<View>, 
     }
     current.meta.check_format()?;
     if !current.meta.exists() {
-        return Ok(None);
+        // SPEC 7.3: the slot's epoch and its meta are written together; an epoch that matched
+        // without its meta lost it, and an empty page would say the mailbox is empty.
+        return Err(StoreError::corrupt(CorruptKind::MetaLost));
     }
     Ok(Some(View {
         slot,
         generation: current.generation.unwrap_or(0),
         meta: current.meta.clone(),
     }))
+}
+
+/// SPEC 7.3: the highest seq of every live day (its proof) at or above the trim is a live group
+/// with an identity row. A page that reached past such a seq without reading it lost its identity
+/// rows (deleted, not restored), and must not claim coverage over it. Costs no query: it checks
+/// the page against the meta both were read with.
+fn check_live_days_read(
+    meta: &Meta,
+    request: &ScanRequest,
+    groups: &[ScannedGroup],
+    more_than_limit: bool,
+    now: u64,
+) -> Result<(), StoreError> {
+    let reached = if more_than_limit {
+        groups.last().map_or(request.after_seq, |g| g.mailbox_seq)
+    } else {
+        request.until_seq.unwrap_or(u64::MAX)
+    };
+    for (day, expires_at) in &meta.days {
+        if *expires_at <= now.saturating_add(EXPIRY_MARGIN_SECS) {
+            continue;
+        }
+        let Some(max_seq) = meta.proof_max_seq.get(day).copied() else {
+            continue;
+        };
+        let in_page = max_seq > request.after_seq && max_seq <= reached;
+        if in_page
+            && max_seq >= meta.user_trim_seq
+            && !groups.iter().any(|g| g.mailbox_seq == max_seq)
+        {
+            return Err(StoreError::corrupt(CorruptKind::IndexLost));
+        }
+    }
+    Ok(())
 }
 
 impl ScyllaStore {
@@ -149,6 +185,7 @@ impl ScyllaStore {
         }
         check.meta.check_cursor(request.after_seq)?;
 
+        check_live_days_read(&read.meta, request, &groups, more_than_limit, now)?;
         let up_to = rules::page_up_to(
             request.after_seq,
             request.until_seq,

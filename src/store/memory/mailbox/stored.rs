@@ -38,6 +38,21 @@ pub(super) struct Mailbox {
     pub(super) promoted: u64,
 }
 
+impl Mailbox {
+    /// SPEC 7.3: the meta and the other keys of a mailbox are written together; an identity
+    /// index, a day set or a bucket without the meta is what is left of a lost meta.
+    pub(super) fn check_meta_not_lost(&self) -> Result<(), crate::model::StoreError> {
+        let leftovers =
+            self.identity.is_some() || !self.day_set.is_empty() || !self.buckets.is_empty();
+        if self.meta.is_none() && leftovers {
+            return Err(crate::model::StoreError::corrupt(
+                crate::model::CorruptKind::MetaLost,
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The V4 meta hash.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Meta {
