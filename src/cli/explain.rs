@@ -134,7 +134,16 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
                 .await;
             let mut corrupt: Option<String> = None;
             let inspection = match inspection {
-                Ok(i) => serde_json::to_value(&i).unwrap_or(Value::Null),
+                Ok(i) => {
+                    // SPEC 7.3: a piece lost that a scan does not read (the identity index of a
+                    // Redis mailbox) is damage all the same.
+                    if let Some(missing) = i.missing_piece(crate::wall_clock::now_ms() / 1000) {
+                        corrupt = Some(format!(
+                            "bad_proof: a piece of the mailbox is lost: {missing}"
+                        ));
+                    }
+                    serde_json::to_value(&i).unwrap_or(Value::Null)
+                }
                 Err(e) => {
                     if e.outcome() == "corrupt" {
                         corrupt = Some(format!("{}: {e}", e.kind()));
@@ -384,6 +393,9 @@ fn print_screen(report: &Value) {
                 b["detail"].as_str().unwrap_or_default()
             );
         }
+    }
+    if let Some(damage) = report["corrupt"].as_str() {
+        println!("  damaged:   {damage}");
     }
     match report["fix"].as_str() {
         Some(wait) if wait.starts_with("wait:") => println!("{wait}"),

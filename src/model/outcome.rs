@@ -146,6 +146,34 @@ pub struct MailboxInspection {
     pub identity_index_present: bool,
 }
 
+impl MailboxInspection {
+    /// SPEC 7.3: a piece of the mailbox lost, as its own metadata shows at `now` (seconds): the
+    /// pieces are written together, so one without the others was lost. `explain` names it
+    /// (a scan of a Redis mailbox reads the day buckets, not the identity index, so it reads
+    /// fine while the index is gone, and every later append of a new seq refuses).
+    pub fn missing_piece(&self, now: u64) -> Option<String> {
+        let meta = self.format_version.is_some();
+        if meta && self.current_epoch.is_none() {
+            return Some("the epoch key is missing although the mailbox's meta exists".to_owned());
+        }
+        if !meta && self.identity_index_present {
+            return Some("the meta is missing although the identity index exists".to_owned());
+        }
+        let live_groups = self.active_days.iter().any(|(_, day)| {
+            day.expires_at > now
+                && day.max_seq >= self.user_trim_seq
+                && day.max_seq > self.expired_gap_boundary
+        });
+        if meta && !self.identity_index_present && live_groups {
+            return Some(format!(
+                "the identity index is missing although the meta proves live groups up to seq {}",
+                self.seqbucket_max_seq
+            ));
+        }
+        None
+    }
+}
+
 /// The final, successful outcome of one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryOutcome {

@@ -327,3 +327,47 @@ fn rediss_verifies_the_server_certificate() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SPEC 7.3 / issue of `explain`: a Redis mailbox whose identity index was deleted still scans
+/// (a scan reads the day buckets), so `explain` judged it by the scan alone and said "nothing to
+/// do", exit 0. It now names the lost piece from the store's own metadata, prints the repair and
+/// exits 3; the day set deleted, the scan itself answers corrupt and `explain` says so too.
+#[test]
+fn explain_names_a_mailbox_with_a_lost_piece_as_damaged_with_the_repair() {
+    let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let url = server.url();
+    let now = now_ms();
+    let input = [
+        dispatch(1, now),
+        dispatch(2, now),
+        dispatch(3, now - 86_400_000),
+    ]
+    .join("\n");
+    let out = run(&url, &["apply", "-"], Some(&input));
+    assert_eq!(out.status.code(), Some(0));
+
+    let healthy = run(&url, &["explain", "--user", "u-17"], None);
+    assert_eq!(healthy.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&healthy.stdout).contains("nothing to do"));
+
+    assert!(server.raw("DEL mm:mbseqbucket:{u-17}:3").contains(":1"));
+    let damaged = run(&url, &["explain", "--user", "u-17"], None);
+    let text = String::from_utf8_lossy(&damaged.stdout);
+    assert_eq!(damaged.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("the identity index is missing although the meta proves live groups"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fix: ") && text.contains("--reset-mailboxes"),
+        "{text}"
+    );
+    assert!(!text.contains("nothing to do"), "{text}");
+
+    assert!(server.raw("DEL mm:mbdays:{u-17}:3").contains(":1"));
+    let damaged = run(&url, &["explain", "--user", "u-17", "--json"], None);
+    let report: Value = serde_json::from_slice(&damaged.stdout).expect("one JSON object");
+    assert_eq!(damaged.status.code(), Some(3));
+    assert_eq!(report["verdict"], "corrupt", "{report}");
+    assert_eq!(report["readable"]["readable"], false, "{report}");
+}
