@@ -195,6 +195,11 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         Ok(opened) => opened,
         Err(code) => return code,
     };
+    if let Some(redis) = opened.redis() {
+        if let Some(warning) = redis.unreplicated_writes_warning().await {
+            tracing::warn!("{warning}");
+        }
+    }
     let masters_watch = opened.redis().map(|redis| {
         crate::daemon::health::watch_redis_masters(
             redis.clone(),

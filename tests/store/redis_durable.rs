@@ -274,3 +274,28 @@ async fn error_classes_do_not_depend_on_wait_replicas() {
         );
     }
 }
+
+/// SPEC 7.3: a master with a replica while no write waits for it is named (the daemon logs the
+/// warning at start); with `wait_replicas` set, or without a replica, there is nothing to say.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_master_with_replicas_and_no_wait_is_named_in_a_warning() {
+    let (master, _replica) = master_and_replica().await;
+    let warning = store(&master, 0)
+        .await
+        .unreplicated_writes_warning()
+        .await
+        .expect("a warning");
+    assert!(
+        warning.contains("(1 replica(s))") && warning.contains("wait_replicas = 0"),
+        "{warning}"
+    );
+    assert_eq!(
+        store(&master, 1).await.unreplicated_writes_warning().await,
+        None
+    );
+    let alone = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
+    assert_eq!(
+        store(&alone, 0).await.unreplicated_writes_warning().await,
+        None
+    );
+}

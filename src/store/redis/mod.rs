@@ -33,6 +33,7 @@ pub mod keys;
 pub mod open_slots;
 mod patrol;
 mod repair;
+pub mod replication;
 mod scan;
 mod slot_router;
 pub use slot_router::REDIRECT_KINDS;
