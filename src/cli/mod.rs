@@ -37,7 +37,12 @@ pub(crate) const EXIT_CORRUPT: u8 = 3;
 
 /// Materializes a dispatch log into per-user mailboxes.
 #[derive(Debug, Parser)]
-#[command(name = "materializer", version, about, long_about = None)]
+#[command(
+    name = "materializer",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("MATERIALIZER_REVISION"), ")"),
+    about,
+    long_about = None
+)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,

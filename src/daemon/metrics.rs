@@ -133,6 +133,8 @@ pub(crate) const OTHER_FIELD: &str = "other";
 
 /// The version label of `build_info`.
 pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The revision label of `build_info`: the source revision the binary was built from (`build.rs`).
+pub(crate) const REVISION: &str = env!("MATERIALIZER_REVISION");
 
 static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
 
@@ -399,11 +401,11 @@ pub fn handle() -> Option<MetricsHandle> {
     HANDLE.get().cloned()
 }
 
-/// Names the configured store backend: sets `build_info{version,backend}` to 1 and exports
+/// Names the configured store backend: sets `build_info{version,revision,backend}` to 1 and exports
 /// `store_errors_total{backend,kind}` at 0 for every error kind. Call once the configuration is
 /// known, before the store is first reached (a store that is down still shows what runs).
 pub fn backend(backend: &'static str) {
-    gauge!(BUILD_INFO, "version" => VERSION, "backend" => backend).set(1.0);
+    gauge!(BUILD_INFO, "version" => VERSION, "revision" => REVISION, "backend" => backend).set(1.0);
     for kind in STORE_ERROR_KINDS {
         counter!(STORE_ERRORS_TOTAL, "backend" => backend, "kind" => *kind).absolute(0);
     }

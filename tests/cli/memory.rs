@@ -492,3 +492,21 @@ fn check_config_masks_every_secret_property() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SPEC 8.2: `--version` names the version and the source revision the binary was built from
+/// (the same revision `materializer_build_info{revision}` carries).
+#[test]
+fn version_names_the_version_and_the_source_revision() {
+    let out = support::cli::run_materializer(&["--version"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(
+        text,
+        format!(
+            "materializer {} (revision {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("MATERIALIZER_REVISION")
+        )
+    );
+    assert_ne!(env!("MATERIALIZER_REVISION"), "", "{text}");
+}

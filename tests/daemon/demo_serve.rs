@@ -80,8 +80,9 @@ fn demo_serve_keeps_the_printed_address_alive_with_a_valid_scrape() {
     let metrics = Metrics::parse(&body);
     assert_eq!(
         metrics.get(&format!(
-            "materializer_build_info{{version=\"{}\",backend=\"memory\"}}",
-            env!("CARGO_PKG_VERSION")
+            "materializer_build_info{{version=\"{}\",revision=\"{}\",backend=\"memory\"}}",
+            env!("CARGO_PKG_VERSION"),
+            env!("MATERIALIZER_REVISION")
         )),
         1.0,
         "{body}"

@@ -16,7 +16,7 @@ fn exported_series_follow_the_lifecycle_of_spec_9() {
     // Build info and counters at 0 from the start.
     assert!(
         text.contains(&format!(
-            "materializer_build_info{{version=\"{VERSION}\",backend=\"memory\"}} 1"
+            "materializer_build_info{{version=\"{VERSION}\",revision=\"{REVISION}\",backend=\"memory\"}} 1"
         )),
         "{text}"
     );
