@@ -212,7 +212,7 @@ tolerations:
     secretKeyRef:
       name: {{ $secret }}
       key: {{ .key }}
-      optional: true
+      optional: {{ $.Values.secret.optional | default false }}
 {{- end }}
 {{- end -}}
 
