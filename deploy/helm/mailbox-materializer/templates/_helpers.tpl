@@ -1,14 +1,25 @@
-{{/* Name of the chart's objects: the release name, or release-chart when they differ. */}}
+{{/* The chart's name, or nameOverride. */}}
+{{- define "mm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Name of the chart's objects: fullnameOverride, else the release name, or release-name when
+they differ. */}}
 {{- define "mm.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "mm.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "mm.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "mm.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -22,6 +33,9 @@ app.kubernetes.io/component: materializer
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -55,12 +69,16 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end }}
 {{- end -}}
 
-{{/* repository@digest when a digest is given, repository:tag otherwise. */}}
+{{/* [registry/]repository@digest when a digest is given, [registry/]repository:tag otherwise;
+the registry is image.registry, else global.imageRegistry. */}}
 {{- define "mm.image" -}}
+{{- $registry := default (.Values.global).imageRegistry .Values.image.registry -}}
+{{- $repository := .Values.image.repository -}}
+{{- if $registry -}}{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository -}}{{- end -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
 
