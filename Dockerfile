@@ -10,16 +10,24 @@
 #                  one where no registry is reachable)
 #   BINARY_SOURCE  build (default: compile here) or prebuilt (take dist/materializer from the
 #                  build context: a release binary built and tested outside, already stripped)
+#   REVISION       the source revision (git rev-parse --short=12 HEAD): `materializer --version`,
+#                  materializer_build_info{revision} and the image's OCI revision label
+#   VERSION        the crate's version, for the image's OCI version label
 
 ARG RUNTIME_BASE=debian:bookworm-slim
 ARG BINARY_SOURCE=build
+ARG REVISION=unknown
+ARG VERSION=unknown
 
 FROM rust:1.88-slim-bookworm AS build
 WORKDIR /src
 RUN apt-get update \
  && apt-get install -y --no-install-recommends pkg-config libssl-dev cmake make g++ perl \
  && rm -rf /var/lib/apt/lists/*
-COPY Cargo.toml Cargo.lock ./
+ARG REVISION
+# build.rs names the revision from MATERIALIZER_REVISION: the build context has no .git.
+ENV MATERIALIZER_REVISION=${REVISION}
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY lua ./lua
 COPY benches ./benches
@@ -36,6 +44,13 @@ COPY dist/materializer /out/materializer
 FROM ${BINARY_SOURCE} AS binary
 
 FROM ${RUNTIME_BASE} AS runtime
+ARG REVISION
+ARG VERSION
+LABEL org.opencontainers.image.title="mailbox-materializer" \
+      org.opencontainers.image.source="https://github.com/example/mailbox-materializer" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.version="${VERSION}"
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libssl3 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
