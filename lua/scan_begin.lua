@@ -19,8 +19,9 @@
   is empty): a page must never claim coverage of groups that were not read. A lost bucket is
   found by scan_end.lua, among the days whose read came back empty.
 
-  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set, HGET of
-  the meta's day count (SPEC 7.3: a lost day set is found before a page claims coverage).
+  Commands on the common path: GET, one HMGET of the meta, TIME, ZRANGE of the day set, HMGET of
+  the meta's range (SPEC 7.3: a lost day set is found before a page claims coverage; none when
+  promote read it already).
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local current = redis.call('GET', epoch_key)
@@ -40,11 +41,9 @@ local now = answer
 local days = redis.call('ZRANGE', days_key, 0, -1)
 -- SPEC 7.3: the day set must hold what the meta counts, or the page would claim coverage of
 -- days it never looked at (a lost or partly restored set).
-local counted = tonumber(redis.call('HGET', meta_key, 'active_day_count')) or 0
-if counted ~= #days then
-  return {ERR_BAD_PROOF, 'the day set holds ' .. #days .. ' day(s) although the meta counts ' ..
-    counted .. ' (evicted, deleted or not restored)'}
-end
+load_range(m)
+local lost_days = day_set_lost(m, days_key, #days)
+if lost_days then return lost_days end
 if #days == 0 then
   -- An empty day set is the rare path (a mailbox without live days): make sure the meta proves
   -- no live day either, or the page would claim coverage up to seqbucket_max_seq of groups it

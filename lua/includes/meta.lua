@@ -104,11 +104,13 @@ local function epoch_lost(current, wanted, m)
 end
 
 -- The day set's size against the meta's `active_day_count` (`m` with its range loaded): the
--- error reply when they disagree.
-local function day_set_lost(m, days_key)
-  if not m.exists then return nil end
+-- error reply when they disagree. `held` is the set's size when the caller has read the set
+-- already (a scan), else it is asked (ZCARD), once per `m`.
+local function day_set_lost(m, days_key, held)
+  if not m.exists or (m.days_checked and not held) then return nil end
+  m.days_checked = true
   local counted = tonumber(m.day_count) or 0
-  local held = redis.call('ZCARD', days_key)
+  held = held or redis.call('ZCARD', days_key)
   if held ~= counted then
     return {-14 --[[bad_proof]], 'the day set holds ' .. held .. ' day(s) although the meta ' ..
       'counts ' .. counted .. ' (evicted, deleted or not restored)'}
