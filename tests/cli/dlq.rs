@@ -180,37 +180,30 @@ fn wrong_arguments_are_refused_before_anything_is_read() {
     assert_eq!(out.status.code(), Some(2), "redrive takes no --limit");
 }
 
-/// A truncated letter (an excerpt: the record is re-read from its source) whose source cannot be
-/// read — its topic is gone for now — stops the re-drive with exit 2 and commits nothing past
-/// it; once the source is back, a rerun re-drives it, and a third run finds nothing.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_unreadable_truncated_letter_is_never_committed_past() {
+/// The letter a daemon writes for a record too large to carry whole: the first 20 bytes of
+/// `record` as an excerpt, and the coordinates of its source (partition 0, offset 0 of the
+/// setup's topic), with the source's log when `source_log` names one.
+async fn produce_truncated_letter(setup: &DaemonSetup, record: &str, source_log: Option<&str>) {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
-    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
-    let setup = DaemonSetup::new("dlq-unreadable", Some(redis.url()));
-    create_topic(&setup.dlq_topic, 1).await;
-    let record = numbered_dispatches(&unique("src"), 1, now_ms());
-    let record = record.lines().next().expect("one record").to_owned();
-
-    // The letter a daemon writes for a record too large to carry whole: an excerpt, and the
-    // source's coordinates. The source topic does not exist yet.
     let producer: FutureProducer = rdkafka::config::ClientConfig::new()
         .set("bootstrap.servers", support::kafka::bootstrap())
         .create()
         .expect("producer");
-    let headers = [
+    let mut headers = vec![
         ("error_outcome", "rejected"),
         ("error_kind", "future_created_at"),
         ("error_detail", "created_at beyond the future window"),
         ("source_topic", setup.topic.as_str()),
         ("source_partition", "0"),
         ("source_offset", "0"),
-        ("dlq_truncated", "true"),
-    ]
-    .iter()
-    .fold(OwnedHeaders::new(), |h, (key, value)| {
+    ];
+    if let Some(log) = source_log {
+        headers.push(("source_log", log));
+    }
+    headers.push(("dlq_truncated", "true"));
+    let headers = headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
         h.insert(Header {
             key,
             value: Some(*value),
@@ -227,6 +220,22 @@ async fn an_unreadable_truncated_letter_is_never_committed_past() {
         .await
         .map_err(|(e, _)| e)
         .expect("letter produced");
+}
+
+/// A truncated letter (an excerpt: the record is re-read from its source) whose source cannot be
+/// read — its topic is gone for now — stops the re-drive with exit 2 and commits nothing past
+/// it; once the source is back, a rerun re-drives it, and a third run finds nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_truncated_letter_is_never_committed_past() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("dlq-unreadable", Some(redis.url()));
+    create_topic(&setup.dlq_topic, 1).await;
+    let record = numbered_dispatches(&unique("src"), 1, now_ms());
+    let record = record.lines().next().expect("one record").to_owned();
+
+    // The letter a daemon writes for a record too large to carry whole: an excerpt, and the
+    // source's coordinates. The source topic does not exist yet.
+    produce_truncated_letter(&setup, &record, None).await;
 
     let config = setup.config_file(free_port());
     let group = format!("{}-dlq-redrive-all", setup.group);
@@ -265,8 +274,6 @@ async fn an_unreadable_truncated_letter_is_never_committed_past() {
 async fn a_letter_from_a_recreated_topic_is_source_gone_never_an_unrelated_record() {
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;
-    use rdkafka::message::{Header, OwnedHeaders};
-    use rdkafka::producer::{FutureProducer, FutureRecord};
 
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("dlq-recreated", Some(redis.url()));
@@ -296,38 +303,7 @@ async fn a_letter_from_a_recreated_topic_is_source_gone_never_an_unrelated_recor
         .to_owned();
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 
-    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", support::kafka::bootstrap())
-        .create()
-        .expect("producer");
-    let headers = [
-        ("error_outcome", "rejected"),
-        ("error_kind", "future_created_at"),
-        ("error_detail", "created_at beyond the future window"),
-        ("source_topic", setup.topic.as_str()),
-        ("source_partition", "0"),
-        ("source_offset", "0"),
-        ("source_log", old_log.as_str()),
-        ("dlq_truncated", "true"),
-    ]
-    .iter()
-    .fold(OwnedHeaders::new(), |h, (key, value)| {
-        h.insert(Header {
-            key,
-            value: Some(*value),
-        })
-    });
-    producer
-        .send(
-            FutureRecord::<(), _>::to(&setup.dlq_topic)
-                .partition(0)
-                .payload(&original.as_bytes()[..20])
-                .headers(headers),
-            Duration::from_secs(30),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .expect("letter produced");
+    produce_truncated_letter(&setup, &original, Some(&old_log)).await;
 
     // The topic is deleted and recreated under the same name; offset 0 is another record now.
     let admin: AdminClient<DefaultClientContext> = rdkafka::config::ClientConfig::new()
