@@ -239,17 +239,14 @@ impl Held {
     /// consumer delivers again after a seek); false for a later record fetched before the seek
     /// took effect (dropped: the seek brings it again).
     fn hold(&mut self, partition: i32, offset: i64, why: Why) -> bool {
-        match self.at.get(&partition) {
-            Some((first, _)) if offset > *first => false,
-            Some((_, Why::Lost)) => {
-                self.at.insert(partition, (offset, Why::Lost));
-                true
-            }
-            _ => {
-                self.at.insert(partition, (offset, why));
-                true
-            }
-        }
+        let why = match self.at.get(&partition) {
+            Some((first, _)) if offset > *first => return false,
+            // A hold for lost records outlasts one for the identity: only an operator lifts it.
+            Some((_, Why::Lost)) => Why::Lost,
+            _ => why,
+        };
+        self.at.insert(partition, (offset, why));
+        true
     }
 
     /// Why `partition` waits, if it does.
@@ -403,14 +400,24 @@ fn release_accepted(
     }
 }
 
-/// Seeks `partition` back to `offset` (a held record, read again later).
-fn seek_back(consumer: &BaseConsumer<DaemonContext>, partition: i32, offset: i64) {
-    if let Err(e) = consumer.seek(
+/// Seeks `partition` to `offset`: librdkafka drops what it fetched before, so the partition's
+/// next record is the one at `offset` (a re-read, a held record).
+fn seek(
+    consumer: &BaseConsumer<DaemonContext>,
+    partition: i32,
+    offset: i64,
+) -> Result<(), KafkaError> {
+    consumer.seek(
         consumer.context().topic(),
         partition,
         Offset::Offset(offset),
         Duration::from_secs(10),
-    ) {
+    )
+}
+
+/// Seeks `partition` back to `offset` (a held record, read again later).
+fn seek_back(consumer: &BaseConsumer<DaemonContext>, partition: i32, offset: i64) {
+    if let Err(e) = seek(consumer, partition, offset) {
         tracing::warn!(partition, offset, error = %e, "a held record's partition could not be sought back");
     }
 }
@@ -488,12 +495,7 @@ fn poll_loop(
                 held.forget(&[partition]);
             }
             continuity.reread(partition, offset);
-            let ok = match consumer.seek(
-                consumer.context().topic(),
-                partition,
-                Offset::Offset(offset),
-                Duration::from_secs(10),
-            ) {
+            let ok = match seek(consumer, partition, offset) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::error!(partition, offset, error = %e, "the partition could not be read again from the offset");
