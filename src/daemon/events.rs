@@ -99,6 +99,58 @@ impl Event for RecordsLost {
     }
 }
 
+/// A partition new to the group (the topic grew) waits: its records apply only once each older
+/// partition is consumed past the offsets in `ends`, the records written before its first one
+/// (SPEC 7.2).
+pub(crate) struct PartitionGrowthWait {
+    pub partition: i32,
+    pub ends: std::collections::BTreeMap<i32, i64>,
+}
+
+impl Event for PartitionGrowthWait {
+    fn emit(self) {
+        metrics::partition_growth_waiting(self.partition, true);
+        tracing::info!(
+            partition = self.partition,
+            older = ?self.ends,
+            "partition {} is new to the group (the topic grew): its records wait until the older partitions are consumed past {:?}, the records written before its first one, so a user's older records apply first",
+            self.partition,
+            self.ends,
+        );
+    }
+}
+
+/// Waiting partitions left this replica (revoked): their gauges go to 0 here; the next owner
+/// waits on its own.
+pub(crate) struct PartitionGrowthLeft<'a>(pub &'a [i32]);
+
+impl Event for PartitionGrowthLeft<'_> {
+    fn emit(self) {
+        for partition in self.0 {
+            metrics::partition_growth_waiting(*partition, false);
+        }
+    }
+}
+
+/// A grown partition's wait ended: its records flow.
+pub(crate) struct PartitionGrowthDone {
+    pub partition: i32,
+    pub waited: Duration,
+}
+
+impl Event for PartitionGrowthDone {
+    fn emit(self) {
+        metrics::partition_growth_waiting(self.partition, false);
+        tracing::info!(
+            partition = self.partition,
+            waited_ms = u64::try_from(self.waited.as_millis()).unwrap_or(u64::MAX),
+            "partition {}'s older partitions are consumed past the records written before it: its records flow (waited {:?})",
+            self.partition,
+            self.waited,
+        );
+    }
+}
+
 /// An operator accepted a held loss: the partition carries on from `from`.
 pub(crate) struct RecordsLostAccepted {
     pub partition: i32,

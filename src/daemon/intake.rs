@@ -29,7 +29,7 @@
 //! [`IDENTITY_RETRY`] meanwhile, and the partition's position is not reported, so nothing past
 //! the held record is committed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,9 +40,13 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::events::{Event, RecordsLost, RecordsLostAccepted, UnknownFields};
+use super::events::{
+    Event, PartitionGrowthDone, PartitionGrowthLeft, PartitionGrowthWait, RecordsLost,
+    RecordsLostAccepted, UnknownFields,
+};
 use super::kafka::{DaemonContext, GroupEvent};
 use super::log_identity;
+use super::partition_growth::{self, Gates};
 use super::records_lost::{Continuity, Loss};
 use crate::config::OnRecordsLost;
 use crate::ingest::{decode, DecodeError, DecodeOptions, DispatchRecord};
@@ -117,11 +121,14 @@ impl Intake {
     /// Starts polling `consumer`; events arrive on the returned receiver.
     /// `known`: the log's identity when the caller knows it in advance (the demo's mock
     /// cluster, which answers no DescribeTopics); otherwise it is read on each assignment.
+    /// `order_growth`: partitions new to the group wait for the older ones' commits
+    /// (`partition_growth`); off when nothing is committed (the memory store).
     pub(crate) fn start(
         consumer: Arc<BaseConsumer<DaemonContext>>,
         options: DecodeOptions,
         known: Option<LogId>,
         on_records_lost: OnRecordsLost,
+        order_growth: bool,
     ) -> std::io::Result<(Self, mpsc::Receiver<IntakeEvent>)> {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
@@ -130,7 +137,13 @@ impl Intake {
             .spawn({
                 let stop = stop.clone();
                 move || {
-                    poll_loop(&consumer, &tx, &stop, &options, known, on_records_lost);
+                    poll_loop(
+                        &consumer,
+                        &tx,
+                        &stop,
+                        &options,
+                        (known, on_records_lost, order_growth),
+                    );
                     consumer.context().health().liveness.poll_stopped();
                 }
             })?;
@@ -224,6 +237,21 @@ enum Why {
     /// The log deleted records before they were read, and `kafka.on_records_lost = "hold"`:
     /// the partition waits (paused) until an operator accepts the loss.
     Lost,
+    /// The partition appeared with a growth of the topic: it waits (paused) until the older
+    /// partitions are consumed past the records written before it (`partition_growth`).
+    Growth,
+}
+
+impl Why {
+    /// Which of two holds of one partition stays: one only an operator lifts outlasts one that
+    /// lifts itself once the older partitions are consumed, which outlasts an identity hold.
+    fn rank(self) -> u8 {
+        match self {
+            Why::Identity => 0,
+            Why::Growth => 1,
+            Why::Lost => 2,
+        }
+    }
 }
 
 /// Partitions whose records wait: each at the offset of its first record not handed over, which
@@ -241,8 +269,7 @@ impl Held {
     fn hold(&mut self, partition: i32, offset: i64, why: Why) -> bool {
         let why = match self.at.get(&partition) {
             Some((first, _)) if offset > *first => return false,
-            // A hold for lost records outlasts one for the identity: only an operator lifts it.
-            Some((_, Why::Lost)) => Why::Lost,
+            Some((_, held)) if held.rank() > why.rank() => *held,
             _ => why,
         };
         self.at.insert(partition, (offset, why));
@@ -300,7 +327,8 @@ fn release(
     }
 }
 
-/// Pauses or resumes `partition` at the consumer (a hold for lost records, see [`Why::Lost`]).
+/// Pauses or resumes `partition` at the consumer (a hold for lost records or a growth, see
+/// [`Why`]).
 fn set_paused(consumer: &BaseConsumer<DaemonContext>, partition: i32, paused: bool) {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(consumer.context().topic(), partition);
@@ -310,7 +338,7 @@ fn set_paused(consumer: &BaseConsumer<DaemonContext>, partition: i32, paused: bo
         consumer.resume(&tpl)
     };
     if let Err(e) = result {
-        tracing::warn!(partition, paused, error = %e, "a partition held for lost records could not be paused or resumed");
+        tracing::warn!(partition, paused, error = %e, "a held partition could not be paused or resumed");
     }
 }
 
@@ -340,6 +368,145 @@ fn committed_offsets(
         Err(e) => {
             tracing::warn!(error = %e, "the committed offsets of the assigned partitions could not be read: records lost before the first record read are not detected this time");
             HashMap::new()
+        }
+    }
+}
+
+/// How far the group consumed each of `partitions` (`partition_growth`): its committed offset.
+/// `None` when the group's offsets could not be read.
+fn group_progress(
+    consumer: &BaseConsumer<DaemonContext>,
+    partitions: &[i32],
+) -> Option<BTreeMap<i32, i64>> {
+    let committed = committed_offsets(consumer, partitions);
+    if committed.is_empty() && !partitions.is_empty() {
+        return None;
+    }
+    Some(
+        committed
+            .into_iter()
+            .filter_map(|(p, offset)| offset.map(|o| (p, o)))
+            .collect(),
+    )
+}
+
+/// Where each of `partitions` stands at `timestamp` (ms): the first offset whose timestamp is at
+/// or after it, or the end offset when none is (every record there is older). Without a
+/// timestamp, the end offsets. `None` when one cannot be read.
+fn ends_at(
+    consumer: &BaseConsumer<DaemonContext>,
+    partitions: &[i32],
+    timestamp: Option<i64>,
+) -> Option<BTreeMap<i32, i64>> {
+    let topic = consumer.context().topic();
+    let mut at = BTreeMap::new();
+    if let Some(timestamp) = timestamp {
+        let mut tpl = TopicPartitionList::new();
+        for partition in partitions {
+            let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(timestamp));
+        }
+        match consumer.offsets_for_times(tpl, Duration::from_secs(5)) {
+            Ok(found) => {
+                for element in found.elements() {
+                    if let Offset::Offset(offset) = element.offset() {
+                        at.insert(element.partition(), offset);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the older partitions' offsets for a grown partition's first record could not be read: it waits on");
+                return None;
+            }
+        }
+    }
+    for partition in partitions {
+        if at.contains_key(partition) {
+            continue;
+        }
+        match consumer.fetch_watermarks(topic, *partition, Duration::from_secs(5)) {
+            Ok((_, high)) => {
+                at.insert(*partition, high);
+            }
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "an older partition's end offset could not be read: the grown partition waits on");
+                return None;
+            }
+        }
+    }
+    Some(at)
+}
+
+/// A record (at `offset`, written at `timestamp`) of a partition new to the group was polled:
+/// the partition is held there (paused, sought back), and its wait begins once the older
+/// partitions' offsets at that timestamp are read; it is checked at once.
+fn on_growth_record(
+    consumer: &BaseConsumer<DaemonContext>,
+    gates: &mut Gates,
+    held: &mut Held,
+    sent: &mut HashMap<i32, i64>,
+    (partition, offset, timestamp): (i32, i64, Option<i64>),
+) {
+    if held.hold(partition, offset, Why::Growth) {
+        set_paused(consumer, partition, true);
+        seek_back(consumer, partition, offset);
+    }
+    let Some(gate) = gates.gate(partition) else {
+        return;
+    };
+    if gate.ends.is_some() {
+        return;
+    }
+    let older = gate.older.clone();
+    if let Some(ends) = ends_at(consumer, &older, timestamp) {
+        gates.begin(partition, ends);
+        check_growth(consumer, gates, held, sent);
+    }
+}
+
+/// Reads the older partitions' progress for every grown partition whose check is due, and lets
+/// those whose older partitions all reached their ends flow from where they were held.
+fn check_growth(
+    consumer: &BaseConsumer<DaemonContext>,
+    gates: &mut Gates,
+    held: &mut Held,
+    sent: &mut HashMap<i32, i64>,
+) {
+    let due = gates.due();
+    if due.is_empty() {
+        return;
+    }
+    let mut older: Vec<i32> = due
+        .iter()
+        .flat_map(|(_, ends)| ends.keys().copied())
+        .collect();
+    older.sort_unstable();
+    older.dedup();
+    let Some(progress) = group_progress(consumer, &older) else {
+        return;
+    };
+    let health = consumer.context().health();
+    for (partition, ends) in due {
+        let short = partition_growth::short_of(&ends, &progress);
+        if !short.is_empty() {
+            if gates.announce(partition) {
+                PartitionGrowthWait {
+                    partition,
+                    ends: ends.clone(),
+                }
+                .emit();
+            }
+            health.growth_waiting(partition, short);
+            continue;
+        }
+        let (waited, named) = gates.release(partition).unwrap_or_default();
+        health.growth_done(&[partition]);
+        for (partition, offset) in held.release(Why::Growth, Some(&[partition])) {
+            sent.remove(&partition);
+            seek_back(consumer, partition, offset);
+            set_paused(consumer, partition, false);
+        }
+        if named {
+            PartitionGrowthDone { partition, waited }.emit();
         }
     }
 }
@@ -454,8 +621,7 @@ fn poll_loop(
     tx: &mpsc::Sender<IntakeEvent>,
     stop: &AtomicBool,
     options: &DecodeOptions,
-    known: Option<LogId>,
-    on_records_lost: OnRecordsLost,
+    (known, on_records_lost, order_growth): (Option<LogId>, OnRecordsLost, bool),
 ) {
     let mut identity = Identity {
         fixed: known.is_some(),
@@ -463,6 +629,7 @@ fn poll_loop(
         failed_at: None,
     };
     let mut held = Held::default();
+    let mut gates = Gates::default();
     let mut continuity = Continuity::default();
     let liveness = &consumer.context().health().liveness;
     // Every hand-over to the engine waits on it: that wait is the engine's to account for.
@@ -512,6 +679,7 @@ fn poll_loop(
                 return;
             }
         }
+        check_growth(consumer, &mut gates, &mut held, &mut sent);
         let polled = consumer.poll(timeout);
         // Rebalance events raised inside this poll come after the records polled before it.
         let group_events = consumer.context().take_group_events();
@@ -525,19 +693,46 @@ fn poll_loop(
             for event in &group_events {
                 match event {
                     GroupEvent::Revoked(partitions) => {
+                        let waiting: Vec<i32> = partitions
+                            .iter()
+                            .copied()
+                            .filter(|p| gates.waits(*p))
+                            .collect();
+                        PartitionGrowthLeft(&waiting).emit();
                         held.forget(partitions);
+                        gates.forget(partitions);
+                        consumer.context().health().growth_done(partitions);
                         continuity.forget(partitions);
                         consumer.context().health().records_lost_forget(partitions);
                     }
                     GroupEvent::Lost => {
                         let all: Vec<i32> = held.at.keys().copied().collect();
                         consumer.context().health().records_lost_forget(&all);
+                        let waiting: Vec<i32> = held.at.keys().copied().collect();
+                        consumer.context().health().growth_done(&waiting);
                         held.clear();
+                        gates.clear();
                         continuity.clear();
                     }
                     GroupEvent::Assigned(partitions, _) => {
-                        for (partition, committed) in committed_offsets(consumer, partitions) {
-                            continuity.assigned(partition, committed);
+                        let committed = committed_offsets(consumer, partitions);
+                        let mut assigned = Vec::with_capacity(partitions.len());
+                        for partition in partitions {
+                            let offset = committed.get(partition).copied().flatten();
+                            continuity.assigned(*partition, offset);
+                            assigned.push((*partition, offset));
+                        }
+                        // A partition this thread paused (a hold) and that came back: librdkafka
+                        // may keep an application's pause across a rebalance, and nothing here
+                        // holds it any more.
+                        for partition in partitions {
+                            set_paused(consumer, *partition, false);
+                        }
+                        if !order_growth {
+                            assigned.clear();
+                        }
+                        for (partition, older) in gates.assigned(&assigned) {
+                            tracing::debug!(partition, ?older, "a partition new to the group: its first records wait for the older partitions' records written before them");
                         }
                     }
                 }
@@ -563,6 +758,19 @@ fn poll_loop(
                     set_paused(consumer, message.partition(), true);
                     seek_back(consumer, message.partition(), message.offset());
                 }
+            }
+            Some(Ok(message)) if gates.waits(message.partition()) => {
+                on_growth_record(
+                    consumer,
+                    &mut gates,
+                    &mut held,
+                    &mut sent,
+                    (
+                        message.partition(),
+                        message.offset(),
+                        message.timestamp().to_millis(),
+                    ),
+                );
             }
             Some(Ok(message)) if identity.log.is_none() => {
                 // No identity: the record waits (see the module), and so does every later one

@@ -58,6 +58,7 @@ pub const TOPIC_PARTITIONS: &str = "materializer_topic_partitions";
 pub const SUBSCRIPTION_AVAILABLE: &str = "materializer_subscription_available";
 pub const RECORDS_LOST_TOTAL: &str = "materializer_records_lost_total";
 pub const PARTITION_HELD_LOST: &str = "materializer_partition_held_records_lost";
+pub const PARTITION_GROWTH_WAITING: &str = "materializer_partition_growth_waiting";
 
 /// Record outcomes (`records_total{outcome}`): every delivery final and written or a no-op
 /// (`applied`), some delivery rejected or conflicting so the record went to the dead-letter topic
@@ -313,6 +314,10 @@ fn describe() {
         PARTITION_HELD_LOST,
         "1 while a partition waits after records were lost (kafka.on_records_lost = hold) for an operator to accept the loss, 0 otherwise"
     );
+    describe_gauge!(
+        PARTITION_GROWTH_WAITING,
+        "1 while a partition that appeared with a growth of the dispatch topic waits for the older partitions to be consumed past the records written before it (SPEC 7.2), 0 otherwise"
+    );
     describe_counter!(
         CONSUMER_ERRORS_TOTAL,
         "Errors the Kafka consumer returned instead of a record, by librdkafka error code"
@@ -479,6 +484,12 @@ pub(crate) fn records_lost(partition: i32, reason: &'static str, count: u64) {
 pub(crate) fn partition_held_lost(partition: i32, held: bool) {
     gauge!(PARTITION_HELD_LOST, "partition" => partition.to_string())
         .set(f64::from(u8::from(held)));
+}
+
+/// Whether `partition` waits for older partitions after a growth of the topic.
+pub(crate) fn partition_growth_waiting(partition: i32, waiting: bool) {
+    gauge!(PARTITION_GROWTH_WAITING, "partition" => partition.to_string())
+        .set(f64::from(u8::from(waiting)));
 }
 
 pub(crate) fn consumer_error(code: &str) {

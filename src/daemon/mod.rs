@@ -59,6 +59,7 @@ pub(crate) mod log_identity;
 pub(crate) mod logging;
 pub mod memory_limit;
 pub mod metrics;
+pub(crate) mod partition_growth;
 pub(crate) mod records_lost;
 pub mod replay;
 pub mod tap;
@@ -174,6 +175,8 @@ pub async fn run(
         config.decode_options(),
         options.mock_log.clone(),
         config.kafka.on_records_lost,
+        // Without commits (the memory store) there is no committed offset to wait for.
+        options.commit_offsets,
     )?;
     let probes = health::spawn(
         store.clone(),

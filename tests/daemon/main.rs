@@ -10,6 +10,7 @@
 //! - `fleet`: SPEC 7.2, zombies fenced on every topology and three replicas per rebalance
 //!   protocol under churn.
 //! - `order`: per-mailbox source order under the batched core (the daemon in this process).
+//! - `partition_growth`: SPEC 7.2, a topic grown under a backlog never lets an older record win.
 //! - `scylla`: a CQL server stopped mid-stream, a repair while the daemon runs.
 //! - `dashboard_metrics`, `demo_serve`: every metric the dashboard and rules name is scraped live.
 //! - `kafka_codecs`, `unknown_fields`, `log_colour`: what real producers and log shippers see.
@@ -46,6 +47,7 @@ mod kafka_codecs;
 mod liveness;
 mod log_colour;
 mod order;
+mod partition_growth;
 mod records_lost;
 mod redis_full;
 mod scylla;

@@ -444,7 +444,9 @@ fn partition_rows(
 
 /// The WHY cell of a partition: offsets the log deleted before they were read (`lost 3`, `held:
 /// lost 3` while the partition waits for an operator, SPEC 7.3), then its first blocked mailbox
-/// (`index_lost hot @8`), and how many more.
+/// (`grown: waits for older partitions` while a partition that appeared with a growth of the
+/// topic waits, SPEC 7.2), then its first blocked mailbox (`index_lost hot @8`), and how many
+/// more.
 fn why(latest: &Scrape, partition: i32) -> String {
     let this = partition.to_string();
     let of_partition = |name: &str| -> f64 {
@@ -458,6 +460,9 @@ fn why(latest: &Scrape, partition: i32) -> String {
     if lost > 0.0 {
         let held = of_partition("materializer_partition_held_records_lost") > 0.0;
         parts.push(format!("{}lost {lost}", if held { "held: " } else { "" }));
+    }
+    if of_partition("materializer_partition_growth_waiting") > 0.0 {
+        parts.push("grown: waits for older partitions".to_owned());
     }
     let mut here = latest.blocked.iter().filter(|b| b.partition == partition);
     if let Some(first) = here.next() {
@@ -511,10 +516,12 @@ mod tests {
         latest.samples = parse(
             "materializer_records_lost_total{partition=\"1\",reason=\"committed_below_log_start\"} 3\n\
              materializer_records_lost_total{partition=\"2\",reason=\"offset_out_of_range\"} 4\n\
-             materializer_partition_held_records_lost{partition=\"2\"} 1\n",
+             materializer_partition_held_records_lost{partition=\"2\"} 1\n\
+             materializer_partition_growth_waiting{partition=\"3\"} 1\n",
         );
         assert_eq!(why(&latest, 1), "lost 3; index_lost a @3");
         assert_eq!(why(&latest, 2), "held: lost 4");
+        assert_eq!(why(&latest, 3), "grown: waits for older partitions");
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub struct Health {
     /// (`kafka.on_records_lost = "hold"`) fail readiness until an operator accepts the loss;
     /// the line names the last loss either way.
     records_lost: std::sync::Mutex<RecordsLostState>,
+    /// Partitions that appeared with a growth of the topic and wait for older ones (SPEC 7.2):
+    /// by partition, the older partitions still short of their ends `(partition, at, end)` and
+    /// since when. Ready meanwhile: the wait is the order, not a fault.
+    growth: std::sync::Mutex<std::collections::BTreeMap<i32, GrowthWait>>,
     /// Why the store did not open yet at start (unreachable, a missing grant, an incomplete
     /// schema): the `store:` line of `/readyz` until it opens.
     store_waiting: std::sync::Mutex<Option<String>>,
@@ -66,6 +70,13 @@ pub struct Health {
     pub(crate) liveness: super::liveness::Liveness,
     /// The live decisions `/debug/tap` streams.
     pub(crate) tap: super::tap::Tap,
+}
+
+/// A grown partition's wait, as `/readyz` shows it.
+#[derive(Debug, Clone)]
+struct GrowthWait {
+    short: Vec<(i32, i64, i64)>,
+    since: std::time::Instant,
 }
 
 /// What `/readyz` knows of records lost (see [`Health::records_lost_held`]).
@@ -272,6 +283,58 @@ impl Health {
         }
     }
 
+    fn growth(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<i32, GrowthWait>> {
+        self.growth.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `partition` waits for the older partitions in `short` (`(partition, at, end)`).
+    pub(crate) fn growth_waiting(&self, partition: i32, short: Vec<(i32, i64, i64)>) {
+        let mut growth = self.growth();
+        let since = growth
+            .get(&partition)
+            .map_or_else(std::time::Instant::now, |w| w.since);
+        growth.insert(partition, GrowthWait { short, since });
+    }
+
+    /// `partition` no longer waits (its wait ended, or it left this replica).
+    pub(crate) fn growth_done(&self, partitions: &[i32]) {
+        let mut growth = self.growth();
+        for partition in partitions {
+            growth.remove(partition);
+        }
+    }
+
+    /// The partitions waiting after a growth, for `/readyz`'s `partition growth:` line.
+    fn growth_line(&self) -> String {
+        let growth = self.growth();
+        if growth.is_empty() {
+            return "ok".to_owned();
+        }
+        let waits: Vec<String> = growth
+            .iter()
+            .map(|(p, wait)| {
+                let short: Vec<String> = wait
+                    .short
+                    .iter()
+                    .map(|(q, at, end)| format!("{q} (at {at} of {end})"))
+                    .collect();
+                format!(
+                    "partition {p} waits {}s for partitions {}",
+                    wait.since.elapsed().as_secs(),
+                    if short.is_empty() {
+                        "(reading their ends)".to_owned()
+                    } else {
+                        short.join(", ")
+                    }
+                )
+            })
+            .collect();
+        format!(
+            "ok, {}: the topic grew, and records written before the growth apply first",
+            waits.join("; ")
+        )
+    }
+
     fn records_lost_failing(&self) -> bool {
         !self.lost().held.is_empty()
     }
@@ -364,7 +427,7 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nstore memory: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\nblocked mailboxes: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore memory: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\npartition growth: {}\nblocked mailboxes: {}\ndead letters: {}\n",
             if self.store_ok() {
                 "ok".to_owned()
             } else {
@@ -383,6 +446,7 @@ impl Health {
             self.subscription.line(),
             word(!self.consumer_stalled.load(Ordering::Relaxed), "stalled"),
             self.records_lost_line(),
+            self.growth_line(),
             self.blocked.line(),
             word(
                 !self.dead_letters_failing.load(Ordering::Relaxed),

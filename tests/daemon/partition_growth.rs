@@ -1,0 +1,286 @@
+//! SPEC 7.2 "More partitions keep each user's order": the dispatch topic grows from 1 to 2
+//! partitions while partition 0 holds a backlog ending with user X's seq 1 = "old"; X's next
+//! record, a same-day replace of seq 1 = "new", lands on partition 1. Partition 1's one record
+//! must wait until partition 0 is consumed past the records written before it, so X reads
+//! "new". Without the wait partition 1's record is applied first and the backlog's older
+//! record over it: X reads "old" for ever, every outcome a success.
+
+use crate::support;
+
+use std::time::Duration;
+
+use mailbox_materializer::model::{MailboxId, ScanRequest, UserId};
+use mailbox_materializer::store::MailboxStore;
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use support::kafka::{
+    bootstrap, committed, create_topic, http_get, produce, wait_for, Daemon, DaemonSetup,
+};
+use support::redis_server::{Clock, Listen, RedisServer};
+use support::reference::{group_record, redis_store};
+
+const X: &str = "grown-x";
+
+/// Records of the backlog before X's "old" (other users, so partition 0 takes a while).
+const BACKLOG: usize = 20_000;
+
+async fn body_of_x(store: &dyn MailboxStore) -> Vec<String> {
+    let page = store
+        .range_scan(
+            &MailboxId::new(UserId::parse(X).expect("user"), 1),
+            ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 10,
+            },
+        )
+        .await
+        .expect("scan");
+    page.groups
+        .iter()
+        .flat_map(|g| g.events.iter().map(|e| e.payload.as_str().to_owned()))
+        .collect()
+}
+
+async fn grow(topic: &str, partitions: usize) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
+    let results = admin
+        .create_partitions(
+            &[NewPartitions::new(topic, partitions)],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+        )
+        .await
+        .expect("CreatePartitions");
+    for result in results {
+        result.expect("partitions added");
+    }
+}
+
+/// Partition 0's backlog: `BACKLOG` records of other users, then X's seq 1 = "old".
+fn backlog() -> Vec<(i32, Vec<u8>)> {
+    let mut records: Vec<(i32, Vec<u8>)> = (0..BACKLOG)
+        .map(|i| {
+            (
+                0,
+                group_record(&format!("other-{}", i % 500), 1 + (i / 500) as u64, "b"),
+            )
+        })
+        .collect();
+    records.push((0, group_record(X, 1, "old")));
+    records
+}
+
+fn assert_wait_named(daemon: &Daemon) {
+    let log = daemon.log();
+    assert!(
+        log.contains("partition 1 is new to the group (the topic grew)"),
+        "the wait is logged when it begins:\n{log}"
+    );
+    assert!(log.contains("its records flow"), "and when it ends:\n{log}");
+}
+
+/// The growth found at start: a group's first run over a topic that grew under its backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growth_found_at_start_applies_the_backlog_before_the_new_partition() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("growth-start", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &backlog()).await;
+    grow(&setup.topic, 2).await;
+    produce(&setup.topic, &[(1, group_record(X, 1, "new"))]).await;
+
+    let mut daemon = Daemon::start(&setup);
+    // While partition 0's backlog is consumed, partition 1 waits, ready, and says so.
+    wait_for(
+        "/readyz names the waiting partition",
+        Duration::from_secs(120),
+        || {
+            http_get(daemon.http_port, "/readyz").is_some_and(|(status, body)| {
+                status == 200 && body.contains("partition growth: ok, partition 1 waits")
+            })
+        },
+        || daemon.log(),
+    );
+    assert_eq!(
+        daemon
+            .metrics()
+            .get("materializer_partition_growth_waiting{partition=\"1\"}"),
+        1.0
+    );
+    let end = BACKLOG as i64 + 1;
+    wait_for(
+        "both partitions committed to their ends",
+        Duration::from_secs(240),
+        || committed(&setup.group, &setup.topic, 2) == vec![end, 1],
+        || daemon.log(),
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(
+        body_of_x(&store).await,
+        vec!["{\"body\":\"new\"}".to_owned()],
+        "the replace on the new partition is the last write of seq 1"
+    );
+    assert_wait_named(&daemon);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// The growth seen while running: the daemon consumed and committed partition 0, is frozen
+/// while the backlog, the growth and the replace arrive, and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growth_seen_while_running_keeps_the_users_order_and_is_visible_while_it_waits() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("growth-live", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &[(0, group_record("early", 1, "e"))]).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "the first record committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![1],
+        || daemon.log(),
+    );
+    daemon.freeze();
+    produce(&setup.topic, &backlog()).await;
+    grow(&setup.topic, 2).await;
+    produce(&setup.topic, &[(1, group_record(X, 1, "new"))]).await;
+    daemon.thaw();
+
+    let end = BACKLOG as i64 + 2;
+    wait_for(
+        "both partitions committed to their ends",
+        Duration::from_secs(240),
+        || committed(&setup.group, &setup.topic, 2) == vec![end, 1],
+        || daemon.log(),
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(
+        body_of_x(&store).await,
+        vec!["{\"body\":\"new\"}".to_owned()]
+    );
+    assert_wait_named(&daemon);
+    let metrics = daemon.metrics();
+    assert_eq!(
+        metrics.get("materializer_partition_growth_waiting{partition=\"1\"}"),
+        0.0,
+        "the gauge is back at 0 once the wait ended"
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// Three replicas: the new partition's owner is not the old partition's, and waits for the
+/// group's committed offsets (or the old owner's `passed=` metadata) to reach the backlog's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_replicas_the_new_partitions_owner_waits_for_the_old_partitions_owner() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("growth-fleet", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &backlog()).await;
+    grow(&setup.topic, 2).await;
+    produce(&setup.topic, &[(1, group_record(X, 1, "new"))]).await;
+
+    let mut fleet: Vec<Daemon> = (0..3).map(|_| Daemon::start(&setup)).collect();
+    let end = BACKLOG as i64 + 1;
+    wait_for(
+        "both partitions committed to their ends",
+        Duration::from_secs(240),
+        || committed(&setup.group, &setup.topic, 2) == vec![end, 1],
+        || {
+            fleet
+                .iter()
+                .map(Daemon::log)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        },
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(
+        body_of_x(&store).await,
+        vec!["{\"body\":\"new\"}".to_owned()]
+    );
+    assert!(
+        fleet.iter().any(|d| d
+            .log()
+            .contains("partition 1 is new to the group (the topic grew)")),
+        "one replica waited for partition 1"
+    );
+    for daemon in &mut fleet {
+        assert!(daemon.terminate(Duration::from_secs(30)).success());
+    }
+}
+
+/// A corrupt mailbox on the old partition holds that partition's committed offset at its
+/// record; the records past it are applied again by the partition's next owner, so the new
+/// partition waits until the repair (a new partition's record applied before them would be
+/// reverted by that re-read). The wait is named meanwhile, and ends with the repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_mailbox_on_the_old_partition_holds_the_new_one_until_its_repair() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("growth-corrupt", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let first: Vec<(i32, Vec<u8>)> = (1..=3).map(|s| (0, group_record("hot", s, "h"))).collect();
+    produce(&setup.topic, &first).await;
+    let mut fleet: Vec<Daemon> = (0..2).map(|_| Daemon::start(&setup)).collect();
+    let logs = |fleet: &[Daemon]| {
+        fleet
+            .iter()
+            .map(Daemon::log)
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    wait_for(
+        "hot's first records committed",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 1) == vec![3],
+        || logs(&fleet),
+    );
+    let deleted = redis.raw("DEL mm:mbseqbucket:{hot}:1");
+    assert!(deleted.contains(":1"), "deleted: {deleted}");
+    // hot's next record fails closed at offset 3 and holds partition 0's commit there.
+    let mut later = vec![(0, group_record("hot", 4, "h"))];
+    later.extend((0..2_000).map(|i| (0, group_record(&format!("o{}", i % 50), 1 + i / 50, "b"))));
+    later.push((0, group_record(X, 1, "old")));
+    produce(&setup.topic, &later).await;
+    grow(&setup.topic, 2).await;
+    produce(&setup.topic, &[(1, group_record(X, 1, "new"))]).await;
+
+    wait_for(
+        "partition 1 waiting, named",
+        Duration::from_secs(120),
+        || {
+            fleet.iter().any(|d| {
+                http_get(d.http_port, "/readyz")
+                    .is_some_and(|(_, body)| body.contains("partition 1 waits"))
+            })
+        },
+        || logs(&fleet),
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(committed(&setup.group, &setup.topic, 2), vec![3, -1]);
+    support::cli::repair(
+        &setup.config_file(support::redis_server::free_port()),
+        0,
+        "hot",
+    );
+    wait_for(
+        "both partitions committed to their ends after the repair",
+        Duration::from_secs(240),
+        || committed(&setup.group, &setup.topic, 2) == vec![2_005, 1],
+        || logs(&fleet),
+    );
+    assert_eq!(
+        body_of_x(&store).await,
+        vec!["{\"body\":\"new\"}".to_owned()]
+    );
+    assert!(logs(&fleet).contains("partition 1's older partitions are consumed past"));
+    for daemon in &mut fleet {
+        assert!(daemon.terminate(Duration::from_secs(30)).success());
+    }
+}
