@@ -475,6 +475,15 @@ pub struct KafkaConfig {
     /// partition waits, readiness false, until an operator accepts the loss (`POST
     /// /records-lost/accept?partition=N`), for a pipeline that can re-produce the records first.
     pub on_records_lost: OnRecordsLost,
+    /// After a growth of the dispatch topic, how long producers may keep writing a user to an
+    /// old partition after this group first saw the new one (their metadata refresh; SPEC 7.2):
+    /// a new partition's first records wait for the older partitions' records written up to this
+    /// long after that moment (and never for records written after themselves). 0 (the default):
+    /// up to the moment the group saw the new partition. Raise it to the producers' metadata age
+    /// (`metadata.max.age.ms`, `topic.metadata.refresh.interval.ms`: 300000 by default) when
+    /// many producers write the topic; the cost is that a partition new to the group also waits
+    /// that long behind a mailbox failing closed on an older one (see `daemon::partition_growth`).
+    pub growth_allowance_ms: u64,
     /// Passed to librdkafka as they are (TLS, SASL, ...), to the consumer and the dead-letter
     /// producer alike. Secrets can come from `MATERIALIZER_KAFKA_PROPERTY_<NAME>` instead.
     pub properties: BTreeMap<String, String>,
@@ -536,6 +545,7 @@ impl fmt::Debug for KafkaConfig {
             .field("stalled_after_ms", &self.stalled_after_ms)
             .field("assignment_timeout_ms", &self.assignment_timeout_ms)
             .field("max_blocked_mailboxes", &self.max_blocked_mailboxes)
+            .field("growth_allowance_ms", &self.growth_allowance_ms)
             .field("properties", &properties)
             .field("property_files", &self.property_files)
             .finish()
@@ -562,6 +572,7 @@ impl Default for KafkaConfig {
             assignment_timeout_ms: 120_000,
             max_blocked_mailboxes: 1_000,
             on_records_lost: OnRecordsLost::Continue,
+            growth_allowance_ms: 0,
             properties: BTreeMap::new(),
             property_files: BTreeMap::new(),
         }

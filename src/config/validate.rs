@@ -291,6 +291,12 @@ impl Config {
                 10,
                 600_000,
             ),
+            (
+                "kafka.growth_allowance_ms",
+                kafka.growth_allowance_ms,
+                0,
+                3_600_000,
+            ),
             ("kafka.retry_initial_ms", kafka.retry_initial_ms, 1, 600_000),
             ("kafka.retry_max_ms", kafka.retry_max_ms, 1, 3_600_000),
             (

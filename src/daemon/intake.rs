@@ -122,13 +122,14 @@ impl Intake {
     /// `known`: the log's identity when the caller knows it in advance (the demo's mock
     /// cluster, which answers no DescribeTopics); otherwise it is read on each assignment.
     /// `order_growth`: partitions new to the group wait for the older ones' commits
-    /// (`partition_growth`); off when nothing is committed (the memory store).
+    /// (`partition_growth`), `None` when nothing is committed (the memory store); its value is
+    /// `kafka.growth_allowance_ms`.
     pub(crate) fn start(
         consumer: Arc<BaseConsumer<DaemonContext>>,
         options: DecodeOptions,
         known: Option<LogId>,
         on_records_lost: OnRecordsLost,
-        order_growth: bool,
+        order_growth: Option<Duration>,
     ) -> std::io::Result<(Self, mpsc::Receiver<IntakeEvent>)> {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
@@ -463,6 +464,16 @@ fn on_growth_record(
     }
 }
 
+/// Reads the older partitions' end offsets for the waiting partitions whose allowance passed
+/// (`partition_growth::Gate::seen`).
+fn read_seen(consumer: &BaseConsumer<DaemonContext>, gates: &mut Gates) {
+    for (partition, older) in gates.seen_due() {
+        if let Some(seen) = ends_at(consumer, &older, None) {
+            gates.seen(partition, seen);
+        }
+    }
+}
+
 /// Reads the older partitions' progress for every grown partition whose check is due, and lets
 /// those whose older partitions all reached their ends flow from where they were held.
 fn check_growth(
@@ -621,7 +632,7 @@ fn poll_loop(
     tx: &mpsc::Sender<IntakeEvent>,
     stop: &AtomicBool,
     options: &DecodeOptions,
-    (known, on_records_lost, order_growth): (Option<LogId>, OnRecordsLost, bool),
+    (known, on_records_lost, order_growth): (Option<LogId>, OnRecordsLost, Option<Duration>),
 ) {
     let mut identity = Identity {
         fixed: known.is_some(),
@@ -679,6 +690,7 @@ fn poll_loop(
                 return;
             }
         }
+        read_seen(consumer, &mut gates);
         check_growth(consumer, &mut gates, &mut held, &mut sent);
         let polled = consumer.poll(timeout);
         // Rebalance events raised inside this poll come after the records polled before it.
@@ -728,12 +740,13 @@ fn poll_loop(
                         for partition in partitions {
                             set_paused(consumer, *partition, false);
                         }
-                        if !order_growth {
-                            assigned.clear();
-                        }
-                        for (partition, older) in gates.assigned(&assigned) {
+                        let Some(growth_allowance) = order_growth else {
+                            continue;
+                        };
+                        for (partition, older) in gates.assigned(&assigned, growth_allowance) {
                             tracing::debug!(partition, ?older, "a partition new to the group: its first records wait for the older partitions' records written before them");
                         }
+                        read_seen(consumer, &mut gates);
                     }
                 }
             }

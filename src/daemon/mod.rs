@@ -176,7 +176,9 @@ pub async fn run(
         options.mock_log.clone(),
         config.kafka.on_records_lost,
         // Without commits (the memory store) there is no committed offset to wait for.
-        options.commit_offsets,
+        options
+            .commit_offsets
+            .then(|| std::time::Duration::from_millis(config.kafka.growth_allowance_ms)),
     )?;
     let probes = health::spawn(
         store.clone(),

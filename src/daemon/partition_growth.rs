@@ -19,7 +19,11 @@
 //! **How far.** When the waiting partition's first record is polled, each older partition's
 //! offset for that record's timestamp is read (ListOffsets by time: the first offset at or after
 //! it; the end offset when there is none): the records written to the older partitions before
-//! that first record are below it. The partition flows once each older partition's committed
+//! that first record are below it. Each is capped by the older partition's end offset
+//! `kafka.growth_allowance_ms` after the waiting partition was assigned: the topic had the
+//! partition then and its producers had had the allowance to learn of it, so what was written to
+//! the older ones after that is not from before a growth (a partition that stayed empty while a
+//! running group consumed the others does not wait for them). The partition flows once each older partition's committed
 //! offset reaches it, and only the committed offset counts: records between a partition's
 //! committed offset and how far its owner read are read and applied again by the partition's
 //! next owner (a rebalance, a restart), and applied after the new partition's records they would
@@ -32,10 +36,14 @@
 //!
 //! **The producers' allowance.** A producer that keeps the old partition count until its
 //! metadata refreshes writes a user's records to the old partition until then and to the new
-//! one after: every old-partition record it wrote carries a timestamp no later than its first
-//! new-partition record, so it is inside the wait whatever the refresh interval (no fixed
-//! allowance to tune). With `message.timestamp.type = LogAppendTime` the timestamps are the
-//! broker's, exact; with `CreateTime` (the default) they are the producers' clocks.
+//! one after. Every old-partition record it wrote carries a timestamp no later than its first
+//! new-partition record, so the offsets at that timestamp cover them; the cap above bounds how
+//! long after the group saw the partition such records are still waited for:
+//! `kafka.growth_allowance_ms`, 0 by default (the moment the group saw it, when the common
+//! deployments, one producer path that learns of the partitions as the group does, are exact),
+//! raised to the producers' metadata age (300 s by default in librdkafka and Java) where many
+//! producers lag. With `message.timestamp.type = LogAppendTime` the timestamps are the broker's;
+//! with `CreateTime` (the default) they are the producers' clocks.
 //!
 //! **What it cannot see.** Two producers writing the same user at once (one still on the old
 //! partition count, one on the new) have no order the log could keep, and producers' clocks that
@@ -57,7 +65,14 @@ pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(500);
 pub(crate) struct Gate {
     /// The older partitions it waits for.
     pub older: Vec<i32>,
-    /// Their end offsets when this partition's first record was polled; `None` until then.
+    /// Their end offsets `kafka.growth_allowance_ms` after this partition was assigned: the
+    /// topic had this partition then, and every producer had had time to learn of it, so records
+    /// written to the older ones after that are not older than a growth. `None` until read.
+    pub seen: Option<BTreeMap<i32, i64>>,
+    /// When `seen` is to be read.
+    pub seen_at: Instant,
+    /// What the older partitions must be committed past: their offsets at this partition's
+    /// first record's timestamp, each capped by `seen`; `None` until that record is polled.
     pub ends: Option<BTreeMap<i32, i64>>,
     /// When the wait began (the first record polled).
     pub since: Option<Instant>,
@@ -76,8 +91,14 @@ pub(crate) struct Gates {
 
 impl Gates {
     /// Partitions were assigned, with the group's committed offset of each (or none). Answers
-    /// the assigned partitions that wait, with the older ones each waits for.
-    pub(crate) fn assigned(&mut self, assigned: &[(i32, Option<i64>)]) -> Vec<(i32, Vec<i32>)> {
+    /// the assigned partitions that wait, with the older ones each waits for; `allowance` is
+    /// `kafka.growth_allowance_ms` (see [`Gate::seen`]).
+    pub(crate) fn assigned(
+        &mut self,
+        assigned: &[(i32, Option<i64>)],
+        allowance: Duration,
+    ) -> Vec<(i32, Vec<i32>)> {
+        let seen_at = Instant::now() + allowance;
         let mut waiting = Vec::new();
         for &(partition, committed) in assigned {
             if committed.is_some() || partition <= 0 {
@@ -88,6 +109,8 @@ impl Gates {
                 partition,
                 Gate {
                     older: older.clone(),
+                    seen: None,
+                    seen_at,
                     ends: None,
                     since: None,
                     checked: None,
@@ -108,11 +131,36 @@ impl Gates {
         self.gates.get(&partition)
     }
 
-    /// The first record of `partition` was polled and the older partitions' ends read: the wait
-    /// begins. A wait already begun keeps its ends.
-    pub(crate) fn begin(&mut self, partition: i32, ends: BTreeMap<i32, i64>) -> bool {
+    /// The partitions whose [`Gate::seen`] is due to be read, with their older partitions.
+    pub(crate) fn seen_due(&self) -> Vec<(i32, Vec<i32>)> {
+        let now = Instant::now();
+        self.gates
+            .iter()
+            .filter(|(_, gate)| gate.seen.is_none() && gate.seen_at <= now)
+            .map(|(partition, gate)| (*partition, gate.older.clone()))
+            .collect()
+    }
+
+    /// The older partitions' end offsets, read once the allowance after `partition`'s
+    /// assignment passed (see [`Gate::seen`]): a wait already begun is capped by them.
+    pub(crate) fn seen(&mut self, partition: i32, seen: BTreeMap<i32, i64>) {
+        if let Some(gate) = self.gates.get_mut(&partition) {
+            if let Some(ends) = &mut gate.ends {
+                cap(ends, &seen);
+            }
+            gate.seen = Some(seen);
+        }
+    }
+
+    /// The first record of `partition` was polled and the older partitions' offsets at its
+    /// timestamp read: the wait begins, for those offsets capped by what was seen at the
+    /// assignment. A wait already begun keeps its ends.
+    pub(crate) fn begin(&mut self, partition: i32, mut ends: BTreeMap<i32, i64>) -> bool {
         match self.gates.get_mut(&partition) {
             Some(gate) if gate.ends.is_none() => {
+                if let Some(seen) = &gate.seen {
+                    cap(&mut ends, seen);
+                }
                 gate.ends = Some(ends);
                 gate.since = Some(Instant::now());
                 true
@@ -168,6 +216,15 @@ impl Gates {
     }
 }
 
+/// Caps each older partition's offset to wait for by what was seen (see [`Gate::seen`]).
+fn cap(ends: &mut BTreeMap<i32, i64>, seen: &BTreeMap<i32, i64>) {
+    for (q, end) in ends.iter_mut() {
+        if let Some(seen) = seen.get(q) {
+            *end = (*end).min(*seen);
+        }
+    }
+}
+
 /// The older partitions still short of their ends, given each one's committed offset:
 /// `(partition, committed, end)`. Empty: the waiting partition flows. An older partition without progress counts as at
 /// 0 (an empty partition's end is its start).
@@ -190,7 +247,7 @@ mod tests {
     #[test]
     fn a_partition_new_to_the_group_waits_for_every_older_one() {
         let mut gates = Gates::default();
-        let waiting = gates.assigned(&[(0, Some(150_000)), (1, None)]);
+        let waiting = gates.assigned(&[(0, Some(150_000)), (1, None)], Duration::ZERO);
         assert_eq!(waiting, vec![(1, vec![0])]);
         assert!(!gates.waits(0));
         assert!(gates.waits(1));
@@ -199,7 +256,9 @@ mod tests {
     #[test]
     fn partition_0_and_partitions_with_a_commit_never_wait() {
         let mut gates = Gates::default();
-        assert!(gates.assigned(&[(0, None), (2, Some(7))]).is_empty());
+        assert!(gates
+            .assigned(&[(0, None), (2, Some(7))], Duration::ZERO)
+            .is_empty());
     }
 
     #[test]
@@ -209,11 +268,24 @@ mod tests {
             .into_iter()
             .map(|p| (p, if p < 4 { Some(10) } else { None }))
             .collect();
-        let waiting = gates.assigned(&assigned);
+        let waiting = gates.assigned(&assigned, Duration::ZERO);
         assert_eq!(
             waiting,
             vec![(5, vec![0, 1, 2, 3, 4]), (7, vec![0, 1, 2, 3, 4, 5, 6])]
         );
+    }
+
+    #[test]
+    fn under_an_allowance_the_cap_comes_later_and_caps_a_wait_already_begun() {
+        let mut gates = Gates::default();
+        gates.assigned(&[(1, None)], Duration::from_secs(300));
+        assert!(
+            gates.seen_due().is_empty(),
+            "not before the allowance passed"
+        );
+        assert!(gates.begin(1, [(0, 90)].into_iter().collect()));
+        gates.seen(1, [(0, 60)].into_iter().collect());
+        assert_eq!(gates.due(), vec![(1, [(0, 60)].into_iter().collect())]);
     }
 
     #[test]
@@ -231,12 +303,19 @@ mod tests {
     #[test]
     fn a_wait_begins_once_and_keeps_its_first_ends() {
         let mut gates = Gates::default();
-        gates.assigned(&[(1, None)]);
+        gates.assigned(&[(1, None)], Duration::ZERO);
         assert!(gates.due().is_empty(), "no record yet: nothing to read");
+        assert_eq!(gates.seen_due(), vec![(1, vec![0])]);
+        gates.seen(1, [(0, 5)].into_iter().collect());
+        assert!(gates.seen_due().is_empty());
         assert!(gates.begin(1, [(0, 7)].into_iter().collect()));
         assert!(!gates.begin(1, [(0, 9)].into_iter().collect()));
         let due = gates.due();
-        assert_eq!(due, vec![(1, [(0, 7)].into_iter().collect())]);
+        assert_eq!(
+            due,
+            vec![(1, [(0, 5)].into_iter().collect())],
+            "capped by the end seen at the assignment"
+        );
         assert!(gates.due().is_empty(), "read again only after CHECK_EVERY");
         assert!(gates.announce(1));
         assert!(!gates.announce(1), "named once");

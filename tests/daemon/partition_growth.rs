@@ -284,3 +284,126 @@ async fn a_corrupt_mailbox_on_the_old_partition_holds_the_new_one_until_its_repa
         assert!(daemon.terminate(Duration::from_secs(30)).success());
     }
 }
+
+/// The same on Scylla: a growth found at start, partition 1's replace applied last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_scylla_a_growth_found_at_start_applies_the_backlog_first() {
+    let nodes = std::env::var("SCYLLA_NODES").unwrap_or_else(|_| {
+        panic!("SCYLLA_NODES is not set: run the tests with scripts/test, which starts Cassandra")
+    });
+    let keyspace = format!("mmd_growth_{}", std::process::id());
+    let mut setup = DaemonSetup::new("growth-scylla", None);
+    setup.scylla = Some((nodes.clone(), keyspace.clone()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let mut records: Vec<(i32, Vec<u8>)> = (0..2_000)
+        .map(|i| {
+            (
+                0,
+                group_record(&format!("s{}", i % 100), 1 + (i / 100) as u64, "b"),
+            )
+        })
+        .collect();
+    records.push((0, group_record(X, 1, "old")));
+    produce(&setup.topic, &records).await;
+    grow(&setup.topic, 2).await;
+    produce(&setup.topic, &[(1, group_record(X, 1, "new"))]).await;
+
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "both partitions committed to their ends",
+        Duration::from_secs(240),
+        || committed(&setup.group, &setup.topic, 2) == vec![2_001, 1],
+        || daemon.log(),
+    );
+    let store = support::reference::scylla_store(&nodes, &keyspace).await;
+    assert_eq!(
+        body_of_x(&store).await,
+        vec!["{\"body\":\"new\"}".to_owned()]
+    );
+    assert_wait_named(&daemon);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    support::reference::drop_scylla_keyspace(&store).await;
+}
+
+/// A growth from 4 to 8 partitions under load, seen by two running replicas, under each
+/// rebalance protocol the product supports: each of eight users' replace on a new partition is
+/// applied after the user's older record on its old partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growth_from_4_to_8_under_every_rebalance_protocol_keeps_each_users_order() {
+    for protocol in ["range", "cooperative-sticky", "consumer"] {
+        let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+        let mut setup = DaemonSetup::new(&format!("growth-8-{protocol}"), Some(redis.url()));
+        if protocol == "consumer" {
+            setup.group_properties.clear();
+            setup
+                .properties_extra
+                .push("\"group.protocol\" = \"consumer\"".to_owned());
+        } else {
+            setup.properties_extra.push(format!(
+                "\"partition.assignment.strategy\" = \"{protocol}\""
+            ));
+        }
+        create_topic(&setup.topic, 4).await;
+        create_topic(&setup.dlq_topic, 1).await;
+        let mut fleet: Vec<Daemon> = (0..2).map(|_| Daemon::start(&setup)).collect();
+        let logs = |fleet: &[Daemon]| {
+            fleet
+                .iter()
+                .map(Daemon::log)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        };
+        // A backlog on every old partition, each ending with two users' "old".
+        let mut backlog: Vec<(i32, Vec<u8>)> = Vec::new();
+        for i in 0..8_000u64 {
+            let p = (i % 4) as i32;
+            backlog.push((
+                p,
+                group_record(&format!("l{p}-{}", i % 40), 1 + i / 160, "b"),
+            ));
+        }
+        for u in 0..8 {
+            backlog.push((u % 4, group_record(&format!("mover{u}"), 1, "old")));
+        }
+        produce(&setup.topic, &backlog).await;
+        grow(&setup.topic, 8).await;
+        let moved: Vec<(i32, Vec<u8>)> = (0..8)
+            .map(|u| (4 + u % 4, group_record(&format!("mover{u}"), 1, "new")))
+            .collect();
+        produce(&setup.topic, &moved).await;
+
+        wait_for(
+            &format!("{protocol}: all eight partitions committed to their ends"),
+            Duration::from_secs(240),
+            || {
+                committed(&setup.group, &setup.topic, 8)
+                    == vec![2_002, 2_002, 2_002, 2_002, 2, 2, 2, 2]
+            },
+            || logs(&fleet),
+        );
+        let store = redis_store(&redis.url()).await;
+        for u in 0..8 {
+            let page = store
+                .range_scan(
+                    &MailboxId::new(UserId::parse(&format!("mover{u}")).expect("user"), 1),
+                    ScanRequest {
+                        after_seq: 0,
+                        until_seq: None,
+                        limit_groups: 10,
+                    },
+                )
+                .await
+                .expect("scan");
+            let bodies: Vec<&str> = page
+                .groups
+                .iter()
+                .flat_map(|g| g.events.iter().map(|e| e.payload.as_str()))
+                .collect();
+            assert_eq!(bodies, vec!["{\"body\":\"new\"}"], "{protocol}: mover{u}");
+        }
+        for daemon in &mut fleet {
+            assert!(daemon.terminate(Duration::from_secs(30)).success());
+        }
+    }
+}
