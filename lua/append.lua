@@ -11,6 +11,8 @@
   KEYS[4]  P:mbdays:{user}:<epoch>        day set: member day, score expires_at(day)
   KEYS[5]  P:mbday:{user}:<epoch>:        prefix of the day bucket keys (a day is appended)
   KEYS[6]  P:repair:{user}                repair fence: the holder id of the repair of the user
+  KEYS[7]  P:store:{slot tag}             the slot's store marker when it is known to hold data,
+                                          else KEYS[6] again (see `store_lost` in common.lua)
 
   ARGV[1]  key stem of the copy, `P:` or `P:stg` (names another epoch's keys)
   ARGV[2]  hash tag {user}                ARGV[3]  epoch
@@ -35,7 +37,7 @@
     ERR_FUTURE day now, ERR_SPAN low high day, ERR_CROSS_DAY existing_day, ERR_UNSUPPORTED_FORMAT found,
     ERR_INDEX_LOST, ERR_META_LOST, ERR_IDENTITY_MISSING seqbucket_max_seq, ERR_BAD_PROOF detail,
     ERR_UNDER_REPAIR holder (live write, a fence exists), ERR_FENCE_LOST (staged write, the
-    fence is not this repair's)
+    fence is not this repair's), ERR_STORE_LOST marker (live write, the slot's data is gone)
 
   Zombie fencing (SPEC 7.2): the meta field `pos:<seq>` keeps the log position the seq's stored
   version was written from (meta.lua). A same-day replace of the seq from an older offset of the
@@ -132,9 +134,12 @@ end
 -- The fence and the epoch in one read (once per run: nothing but this body writes them here).
 local gate = known and known.gate
 if not gate then
-  gate = redis.call('MGET', KEYS[6], epoch_key)
+  gate = redis.call('MGET', KEYS[6], epoch_key, KEYS[7])
   if known then known.gate = gate end
 end
+-- A live write on a slot whose data is gone waits (a repair's staged write is the rebuild).
+local lost = ARGV[11] == '' and store_lost(gate[3] ~= false)
+if lost then return lost end
 local fenced = fence_verdict(gate[1], ARGV[11])
 if fenced then return fenced end
 if ARGV[12] == '1' and not (known and known.propagated) then

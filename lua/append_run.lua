@@ -3,7 +3,7 @@
   decided exactly as `append.lua` decides it alone (this script runs that very body once per
   group, as `append_one`), so nothing else touches the mailbox between two of them.
 
-  KEYS[1..6]  as `append.lua` (the same mailbox for every group of the run)
+  KEYS[1..7]  as `append.lua` (the same mailbox for every group of the run)
 
   ARGV        the groups, one after another, each as a count and then exactly the ARGV
               `append.lua` takes for it alone:

@@ -4,13 +4,16 @@
   KEYS[1]  P:epoch:{user}   KEYS[2]  P:mbmeta:{user}:<epoch>
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   KEYS[4]  P:mbdays:{user}:<epoch>
   KEYS[5]  P:mbday:{user}:<epoch>:  (unused)
-  KEYS[6]  P:repair:{user}           (unused; every script takes the same six keys)
+  KEYS[6]  P:repair:{user}           (unused; every script takes the same seven keys)
+  KEYS[7]  the slot's store marker, or KEYS[6] (see `store_lost` in common.lua): ERR_STORE_LOST
   ARGV[1]  epoch
 
   Returns {0, expired_days, expired_gap_boundary} (zeros for a mailbox that is not the user's
   current one or has no meta), or ERR_UNSUPPORTED_FORMAT found, ERR_BAD_PROOF detail.
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lost = store_lost()
+if lost then return lost end
 local current = redis.call('GET', epoch_key)
 local m = load_meta(meta_key, {boundary = 'expired_gap_boundary'})
 -- SPEC 7.3: a lost epoch key, meta or day set is damage, never "nothing to promote".

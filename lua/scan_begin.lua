@@ -6,7 +6,8 @@
   KEYS[1]  P:epoch:{user}   KEYS[2]  P:mbmeta:{user}:<epoch>
   KEYS[3]  P:mbseqbucket:{user}:<epoch>   KEYS[4]  P:mbdays:{user}:<epoch>
   KEYS[5]  P:mbday:{user}:<epoch>:  (unused)
-  KEYS[6]  P:repair:{user}           (unused; every script takes the same six keys)
+  KEYS[6]  P:repair:{user}           (unused; every script takes the same seven keys)
+  KEYS[7]  the slot's store marker, or KEYS[6] (see `store_lost` in common.lua): ERR_STORE_LOST
   ARGV[1]  epoch   ARGV[2]  after_seq   ARGV[3]  after_seq + 1 (plain decimals)
 
   Returns {1} when there is nothing to read (user never written), ERR_META_LOST when the user's
@@ -24,6 +25,8 @@
   promote read it already).
 ]]
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lost = store_lost()
+if lost then return lost end
 local current = redis.call('GET', epoch_key)
 if not current or current ~= ARGV[1] then
   -- SPEC 7.3: no epoch key, or an older one, while this epoch has a mailbox: the key was lost

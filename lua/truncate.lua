@@ -2,7 +2,8 @@
   TruncateBefore (SPEC 4.3): raise user_trim_seq (never lower it) and delete every group and
   identity below it, and the source positions of those seqs.
 
-  KEYS[1..6] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence), of
+  KEYS[1..7] as in append.lua (epoch, meta, seqbucket, days, day-bucket prefix, repair fence,
+  store marker), of
   the live or the staging copy
   ARGV[1]  epoch       ARGV[2]  before_seq, plain decimal
   ARGV[3]  '' (live write) or the repair's holder id (staged write; see `fence_verdict`)
@@ -21,7 +22,9 @@ local epoch_key, meta_key, seqbucket_key, days_key, day_prefix =
 local epoch = ARGV[1]
 local before = ARGV[2]
 
-local gate = redis.call('MGET', KEYS[6], epoch_key)
+local gate = redis.call('MGET', KEYS[6], epoch_key, KEYS[7])
+local lost = ARGV[3] == '' and store_lost(gate[3] ~= false)
+if lost then return lost end
 local fenced = fence_verdict(gate[1], ARGV[3])
 if fenced then return fenced end
 if ARGV[4] == '1' then propagate_for_wait(epoch_key, gate[2]) end

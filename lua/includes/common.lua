@@ -30,6 +30,19 @@ local ERR_CURSOR_TRIMMED = -30
 local ERR_CURSOR_GAP = -31
 local ERR_UNDER_REPAIR = -40
 local ERR_FENCE_LOST = -41
+local ERR_STORE_LOST = -42
+
+-- SPEC 7.3, a wiped store or master: KEYS[7] is the store marker of the user's slot when the
+-- caller knows the slot holds data, else KEYS[6] again (see src/store/redis/store_marker.rs).
+-- `present`: whether the marker exists (read by the caller, or here with one EXISTS). Returns
+-- nil when the call may go on, else the reply: the slot's data is gone, nothing is read or
+-- written until an operator says what to do.
+local function store_lost(present)
+  if KEYS[7] == KEYS[6] then return nil end
+  if present == nil then present = redis.call('EXISTS', KEYS[7]) == 1 end
+  if present then return nil end
+  return {ERR_STORE_LOST, KEYS[7]}
+end
 
 -- The repair fence (SPEC 7.1) guards both copies of a user. A live write (`holder` empty) is
 -- refused while ANY fence exists; a staged write (`holder` = the repair's id) goes only while

@@ -147,6 +147,11 @@ pub enum Command {
     /// that is not a match, then a summary. Exit 0 nothing differs, 1 something does, 2
     /// unreachable.
     Verify(verify::VerifyArgs),
+    /// After a wiped store or master (SPEC 7.3: `/readyz` `store data: lost`), accept the loss:
+    /// writes the store's data markers again, so the waiting writes go on from what the store
+    /// holds now. Rebuilding from the log instead is resetting the consumer group's offsets to
+    /// the log's start (README). Prints one JSON object.
+    AcceptStoreLoss,
 }
 
 #[derive(Debug, Args)]
@@ -295,7 +300,11 @@ async fn run(command: Command, config: Config) -> ExitCode {
     }
     let writes = matches!(
         command,
-        Command::Apply(_) | Command::Truncate(_) | Command::Promote(_) | Command::Patrol(_)
+        Command::Apply(_)
+            | Command::Truncate(_)
+            | Command::Promote(_)
+            | Command::Patrol(_)
+            | Command::AcceptStoreLoss
     );
     let opened = if writes {
         match open_store_for_command(&config).await {
@@ -332,6 +341,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Inspect(args) => inspect(store, args).await,
         Command::Truncate(args) => truncate(store, args).await,
         Command::Promote(args) => promote(store, args).await,
+        Command::AcceptStoreLoss => accept_store_loss(store).await,
     };
     if matches!(
         command,
@@ -343,6 +353,36 @@ async fn run(command: Command, config: Config) -> ExitCode {
         }
     }
     code
+}
+
+/// `materializer accept-store-loss`: see [`Command::AcceptStoreLoss`].
+async fn accept_store_loss(store: &dyn MailboxStore) -> ExitCode {
+    match store.accept_data_loss().await {
+        Ok(Some(written)) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "backend": store.backend(),
+                    "markers_written": written,
+                    "accepted": true,
+                })
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(None) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "backend": store.backend(),
+                    "markers_written": 0,
+                    "accepted": false,
+                    "reason": "this backend keeps no data markers: nothing waits on one",
+                })
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
 }
 
 /// Why a store could not be opened for writing.

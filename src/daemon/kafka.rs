@@ -760,3 +760,27 @@ mod late_handover {
         }
     }
 }
+
+/// Whether the consumer group committed an offset on any partition of `topic` (SPEC 7.3: an
+/// empty store under a group that committed was wiped).
+pub(crate) fn group_has_committed(
+    consumer: &BaseConsumer<DaemonContext>,
+    topic: &str,
+) -> KafkaResult<bool> {
+    let timeout = std::time::Duration::from_secs(10);
+    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+    let mut tpl = TopicPartitionList::new();
+    for t in metadata.topics().iter().filter(|t| t.name() == topic) {
+        for partition in t.partitions() {
+            tpl.add_partition(topic, partition.id());
+        }
+    }
+    if tpl.count() == 0 {
+        return Ok(false);
+    }
+    let committed = consumer.committed_offsets(tpl, timeout)?;
+    Ok(committed
+        .elements()
+        .iter()
+        .any(|e| matches!(e.offset(), Offset::Offset(o) if o > 0)))
+}

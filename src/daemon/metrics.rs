@@ -51,6 +51,7 @@ pub(crate) const MEMORY_LIMIT_BYTES: &str = "materializer_memory_limit_bytes";
 pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
 pub const STORE_EVICTING: &str = "materializer_store_evicting";
 pub const STORE_FULL: &str = "materializer_store_full";
+pub const STORE_LOST: &str = "materializer_store_lost";
 pub const STORE_OPEN_SLOTS: &str = "materializer_store_open_slots";
 pub const STORE_REDIRECTS_TOTAL: &str = "materializer_store_redirects_total";
 pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
@@ -283,6 +284,10 @@ fn describe() {
         "1 while the store refuses writes for memory (a Redis master at its maxmemory, or an OOM answer in the last 5 s): the writes wait, nothing is dead-lettered; 0 otherwise"
     );
     describe_gauge!(
+        STORE_LOST,
+        "1 while the store's data is found gone (a wiped store or master, SPEC 7.3: a script found its slot's store marker missing in the last 5 s): writes wait until an operator rebuilds from the log or runs materializer accept-store-loss; 0 otherwise"
+    );
+    describe_gauge!(
         BLOCKED_MAILBOXES,
         "Mailboxes this replica holds failing closed (corrupt), all partitions; each holds only itself"
     );
@@ -343,6 +348,7 @@ fn zero_counters() {
     // Only a Redis store can evict; every other store exports 0 from the start.
     gauge!(STORE_EVICTING).set(0.0);
     gauge!(STORE_FULL).set(0.0);
+    gauge!(STORE_LOST).set(0.0);
     gauge!(STORE_OPEN_SLOTS).set(0.0);
 }
 
@@ -364,6 +370,11 @@ pub fn memory_limit(bytes: u64) {
 /// Whether the store may evict the mailboxes' keys ([`STORE_EVICTING`]).
 pub(crate) fn store_evicting(evicting: bool) {
     gauge!(STORE_EVICTING).set(if evicting { 1.0 } else { 0.0 });
+}
+
+/// Whether a call found the store's data gone within the last seconds ([`STORE_LOST`]).
+pub(crate) fn store_lost(lost: bool) {
+    gauge!(STORE_LOST).set(f64::from(u8::from(lost)));
 }
 
 /// Whether the store refuses writes for memory ([`STORE_FULL`]).

@@ -163,6 +163,7 @@ pub async fn run(
     if let Some(hook) = &options.on_producer {
         hook(&producer);
     }
+    check_store_data(&store, &consumer, &topic, &options).await;
     consumer.subscribe(&[topic.as_str()])?;
     tracing::info!(
         topic = %topic,
@@ -234,5 +235,48 @@ pub async fn run(
     match &report.failure {
         Some(reason) => Err(DaemonError::Stopped(reason.clone())),
         None => Ok(report),
+    }
+}
+
+/// SPEC 7.3, a wiped store: reads the store's data markers (`redis::store_marker`) before the
+/// first write. A store without a marker or any key of the product is new, or wiped while no
+/// process watched; the consumer group's committed offsets tell the two apart: under a group that
+/// committed, every call waits (`store_lost`, readiness false) until an operator acts.
+async fn check_store_data(
+    store: &Arc<dyn MailboxStore>,
+    consumer: &Arc<BaseConsumer<DaemonContext>>,
+    topic: &str,
+    options: &DaemonOptions,
+) {
+    let markers = match store.load_data_markers().await {
+        Ok(Some(markers)) => markers,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "the store's data markers could not be read: a store wiped before this start is not detected (one wiped while running still is, as slots whose marker this process writes)");
+            return;
+        }
+    };
+    match markers {
+        (0, false) if options.commit_offsets => {
+            let consumer = consumer.clone();
+            let topic_name = topic.to_owned();
+            let committed = tokio::task::spawn_blocking(move || {
+                kafka::group_has_committed(&consumer, &topic_name)
+            })
+            .await
+            .unwrap_or(Ok(false));
+            match committed {
+                Ok(true) => {
+                    store.expect_data_everywhere();
+                    options.health.store_lost(&format!(
+                        "the store holds no data of this product while consumer group offsets of topic {topic} are committed: it was wiped (FLUSHALL, a restart without persistence, a failover to an empty replica) or the daemon points at another store; writes wait until an operator rebuilds from the log or runs `materializer accept-store-loss`"
+                    ));
+                }
+                Ok(false) => tracing::info!("the store is new (no data, no committed offset): its markers are written as mailboxes are"),
+                Err(e) => tracing::warn!(error = %e, "the group's committed offsets could not be read: an empty store is taken as new"),
+            }
+        }
+        (0, _) => tracing::info!("the store holds data without markers (written by an earlier release): each slot's marker is written with its next write"),
+        (found, _) => tracing::info!(slots = found, "store data markers read: a slot whose marker disappears (a wiped store or master) makes its writes wait"),
     }
 }

@@ -130,6 +130,9 @@ impl Telemetry {
                 under_repair: false,
             } => {
                 self.health.write_failed(error.out_of_memory());
+                if error.is_store_lost() {
+                    self.health.store_lost(&error.detail());
+                }
                 // Every attempt of a long outage would flood the log: the first and every 10th
                 // of each delivery, and of those at most one line a second for the process (a
                 // failover fails every delivery of a master at once), with how many were held

@@ -166,6 +166,9 @@ pub enum StoreError {
     },
 }
 
+/// How a [`StoreError::store_lost`] detail starts.
+const STORE_LOST: &str = "store lost: ";
+
 fn fmt_epoch(current: Option<u32>) -> String {
     current.map_or_else(|| "none".to_owned(), |e| e.to_string())
 }
@@ -269,6 +272,21 @@ impl StoreError {
             Self::UnderRepair { .. } => ErrorClass::UnderRepair,
             Self::FenceLost { .. } => ErrorClass::FenceLost,
         }
+    }
+
+    /// The store lost the data this call would read or write (SPEC 7.3, a wiped store or
+    /// master): transient like an unreachable store (retried, never dead-lettered) while an
+    /// operator decides; `detail` names what is gone and the two ways on.
+    pub fn store_lost(backend: &'static str, detail: String) -> Self {
+        Self::Unavailable {
+            backend,
+            detail: format!("{STORE_LOST}{detail}"),
+        }
+    }
+
+    /// Whether this is [`Self::store_lost`].
+    pub fn is_store_lost(&self) -> bool {
+        matches!(self, Self::Unavailable { detail, .. } if detail.starts_with(STORE_LOST))
     }
 
     /// The store refused the call for memory (Redis `OOM`: used memory over `maxmemory`), a

@@ -170,6 +170,25 @@ pub trait MailboxStore: Send + Sync {
     /// Expired day buckets this store compacted so far ([`PromotedBuckets`]).
     fn promoted_buckets_total(&self) -> u64;
 
+    /// Reads what tells this store's data from a wiped store (SPEC 7.3; Redis's store markers,
+    /// `redis::store_marker`): `Some((slots known to hold data, whether any key of the product
+    /// exists))`, or `None` for a backend without markers.
+    async fn load_data_markers(&self) -> Result<Option<(u32, bool)>, StoreError> {
+        Ok(None)
+    }
+
+    /// The store was found wiped at start (empty while the consumer group committed): every
+    /// call that answers from a mailbox waits (`store_lost`) until an operator acts.
+    fn expect_data_everywhere(&self) {}
+
+    /// `materializer accept-store-loss`: the operator accepts that the store lost data (a wiped
+    /// store or master): the data markers of every slot are written again, so the calls that
+    /// waited answer from what the store holds now. `Some(markers written)`, or `None` for a
+    /// backend without markers.
+    async fn accept_data_loss(&self) -> Result<Option<u32>, StoreError> {
+        Ok(None)
+    }
+
     /// Appends one group (SPEC 4.2, in that order): a run of one
     /// ([`append_run`](MailboxStore::append_run)). A backend with a cheaper single path (Redis's
     /// one-group script, memory's lock of one) overrides it with the same answers.

@@ -11,6 +11,7 @@
 //!   protocol under churn.
 //! - `order`: per-mailbox source order under the batched core (the daemon in this process).
 //! - `partition_growth`: SPEC 7.2, a topic grown under a backlog never lets an older record win.
+//! - `store_lost`: SPEC 7.3, a wiped or restarted-empty Redis is found before a write lands.
 //! - `scylla`: a CQL server stopped mid-stream, a repair while the daemon runs.
 //! - `dashboard_metrics`, `demo_serve`: every metric the dashboard and rules name is scraped live.
 //! - `kafka_codecs`, `unknown_fields`, `log_colour`: what real producers and log shippers see.
@@ -51,6 +52,7 @@ mod partition_growth;
 mod records_lost;
 mod redis_full;
 mod scylla;
+mod store_lost;
 mod subscription;
 mod tap;
 mod unknown_fields;

@@ -42,6 +42,11 @@ pub struct Health {
     /// the store is full for [`WRITE_FAILURE_WINDOW_MS`] after it, whatever the periodic read
     /// saw (a master hovers just under its limit between the refused calls).
     oom_at_ms: std::sync::atomic::AtomicU64,
+    /// When a call last found the store's data gone (a wiped store or master, SPEC 7.3; ms since
+    /// the Unix epoch, 0: never), and what it said: not ready for [`WRITE_FAILURE_WINDOW_MS`]
+    /// after it (the writes retry meanwhile, so a store still wiped keeps it failing).
+    store_lost_at_ms: std::sync::atomic::AtomicU64,
+    store_lost_detail: std::sync::Mutex<Option<String>>,
     /// Failing while a Redis Cluster slot stays migrating or importing (an interrupted reshard;
     /// `health::watch_redis_masters`).
     store_slots: Condition,
@@ -381,6 +386,42 @@ impl Health {
         super::metrics::ready(false);
     }
 
+    /// A call found the store's data gone (`StoreError::store_lost`): `detail` names it.
+    pub(crate) fn store_lost(&self, detail: &str) {
+        let first = now_ms().saturating_sub(self.store_lost_at_ms.load(Ordering::Relaxed))
+            >= WRITE_FAILURE_WINDOW_MS;
+        self.store_lost_at_ms.store(now_ms(), Ordering::Relaxed);
+        *self
+            .store_lost_detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(detail.to_owned());
+        if first {
+            tracing::error!(detail, "store lost: the store no longer holds data it held; every write there waits (readiness false) until an operator rebuilds from the log or accepts the loss");
+        }
+        super::metrics::store_lost(true);
+        super::metrics::ready(false);
+    }
+
+    /// Whether a call found the store's data gone within [`WRITE_FAILURE_WINDOW_MS`].
+    fn store_lost_now(&self) -> bool {
+        now_ms().saturating_sub(self.store_lost_at_ms.load(Ordering::Relaxed))
+            < WRITE_FAILURE_WINDOW_MS
+    }
+
+    /// `/readyz`'s whole `store data:` line.
+    fn store_data_line(&self) -> String {
+        if !self.store_lost_now() {
+            return "store data: ok".to_owned();
+        }
+        let detail = self
+            .store_lost_detail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        format!("store data: lost: {detail}")
+    }
+
     /// The store refuses writes for memory: a master read at its limit, or an `OOM` answer
     /// within [`WRITE_FAILURE_WINDOW_MS`].
     fn store_full(&self) -> bool {
@@ -409,6 +450,7 @@ impl Health {
     /// out of the window).
     pub fn refresh(&self) {
         super::metrics::store_full(self.store_full());
+        super::metrics::store_lost(self.store_lost_now());
         super::metrics::ready(self.ready());
     }
 
@@ -427,7 +469,7 @@ impl Health {
             .saturating_sub(self.write_failed_at_ms.load(Ordering::Relaxed))
             < WRITE_FAILURE_WINDOW_MS;
         format!(
-            "store: {}\nstore writes: {}\nstore policy: {}\nstore memory: {}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\npartition growth: {}\nblocked mailboxes: {}\ndead letters: {}\n",
+            "store: {}\nstore writes: {}\nstore policy: {}\nstore memory: {}\n{}\nstore slots: {}\nbroker: {}\nkafka grants: {}\nsubscription: {}\npartitions: {}\nrecords lost: {}\npartition growth: {}\nblocked mailboxes: {}\ndead letters: {}\n",
             if self.store_ok() {
                 "ok".to_owned()
             } else {
@@ -440,6 +482,7 @@ impl Health {
             word(!recent_write_failure, "failing"),
             self.store_policy.line(),
             self.store_memory_line(),
+            self.store_data_line(),
             self.store_slots.line(),
             word(self.broker_ok(), "unreachable"),
             self.kafka_grants.line(),
@@ -468,6 +511,7 @@ impl Health {
             && !self.store_policy.failing()
             && !self.store_slots.failing()
             && !self.store_full()
+            && !self.store_lost_now()
             && !self.blocked.failing()
             && !self.kafka_grants.failing()
             && !self.records_lost_failing()

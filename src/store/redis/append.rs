@@ -38,7 +38,7 @@ impl RedisStore {
         holder: &str,
         group: &EventGroup,
     ) -> redis::ScriptInvocation<'_> {
-        let keys = MailboxKeys::of(&self.settings.key_prefix, &group.mailbox, copy);
+        let keys = self.keys_of(&group.mailbox, copy);
         let mut invocation = self.scripts.append.prepare_invoke();
         keys.bind(&mut invocation);
         self.push_append_args(&mut invocation, &keys, holder, group, false);
@@ -57,7 +57,7 @@ impl RedisStore {
         let Some(first) = run.first() else {
             return invocation;
         };
-        let keys = MailboxKeys::of(&self.settings.key_prefix, &first.mailbox, copy);
+        let keys = self.keys_of(&first.mailbox, copy);
         keys.bind(&mut invocation);
         invocation.arg(final_codes());
         for group in run {
@@ -181,6 +181,9 @@ impl RedisStore {
         if matches!(reply.first().and_then(int), Some(1..=5 | 8)) {
             self.promoted.add(num(reply.get(1)));
         }
+        if matches!(reply.first().and_then(int), Some(1..=6 | 8)) {
+            self.note_data(&group.mailbox.user_id);
+        }
         match reply.first().and_then(int) {
             Some(1) => Ok(AppendOutcome::Inserted),
             Some(2) => Ok(AppendOutcome::Unchanged),
@@ -217,7 +220,7 @@ impl RedisStore {
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
         validate_before_seq(before_seq)?;
-        let keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
+        let keys = self.keys_of(mailbox, copy);
         let mut invocation = self.scripts.truncate.prepare_invoke();
         keys.bind(&mut invocation);
         invocation
@@ -230,6 +233,7 @@ impl RedisStore {
         match reply.first().and_then(int) {
             Some(0) => {
                 self.promoted.add(num(reply.get(3)));
+                self.note_data(&mailbox.user_id);
                 Ok(TruncateOutcome {
                     user_trim_seq: num(reply.get(1)),
                     removed_groups: num(reply.get(2)),

@@ -150,6 +150,8 @@ impl RedisStore {
             scripts: Scripts::new(),
             after_scan_read: Mutex::new(None),
             promoted: Default::default(),
+            expected: Default::default(),
+            pending_markers: Mutex::default(),
         };
         let _: String = redis::cmd("PING")
             .query_async(&mut store.conn())

@@ -17,7 +17,9 @@
 //!   (`explain`: the lease left on a repair fence), `WAIT`
 //!   only with `wait_replicas > 0`, and on a cluster `CLUSTER SLOTS`, `CLUSTER NODES` (the slot
 //!   table, the masters, open slots) and `ASKING` (a migrating slot).
-//! - Commands the scripts call, checked by Redis against the same user: [`SCRIPT_COMMANDS`].
+//! - Commands the scripts call, checked by Redis against the same user: [`SCRIPT_COMMANDS`]. Two of
+//!   them are also sent outside scripts: `EXISTS` (the store markers read at start) and `SET` (a
+//!   slot's store marker, and `accept-store-loss`; see `store_marker`).
 
 use redis::Script;
 

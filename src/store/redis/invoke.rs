@@ -158,6 +158,13 @@ pub(super) fn reply_error(reply: &[Value], policy: &RetentionPolicy) -> StoreErr
                 other => format!("the repair fence is held by {other}"),
             },
         },
+        Some(ScriptCode::StoreLost) => StoreError::store_lost(
+            BACKEND,
+            format!(
+                "the store marker {} is gone: the data of this slot was wiped (FLUSHALL, a restart without persistence, a failover to an empty replica, a master replaced empty); writes wait until an operator rebuilds from the log or runs `materializer accept-store-loss`",
+                arg(1)
+            ),
+        ),
         None => protocol(format!("code {code}")),
     }
 }

@@ -65,6 +65,9 @@ pub struct MailboxKeys {
     /// `P:repair:{user}`: the fence of `replay --reset-mailboxes` (the repair's holder id, with
     /// a lease TTL); absent in normal operation. The same key for both copies.
     pub repair: String,
+    /// `KEYS[7]`: the store marker of the user's slot (`P:store:{T}`, see `store_marker`) when
+    /// the store is known to hold data there, else `repair` again (nothing to check).
+    pub marker: String,
 }
 
 /// `{user_id}`: the hash tag shared by every key of a user.
@@ -94,12 +97,13 @@ impl MailboxKeys {
             days: format!("{stem}mbdays:{tag}:{epoch}"),
             day_prefix: format!("{stem}mbday:{tag}:{epoch}:"),
             repair: repair_key(prefix, &mailbox.user_id),
+            marker: repair_key(prefix, &mailbox.user_id),
             stem,
         }
     }
 
-    /// Passes the six keys to a script, as `KEYS[1..6]` in this order. Every mailbox script
-    /// takes the same six (some use fewer), so the order is written down once.
+    /// Passes the seven keys to a script, as `KEYS[1..7]` in this order. Every mailbox script
+    /// takes the same seven (some use fewer), so the order is written down once.
     pub fn bind(&self, invocation: &mut redis::ScriptInvocation<'_>) {
         invocation
             .key(&self.epoch)
@@ -107,7 +111,8 @@ impl MailboxKeys {
             .key(&self.seqbucket)
             .key(&self.days)
             .key(&self.day_prefix)
-            .key(&self.repair);
+            .key(&self.repair)
+            .key(&self.marker);
     }
 
     /// `P:mbday:{user}:<epoch>:<day>`

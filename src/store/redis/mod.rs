@@ -36,6 +36,7 @@ mod repair;
 pub mod replication;
 mod scan;
 mod slot_router;
+pub(crate) mod store_marker;
 pub use slot_router::REDIRECT_KINDS;
 pub mod scripts;
 
@@ -84,6 +85,11 @@ pub struct RedisStore {
     after_scan_read: Mutex<Option<PhaseHook>>,
     /// Day buckets the append script compacted (its reply says how many).
     promoted: crate::store::PromotedBuckets,
+    /// The slots known to hold data, whose marker every script checks (`store_marker`).
+    expected: store_marker::Expected,
+    /// Slots a write just succeeded in whose marker is not known yet: written by
+    /// [`RedisStore::write_markers`] after the call. Bound: at most every slot.
+    pending_markers: Mutex<std::collections::BTreeSet<u16>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -112,7 +118,128 @@ impl RedisStore {
     }
 
     fn keys(&self, mailbox: &MailboxId) -> MailboxKeys {
-        MailboxKeys::new(&self.settings.key_prefix, mailbox)
+        self.keys_of(mailbox, KeySet::Live)
+    }
+
+    /// The keys of `mailbox`'s `copy`, with the slot's store marker when the slot is known to
+    /// hold data (`store_marker`).
+    pub(super) fn keys_of(&self, mailbox: &MailboxId, copy: KeySet) -> MailboxKeys {
+        let mut keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
+        let slot = batch::slot_of_key(&keys::tag(&mailbox.user_id));
+        if self.expected.contains(slot) {
+            keys.marker = store_marker::marker_key(&self.settings.key_prefix, slot);
+        }
+        keys
+    }
+
+    /// A call on `user`'s mailbox succeeded: its slot holds data, and its marker is written
+    /// after the call if this process does not know it yet.
+    pub(super) fn note_data(&self, user: &UserId) {
+        let slot = batch::slot_of_key(&keys::tag(user));
+        if !self.expected.contains(slot) {
+            lock(&self.pending_markers).insert(slot);
+        }
+    }
+
+    /// Writes the markers [`Self::note_data`] asked for (`SET`, one per slot, once per process
+    /// and slot). A marker that could not be written is asked for again by the next success.
+    pub(super) async fn write_markers(&self) {
+        let slots = std::mem::take(&mut *lock(&self.pending_markers));
+        for slot in slots {
+            let key = store_marker::marker_key(&self.settings.key_prefix, slot);
+            let written: Result<(), RedisError> = redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .query_async(&mut self.conn())
+                .await;
+            match written {
+                Ok(()) => {
+                    self.expected.insert(slot);
+                }
+                Err(e) => {
+                    tracing::debug!(key, error = %e, "a store marker was not written; the next write in its slot tries again")
+                }
+            }
+        }
+    }
+
+    /// Reads which slots' markers are present (`store_marker`): one `EXISTS` per slot,
+    /// pipelined (16,384 whatever the store's size). The slots found are known to hold data
+    /// from now on. Answers how many, and whether the store holds any key of the prefix (an
+    /// empty store: new, or wiped while no process watched).
+    pub async fn load_markers(&self) -> Result<(u32, bool), StoreError> {
+        let prefix = &self.settings.key_prefix;
+        let slots: Vec<u16> = (0..store_marker::SLOTS as u16).collect();
+        for chunk in slots.chunks(1024) {
+            let mut pipe = redis::pipe();
+            for slot in chunk {
+                pipe.cmd("EXISTS")
+                    .arg(store_marker::marker_key(prefix, *slot));
+            }
+            let present: Vec<u8> = pipe
+                .query_async(&mut self.conn())
+                .await
+                .map_err(classified)?;
+            for (slot, present) in chunk.iter().zip(present) {
+                if present > 0 {
+                    self.expected.insert(*slot);
+                }
+            }
+        }
+        let found = self.expected.count();
+        if found > 0 {
+            return Ok((found, true));
+        }
+        let any = format!("{prefix}:*");
+        for mut node in self.scan_targets().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, batch) = scan_batch(&mut node, cursor, &any).await?;
+                if !batch.is_empty() {
+                    return Ok((0, true));
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok((0, false))
+    }
+
+    /// Expects every slot's marker: a store found wiped at start (see `store_marker`), so every
+    /// write waits until an operator acts.
+    pub fn expect_every_marker(&self) {
+        self.expected.insert_all();
+    }
+
+    /// `materializer accept-store-loss`: writes the marker of every slot, so the scripts that
+    /// found one missing (a wiped store or master) answer again, from what the store holds now.
+    /// Answers how many were missing.
+    pub async fn write_every_marker(&self) -> Result<u32, StoreError> {
+        let prefix = &self.settings.key_prefix;
+        let mut written = 0;
+        for chunk in (0..store_marker::SLOTS as u16)
+            .collect::<Vec<_>>()
+            .chunks(512)
+        {
+            let mut pipe = redis::pipe();
+            for slot in chunk {
+                pipe.cmd("SET")
+                    .arg(store_marker::marker_key(prefix, *slot))
+                    .arg(1)
+                    .arg("NX");
+            }
+            let answers: Vec<Option<String>> = pipe
+                .query_async(&mut self.conn())
+                .await
+                .map_err(classified)?;
+            written += answers.iter().filter(|a| a.is_some()).count() as u32;
+            for slot in chunk {
+                self.expected.insert(*slot);
+            }
+        }
+        Ok(written)
     }
 
     /// Installs (or clears) the hook run between a scan's bucket reads and its post-read check.
@@ -131,8 +258,22 @@ impl MailboxStore for RedisStore {
         self.promoted.total()
     }
 
+    async fn load_data_markers(&self) -> Result<Option<(u32, bool)>, StoreError> {
+        self.load_markers().await.map(Some)
+    }
+
+    fn expect_data_everywhere(&self) {
+        self.expect_every_marker();
+    }
+
+    async fn accept_data_loss(&self) -> Result<Option<u32>, StoreError> {
+        self.write_every_marker().await.map(Some)
+    }
+
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
-        self.append_to(KeySet::Live, "", group).await
+        let answer = self.append_to(KeySet::Live, "", group).await;
+        self.write_markers().await;
+        answer
     }
 
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
@@ -141,6 +282,7 @@ impl MailboxStore for RedisStore {
             return crate::store::append_one_by_one(self, run).await;
         }
         let mut answers = self.append_runs_pipelined(KeySet::Live, "", &[run]).await;
+        self.write_markers().await;
         answers.pop().unwrap_or_default()
     }
 
@@ -149,7 +291,9 @@ impl MailboxStore for RedisStore {
         runs: &[&[&EventGroup]],
     ) -> Vec<Vec<Result<AppendOutcome, StoreError>>> {
         if runs.iter().all(|run| crate::store::one_mailbox(run)) {
-            return self.append_runs_pipelined(KeySet::Live, "", runs).await;
+            let answers = self.append_runs_pipelined(KeySet::Live, "", runs).await;
+            self.write_markers().await;
+            return answers;
         }
         futures::future::join_all(runs.iter().map(|run| self.append_run(run))).await
     }
@@ -159,8 +303,11 @@ impl MailboxStore for RedisStore {
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
-        self.truncate_in(KeySet::Live, "", mailbox, before_seq)
-            .await
+        let answer = self
+            .truncate_in(KeySet::Live, "", mailbox, before_seq)
+            .await;
+        self.write_markers().await;
+        answer
     }
 
     async fn range_scan(

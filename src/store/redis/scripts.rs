@@ -157,6 +157,7 @@ pub(crate) enum ScriptCode {
     CursorGap,
     UnderRepair,
     FenceLost,
+    StoreLost,
 }
 
 impl ScriptCode {
@@ -175,6 +176,7 @@ impl ScriptCode {
             -31 => Self::CursorGap,
             -40 => Self::UnderRepair,
             -41 => Self::FenceLost,
+            -42 => Self::StoreLost,
             _ => return None,
         })
     }
@@ -200,6 +202,7 @@ mod tests {
             ScriptCode::CursorGap => "ERR_CURSOR_GAP",
             ScriptCode::UnderRepair => "ERR_UNDER_REPAIR",
             ScriptCode::FenceLost => "ERR_FENCE_LOST",
+            ScriptCode::StoreLost => "ERR_STORE_LOST",
         }
     }
 

@@ -1,0 +1,202 @@
+//! SPEC 7.3 "A wiped store or master": a store that lost everything is detected before a write
+//! lands on it. Each slot that holds a mailbox carries a marker (`P:store:{T}`); a script whose
+//! slot's marker is gone answers `store_lost`, the write waits (retried, never dead-lettered),
+//! `/readyz` fails with `store data: lost`, `materializer_store_lost` is 1, and nothing is written
+//! until the operator accepts the loss (`materializer accept-store-loss`) or rebuilds from the
+//! log (the daemon stopped, `replay` of each partition from the log's start, the daemon
+//! started).
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::kafka::{committed, create_topic, http_get, produce, wait_for, Daemon, DaemonSetup};
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+use support::reference::{group_record, redis_store, scan_seqs};
+
+fn records(user: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<(i32, Vec<u8>)> {
+    seqs.map(|s| (0, group_record(user, s, "b"))).collect()
+}
+
+fn accept_store_loss(setup: &DaemonSetup) -> serde_json::Value {
+    let out = support::cli::run_materializer(
+        &[
+            "accept-store-loss",
+            "--config",
+            setup
+                .config_file(free_port())
+                .to_str()
+                .expect("config path"),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "accept-store-loss: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn readyz(daemon: &Daemon) -> (u16, String) {
+    http_get(daemon.http_port, "/readyz").unwrap_or_default()
+}
+
+/// Waits until the daemon says the store lost its data, and checks that nothing was written.
+fn assert_held(daemon: &Daemon, redis: &RedisServer) {
+    wait_for(
+        "readiness false with store data: lost",
+        Duration::from_secs(60),
+        || {
+            let (status, body) = readyz(daemon);
+            status == 503 && body.contains("store data: lost")
+        },
+        || daemon.log(),
+    );
+    assert_eq!(daemon.metrics().get("materializer_store_lost"), 1.0);
+    assert!(
+        daemon.log().contains("store lost"),
+        "an ERROR names the loss:\n{}",
+        daemon.log()
+    );
+    // Writes keep being tried; still nothing lands.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        redis.raw("DBSIZE").trim(),
+        ":0",
+        "nothing written on the wiped store"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushall_under_a_running_daemon_holds_every_write_until_the_loss_is_accepted() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("wiped", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(scan_seqs(&store, "u").await, vec![1, 2, 3, 4, 5]);
+
+    redis.raw("FLUSHALL");
+    produce(&setup.topic, &records("u", 6..=8)).await;
+    assert_held(&daemon, &redis);
+    assert_eq!(committed(&setup.group, &setup.topic, 1), vec![5]);
+    assert!(
+        support::kafka::read_all(&setup.dlq_topic).is_empty(),
+        "nothing dead-lettered"
+    );
+
+    // The operator accepts the loss: the waiting writes go on from what the store holds now.
+    let accepted = accept_store_loss(&setup);
+    assert_eq!(accepted["accepted"], true, "{accepted}");
+    wait_for(
+        "the waiting writes applied, ready again",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![8] && readyz(&daemon).0 == 200,
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, "u").await, vec![6, 7, 8]);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// A Redis restarted without persistence under a running daemon is the same loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_empty_under_a_running_daemon_is_found_before_a_write_lands() {
+    let mut redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("restarted-empty", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    redis.restart();
+    produce(&setup.topic, &records("u", 6..=8)).await;
+    assert_held(&daemon, &redis);
+
+    // The operator rebuilds from the log instead: the daemon stopped, each partition replayed
+    // from the log's start (its writes put the markers back), the daemon started again.
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    let (out, _) = support::cli::replay(
+        &setup.config_file(free_port()),
+        &["--partition", "0", "--from-offset", "0"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(scan_seqs(&store, "u").await, (1..=8).collect::<Vec<_>>());
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "the rest committed, ready",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![8] && readyz(&daemon).0 == 200,
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, "u").await, (1..=8).collect::<Vec<_>>());
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// A store wiped while no daemon ran: found at start, from the group's committed offsets,
+/// before the first write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_wiped_while_the_daemon_was_stopped_is_found_at_start() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("wiped-stopped", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    redis.raw("FLUSHALL");
+    produce(&setup.topic, &records("u", 6..=8)).await;
+    let mut daemon = Daemon::start(&setup);
+    assert_held(&daemon, &redis);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// A new store under a new group is not a wipe, and one under a group that committed nothing
+/// either: the daemon writes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_empty_store_is_not_a_wipe() {
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("new-store", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=3)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..3 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![3],
+        || daemon.log(),
+    );
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(scan_seqs(&store, "u").await, vec![1, 2, 3]);
+    assert_eq!(daemon.metrics().get("materializer_store_lost"), 0.0);
+    assert!(
+        redis.raw("KEYS mm:store:*").contains("mm:store:{"),
+        "the slot's marker is written with its first mailbox"
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
