@@ -63,6 +63,7 @@ fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
         command_timeout: Duration::from_millis(redis.command_timeout_ms),
         wait_replicas: redis.wait_replicas,
         wait_timeout: Duration::from_millis(redis.wait_timeout_ms),
+        markers: !redis.allow_eviction,
     }
 }
 

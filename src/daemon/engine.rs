@@ -188,7 +188,26 @@ pub(crate) struct Engine {
     rereads: u64,
     /// More mailboxes fail closed than `kafka.max_blocked_mailboxes` (logged once per crossing).
     over_blocked_limit: bool,
+    /// The store, for the record of how far it holds each partition (`keeps_applied`).
+    store: Arc<dyn MailboxStore>,
+    /// With a store that keeps it: watermarks not yet recorded in the store, so not yet handed
+    /// to the consumer's offset store (see [`Engine::record_applied`]). One per partition.
+    unstored: std::collections::BTreeMap<i32, i64>,
+    /// A record write is in flight (one at a time), and when the last one started.
+    applied_in_flight: bool,
+    applied_started: Option<Instant>,
+    /// The last record write failed (logged once per change).
+    applied_failing: bool,
+    /// Where a record write's task answers (the receiver is `run`'s).
+    applied_done: Option<mpsc::UnboundedSender<AppliedDone>>,
 }
+
+/// A record write's answer: the watermarks it recorded, and whether it did.
+type AppliedDone = (Vec<(i32, i64)>, bool);
+
+/// How often the record of what the store holds is written at most (SPEC 7.3, a store that
+/// went back in time): the commits of a busy partition wait up to this long more.
+const APPLIED_EVERY: Duration = Duration::from_millis(200);
 
 /// Where a run is (as mini-redis's `Shutdown`): taking records from the poll thread, or draining
 /// what it holds until a deadline. Every way a run ends (a signal, a fatal client error, the poll
@@ -244,7 +263,7 @@ impl Engine {
             consumer,
             waker,
             producer,
-            driver: Driver::new(store),
+            driver: Driver::new(store.clone()),
             telemetry,
             letters: FuturesUnordered::new(),
             last_consumer_error: None,
@@ -255,6 +274,12 @@ impl Engine {
             rereading: HashMap::new(),
             rereads: 0,
             over_blocked_limit: false,
+            store,
+            unstored: std::collections::BTreeMap::new(),
+            applied_in_flight: false,
+            applied_started: None,
+            applied_failing: false,
+            applied_done: None,
         }
     }
 
@@ -265,6 +290,8 @@ impl Engine {
         mut handovers: mpsc::UnboundedReceiver<Handover>,
         mut shutdown: watch::Receiver<bool>,
     ) -> RunReport {
+        let (applied_tx, mut applied_rx) = mpsc::unbounded_channel::<AppliedDone>();
+        self.applied_done = Some(applied_tx);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let drain_within = self.settings.shutdown_deadline;
@@ -328,6 +355,7 @@ impl Engine {
                     self.advance();
                 }
                 Some(handover) = handovers.recv() => self.begin_handover(handover),
+                Some((positions, ok)) = applied_rx.recv() => self.applied_recorded(positions, ok),
                 _ = tokio::time::sleep_until(self.handovers.iter().map(|h| h.deadline()).min().unwrap_or(until)), if !self.handovers.is_empty() => {}
                 Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
                 _ = tick.tick() => self.housekeeping(),
@@ -340,6 +368,7 @@ impl Engine {
             self.finish_handovers();
         }
         self.advance();
+        self.record_applied_now().await;
         self.telemetry.health().liveness.engine_stopped();
         let mut report = RunReport::default();
         if self.intake_lost {
@@ -590,14 +619,111 @@ impl Engine {
             }
         }
         if store.count() > 0 {
-            if let Err(e) = self.consumer.store_offsets(&store) {
+            if self.store.keeps_applied() {
+                for element in store.elements() {
+                    if let Offset::Offset(offset) = element.offset() {
+                        self.unstored.insert(element.partition(), offset);
+                    }
+                }
+            } else if let Err(e) = self.consumer.store_offsets(&store) {
                 // A partition revoked a moment ago: its new owner re-reads from the last commit.
                 tracing::debug!(error = %e, "offset store refused");
             }
         }
+        self.record_applied();
         self.rereads_due();
         self.reread_progress();
         self.apply_backpressure();
+    }
+
+    /// SPEC 7.3, a store that went back in time: the watermarks of [`Self::unstored`] are
+    /// written to the store's record of what it holds (`store::redis::applied`) before they are
+    /// handed to the consumer's offset store, so the group never commits past what the store
+    /// says it holds. One write in flight at a time, at most every [`APPLIED_EVERY`]; its answer
+    /// comes back through [`Self::applied_recorded`].
+    fn record_applied(&mut self) {
+        if self.applied_in_flight
+            || self.unstored.is_empty()
+            || self
+                .applied_started
+                .is_some_and(|at| at.elapsed() < APPLIED_EVERY)
+        {
+            return;
+        }
+        let Some(done) = self.applied_done.clone() else {
+            return;
+        };
+        let positions: Vec<(i32, i64)> = std::mem::take(&mut self.unstored).into_iter().collect();
+        self.applied_in_flight = true;
+        self.applied_started = Some(Instant::now());
+        let store = self.store.clone();
+        let topic = self.settings.topic.clone();
+        tokio::spawn(async move {
+            let ok = match store.record_applied(&topic, &positions).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the store's record of what it holds could not be written: the offsets wait (retried)");
+                    false
+                }
+            };
+            let _ = done.send((positions, ok));
+        });
+    }
+
+    /// A record write answered: its watermarks go to the consumer's offset store (the ones of
+    /// partitions still assigned; a later watermark of a partition waits for the next write), or
+    /// back to [`Self::unstored`] when it failed.
+    fn applied_recorded(&mut self, positions: Vec<(i32, i64)>, ok: bool) {
+        self.applied_in_flight = false;
+        if ok == self.applied_failing {
+            self.applied_failing = !ok;
+            if ok {
+                tracing::info!("the store's record of what it holds is written again: the offsets are committed");
+            } else {
+                tracing::warn!("the store's record of what it holds cannot be written (the store is unreachable or lost its data): the offsets wait, retried every 200 ms");
+            }
+        }
+        if !ok {
+            for (partition, offset) in positions {
+                self.unstored.entry(partition).or_insert(offset);
+            }
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (partition, offset) in positions {
+            if self.driver.window(&partition).is_some() {
+                let _ = tpl.add_partition_offset(
+                    &self.settings.topic,
+                    partition,
+                    Offset::Offset(offset),
+                );
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
+                tracing::debug!(error = %e, "offset store refused");
+            }
+        }
+        self.record_applied();
+    }
+
+    /// At the end of a run: the last watermarks are recorded and stored before the consumer
+    /// closes (and commits them).
+    async fn record_applied_now(&mut self) {
+        if self.unstored.is_empty() {
+            return;
+        }
+        let positions: Vec<(i32, i64)> = std::mem::take(&mut self.unstored).into_iter().collect();
+        match self
+            .store
+            .record_applied(&self.settings.topic, &positions)
+            .await
+        {
+            Ok(()) => self.applied_recorded(positions, true),
+            Err(e) => {
+                tracing::warn!(error = %e, "the store's record of what it holds could not be written at shutdown: the last offsets stay uncommitted and are read again")
+            }
+        }
     }
 
     /// Pauses partitions whose window is full or whose bytes exceed their share of the budget,

@@ -151,6 +151,31 @@ impl Event for PartitionGrowthDone {
     }
 }
 
+/// The store went back in time (SPEC 7.3): it holds `partition` only below `holds_below` while
+/// the group committed `committed` (a failover to a replica that missed the last writes, an
+/// older snapshot). The partition is read again from there: WARN, counted.
+pub(crate) struct StoreWentBack {
+    pub partition: i32,
+    pub holds_below: i64,
+    pub committed: i64,
+}
+
+impl Event for StoreWentBack {
+    fn emit(self) {
+        metrics::store_went_back(self.partition);
+        tracing::warn!(
+            partition = self.partition,
+            holds_below = self.holds_below,
+            committed = self.committed,
+            "the store went back in time: it holds partition {} only below offset {} while the group committed {} (a failover to a replica that missed the last writes, or an older snapshot); the partition is read again from {}, so the lost writes are applied again",
+            self.partition,
+            self.holds_below,
+            self.committed,
+            self.holds_below,
+        );
+    }
+}
+
 /// An operator accepted a held loss: the partition carries on from `from`.
 pub(crate) struct RecordsLostAccepted {
     pub partition: i32,

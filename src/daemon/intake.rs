@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 
 use super::events::{
     Event, PartitionGrowthDone, PartitionGrowthLeft, PartitionGrowthWait, RecordsLost,
-    RecordsLostAccepted, UnknownFields,
+    RecordsLostAccepted, StoreWentBack, UnknownFields,
 };
 use super::kafka::{DaemonContext, GroupEvent};
 use super::log_identity;
@@ -111,6 +111,10 @@ pub(crate) enum IntakeEvent {
     },
 }
 
+/// The store's record of how far it holds each partition (`store::redis::applied`), read at
+/// each assignment from this thread (`Handle::block_on`: the store is async).
+pub(crate) type Applied = (Arc<dyn crate::store::MailboxStore>, tokio::runtime::Handle);
+
 /// The running poll thread.
 pub(crate) struct Intake {
     stop: Arc<AtomicBool>,
@@ -130,6 +134,7 @@ impl Intake {
         known: Option<LogId>,
         on_records_lost: OnRecordsLost,
         order_growth: Option<Duration>,
+        applied: Option<Applied>,
     ) -> std::io::Result<(Self, mpsc::Receiver<IntakeEvent>)> {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
@@ -143,7 +148,7 @@ impl Intake {
                         &tx,
                         &stop,
                         &options,
-                        (known, on_records_lost, order_growth),
+                        (known, on_records_lost, order_growth, applied),
                     );
                     consumer.context().health().liveness.poll_stopped();
                 }
@@ -241,6 +246,10 @@ enum Why {
     /// The partition appeared with a growth of the topic: it waits (paused) until the older
     /// partitions are consumed past the records written before it (`partition_growth`).
     Growth,
+    /// The store went back in time (SPEC 7.3): it holds the partition only below the offset of
+    /// the hold, while the group committed further. The first record polled is dropped and the
+    /// partition sought back there, so the lost writes are applied again.
+    Rewind,
 }
 
 impl Why {
@@ -251,6 +260,7 @@ impl Why {
             Why::Identity => 0,
             Why::Growth => 1,
             Why::Lost => 2,
+            Why::Rewind => 3,
         }
     }
 }
@@ -389,6 +399,49 @@ fn group_progress(
             .filter_map(|(p, offset)| offset.map(|o| (p, o)))
             .collect(),
     )
+}
+
+/// SPEC 7.3, a store that went back in time: the store's record of how far it holds each
+/// assigned partition (`store::redis::applied`) below the group's committed offset means the
+/// writes between were lost (a failover to a replica behind, an older snapshot). Such a
+/// partition is held for [`Why::Rewind`]: its first record is dropped and the partition read
+/// again from the record, so the lost writes are applied again (replays are idempotent).
+fn went_back(
+    consumer: &BaseConsumer<DaemonContext>,
+    (store, runtime): &Applied,
+    assigned: &[(i32, Option<i64>)],
+    held: &mut Held,
+) {
+    let topic = consumer.context().topic();
+    let with_commit: Vec<i32> = assigned
+        .iter()
+        .filter(|(_, c)| c.is_some())
+        .map(|(p, _)| *p)
+        .collect();
+    if with_commit.is_empty() {
+        return;
+    }
+    let records = match runtime.block_on(store.applied(topic, &with_commit)) {
+        Ok(records) => records,
+        Err(e) => {
+            tracing::warn!(error = %e, "the store's record of what it holds could not be read: a store that went back in time is not detected at this assignment");
+            return;
+        }
+    };
+    for (partition, committed) in assigned {
+        let (Some(committed), Some(held_below)) = (committed, records.get(partition)) else {
+            continue;
+        };
+        if held_below < committed {
+            StoreWentBack {
+                partition: *partition,
+                holds_below: *held_below,
+                committed: *committed,
+            }
+            .emit();
+            held.at.insert(*partition, (*held_below, Why::Rewind));
+        }
+    }
 }
 
 /// Where each of `partitions` stands at `timestamp` (ms): the first offset whose timestamp is at
@@ -632,7 +685,12 @@ fn poll_loop(
     tx: &mpsc::Sender<IntakeEvent>,
     stop: &AtomicBool,
     options: &DecodeOptions,
-    (known, on_records_lost, order_growth): (Option<LogId>, OnRecordsLost, Option<Duration>),
+    (known, on_records_lost, order_growth, applied): (
+        Option<LogId>,
+        OnRecordsLost,
+        Option<Duration>,
+        Option<Applied>,
+    ),
 ) {
     let mut identity = Identity {
         fixed: known.is_some(),
@@ -734,6 +792,9 @@ fn poll_loop(
                             continuity.assigned(*partition, offset);
                             assigned.push((*partition, offset));
                         }
+                        if let Some(applied) = &applied {
+                            went_back(consumer, applied, &assigned, &mut held);
+                        }
                         // A partition this thread paused (a hold) and that came back: librdkafka
                         // may keep an application's pause across a rebalance, and nothing here
                         // holds it any more.
@@ -764,6 +825,17 @@ fn poll_loop(
             }
         }
         match polled {
+            Some(Ok(message)) if held.why(message.partition()) == Some(Why::Rewind) => {
+                // The store went back: the partition is read again from where it holds it.
+                let partition = message.partition();
+                for (partition, from) in held.release(Why::Rewind, Some(&[partition])) {
+                    // This record is dropped: the seek brings it again.
+                    let from = from.min(message.offset());
+                    sent.remove(&partition);
+                    continuity.reread(partition, from);
+                    seek_back(consumer, partition, from);
+                }
+            }
             Some(Ok(message)) if held.why(message.partition()) == Some(Why::Lost) => {
                 // Held for lost records: the engine's resume of a partition it had paused may
                 // have let records through; the partition is paused and sought back again.

@@ -52,6 +52,7 @@ pub const TOPIC_COMPACTED: &str = "materializer_topic_compacted";
 pub const STORE_EVICTING: &str = "materializer_store_evicting";
 pub const STORE_FULL: &str = "materializer_store_full";
 pub const STORE_LOST: &str = "materializer_store_lost";
+pub const STORE_WENT_BACK_TOTAL: &str = "materializer_store_went_back_total";
 pub const STORE_OPEN_SLOTS: &str = "materializer_store_open_slots";
 pub const STORE_REDIRECTS_TOTAL: &str = "materializer_store_redirects_total";
 pub const ASSIGNED_PARTITIONS: &str = "materializer_assigned_partitions";
@@ -283,6 +284,10 @@ fn describe() {
         STORE_FULL,
         "1 while the store refuses writes for memory (a Redis master at its maxmemory, or an OOM answer in the last 5 s): the writes wait, nothing is dead-lettered; 0 otherwise"
     );
+    describe_counter!(
+        STORE_WENT_BACK_TOTAL,
+        "Assignments at which the store held a partition only below the group's committed offset (it went back in time: a failover to a replica behind, an older snapshot), so the partition was read again from there, by partition"
+    );
     describe_gauge!(
         STORE_LOST,
         "1 while the store's data is found gone (a wiped store or master, SPEC 7.3: a script found its slot's store marker missing in the last 5 s): writes wait until an operator rebuilds from the log or runs materializer accept-store-loss; 0 otherwise"
@@ -370,6 +375,11 @@ pub fn memory_limit(bytes: u64) {
 /// Whether the store may evict the mailboxes' keys ([`STORE_EVICTING`]).
 pub(crate) fn store_evicting(evicting: bool) {
     gauge!(STORE_EVICTING).set(if evicting { 1.0 } else { 0.0 });
+}
+
+/// `partition` was read again because the store went back in time ([`STORE_WENT_BACK_TOTAL`]).
+pub(crate) fn store_went_back(partition: i32) {
+    counter!(STORE_WENT_BACK_TOTAL, "partition" => partition.to_string()).increment(1);
 }
 
 /// Whether a call found the store's data gone within the last seconds ([`STORE_LOST`]).

@@ -180,6 +180,8 @@ pub async fn run(
         options
             .commit_offsets
             .then(|| std::time::Duration::from_millis(config.kafka.growth_allowance_ms)),
+        (options.commit_offsets && store.keeps_applied())
+            .then(|| (store.clone(), tokio::runtime::Handle::current())),
     )?;
     let probes = health::spawn(
         store.clone(),

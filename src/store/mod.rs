@@ -181,6 +181,31 @@ pub trait MailboxStore: Send + Sync {
     /// call that answers from a mailbox waits (`store_lost`) until an operator acts.
     fn expect_data_everywhere(&self) {}
 
+    /// Whether this store keeps how far it holds each partition of the log (SPEC 7.3, a store
+    /// that went back in time: `redis::applied`). The daemon then writes it before each offset
+    /// it hands to the consumer, and reads it at each assignment.
+    fn keeps_applied(&self) -> bool {
+        false
+    }
+
+    /// Records that the store holds every write of `topic`'s partitions below these offsets.
+    async fn record_applied(
+        &self,
+        _topic: &str,
+        _positions: &[(i32, i64)],
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The offsets below which the store holds every write of `partitions` (those recorded).
+    async fn applied(
+        &self,
+        _topic: &str,
+        _partitions: &[i32],
+    ) -> Result<std::collections::BTreeMap<i32, i64>, StoreError> {
+        Ok(std::collections::BTreeMap::new())
+    }
+
     /// `materializer accept-store-loss`: the operator accepts that the store lost data (a wiped
     /// store or master): the data markers of every slot are written again, so the calls that
     /// waited answer from what the store holds now. `Some(markers written)`, or `None` for a

@@ -200,3 +200,133 @@ async fn a_new_empty_store_is_not_a_wipe() {
     );
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 }
+
+/// A master with a replica and `wait_replicas = 0` (the default): seqs 1..5 reach both, the
+/// replica is cut off, 6..10 are applied and committed on the master alone, the master dies and
+/// the replica is promoted. The daemon, pointed at it, finds that the store holds partition 0
+/// only below where the group committed, reads it again from there, and the mailbox ends as the
+/// log says: 1..12 (without it: 1..5, 11, 12, and 6..10 never come back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_behind_applies_the_lost_writes_again() {
+    let (mut master, replica) = tokio::task::spawn_blocking(|| {
+        let master = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
+        let port = master.port().expect("tcp").to_string();
+        let replica = RedisServer::start(
+            Clock::Real,
+            Listen::Tcp(free_port()),
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+                "--enable-debug-command",
+                "yes",
+            ],
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !replica
+            .raw("INFO replication")
+            .contains("master_link_status:up")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica never synced"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (master, replica)
+    })
+    .await
+    .expect("servers");
+    let setup = DaemonSetup::new("went-back", Some(master.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    wait_for(
+        "the replica caught up",
+        Duration::from_secs(20),
+        || {
+            let offset = |info: String| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("master_repl_offset:"))
+                    .map(|v| v.trim().to_owned())
+            };
+            offset(master.raw("INFO replication")) == offset(replica.raw("INFO replication"))
+        },
+        || daemon.log(),
+    );
+
+    // The replica is cut off: it sleeps and its link is dropped.
+    let replica_port = replica.port().expect("tcp");
+    let cut_at = std::time::Instant::now();
+    std::thread::spawn(move || {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", replica_port)) {
+            use std::io::Write;
+            let _ = s.write_all(b"DEBUG SLEEP 8\r\n");
+            std::thread::sleep(Duration::from_secs(9));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(master.raw("CLIENT KILL TYPE replica").starts_with(':'));
+    produce(&setup.topic, &records("u", 6..=10)).await;
+    wait_for(
+        "seqs 6..10 committed on the master alone",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![10],
+        || daemon.log(),
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    master.stop();
+    // The replica answers again once its sleep is over (a PING before would time out).
+    std::thread::sleep(Duration::from_secs(9).saturating_sub(cut_at.elapsed()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !replica.raw("PING").starts_with("+PONG") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never woke"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(replica.raw("REPLICAOF NO ONE").starts_with("+OK"));
+    let promoted = redis_store(&replica.url()).await;
+    assert_eq!(
+        scan_seqs(&promoted, "u").await,
+        vec![1, 2, 3, 4, 5],
+        "the replica missed 6..10"
+    );
+
+    let mut failed_over = DaemonSetup::new("went-back-2", Some(replica.url()));
+    failed_over.topic = setup.topic.clone();
+    failed_over.dlq_topic = setup.dlq_topic.clone();
+    failed_over.group = setup.group.clone();
+    produce(&setup.topic, &records("u", 11..=12)).await;
+    let mut daemon = Daemon::start(&failed_over);
+    wait_for(
+        "seqs 11, 12 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![12],
+        || daemon.log(),
+    );
+    assert_eq!(
+        scan_seqs(&promoted, "u").await,
+        (1..=12).collect::<Vec<_>>()
+    );
+    assert!(
+        daemon.log().contains("the store went back in time"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(
+        daemon
+            .metrics()
+            .get("materializer_store_went_back_total{partition=\"0\"}"),
+        1.0
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}

@@ -119,7 +119,23 @@ impl Engine {
             }
             self.revoke(handover.partitions.clone());
             tracing::info!(final_offsets = ?watermarks, "revoke: handed over");
-            let _ = handover.done.try_send(watermarks);
+            if watermarks.is_empty() || !self.store.keeps_applied() {
+                let _ = handover.done.try_send(watermarks);
+                continue;
+            }
+            // The store's record of what it holds goes first (see `Engine::record_applied`);
+            // the callback commits the watermarks once answered.
+            for (partition, _) in &watermarks {
+                self.unstored.remove(partition);
+            }
+            let store = self.store.clone();
+            let topic = self.settings.topic.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.record_applied(&topic, &watermarks).await {
+                    tracing::warn!(error = %e, "revoke: the store's record of what it holds could not be written; the next owner may read a few records again");
+                }
+                let _ = handover.done.try_send(watermarks);
+            });
         }
     }
 

@@ -20,6 +20,11 @@ pub struct RedisSettings {
     pub wait_replicas: u32,
     /// How long `WAIT` may block; must stay below `command_timeout`.
     pub wait_timeout: Duration,
+    /// Keep and check the store markers (`store_marker`: a wiped store is found before a write
+    /// lands). Off under `store.redis.allow_eviction`: an evicting Redis drops markers like any
+    /// other key, which would hold writes as if the store were wiped; such a store accepts
+    /// losing keys, and a lost mailbox key fails closed on its own.
+    pub markers: bool,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -44,6 +49,7 @@ impl RedisSettings {
             command_timeout: Duration::from_secs(5),
             wait_replicas: 0,
             wait_timeout: Duration::from_secs(1),
+            markers: true,
         }
     }
 }

@@ -22,6 +22,7 @@
 //! the store itself and the [`MailboxStore`] trait.
 
 mod append;
+mod applied;
 mod batch;
 mod cluster_watch;
 mod connection;
@@ -126,7 +127,7 @@ impl RedisStore {
     pub(super) fn keys_of(&self, mailbox: &MailboxId, copy: KeySet) -> MailboxKeys {
         let mut keys = MailboxKeys::of(&self.settings.key_prefix, mailbox, copy);
         let slot = batch::slot_of_key(&keys::tag(&mailbox.user_id));
-        if self.expected.contains(slot) {
+        if self.settings.markers && self.expected.contains(slot) {
             keys.marker = store_marker::marker_key(&self.settings.key_prefix, slot);
         }
         keys
@@ -135,8 +136,12 @@ impl RedisStore {
     /// A call on `user`'s mailbox succeeded: its slot holds data, and its marker is written
     /// after the call if this process does not know it yet.
     pub(super) fn note_data(&self, user: &UserId) {
-        let slot = batch::slot_of_key(&keys::tag(user));
-        if !self.expected.contains(slot) {
+        self.note_slot(batch::slot_of_key(&keys::tag(user)));
+    }
+
+    /// [`Self::note_data`] of a slot.
+    pub(super) fn note_slot(&self, slot: u16) {
+        if self.settings.markers && !self.expected.contains(slot) {
             lock(&self.pending_markers).insert(slot);
         }
     }
@@ -168,6 +173,10 @@ impl RedisStore {
     /// from now on. Answers how many, and whether the store holds any key of the prefix (an
     /// empty store: new, or wiped while no process watched).
     pub async fn load_markers(&self) -> Result<(u32, bool), StoreError> {
+        if !self.settings.markers {
+            // Under allow_eviction: treated as a store with data and no markers.
+            return Ok((0, true));
+        }
         let prefix = &self.settings.key_prefix;
         let slots: Vec<u16> = (0..store_marker::SLOTS as u16).collect();
         for chunk in slots.chunks(1024) {
@@ -268,6 +277,26 @@ impl MailboxStore for RedisStore {
 
     async fn accept_data_loss(&self) -> Result<Option<u32>, StoreError> {
         self.write_every_marker().await.map(Some)
+    }
+
+    fn keeps_applied(&self) -> bool {
+        true
+    }
+
+    async fn record_applied(
+        &self,
+        topic: &str,
+        positions: &[(i32, i64)],
+    ) -> Result<(), StoreError> {
+        self.write_applied(topic, positions).await
+    }
+
+    async fn applied(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<BTreeMap<i32, i64>, StoreError> {
+        self.read_applied(topic, partitions).await
     }
 
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
