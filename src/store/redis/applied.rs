@@ -25,14 +25,14 @@
 //! `unchanged` or `superseded`, what it lost is written again). Where the log no longer holds
 //! them (retention passed the record), the records-lost rules apply (`kafka.on_records_lost`).
 //!
-//! Cost: 64 `HSET`s in one pipeline per write (the daemon writes at most every 250 ms), 64
-//! `HMGET`s per assignment.
+//! Cost: 64 `HSET`s per write (one pipeline on a single server, sent side by side on a cluster;
+//! the daemon writes at most every 200 ms), 64 `HMGET`s per assignment.
 
 use std::collections::BTreeMap;
 
 use redis::Value;
 
-use super::{classified, store_marker, RedisStore};
+use super::{store_marker, RedisStore};
 use crate::model::StoreError;
 
 /// The records' keys: one per 256 slots.
@@ -63,18 +63,18 @@ impl RedisStore {
             return Ok(());
         }
         self.check_markers_of_records().await?;
-        let mut pipe = redis::pipe();
-        for key in keys(&self.settings.key_prefix) {
-            let cmd = pipe.cmd("HSET").arg(key);
-            for (partition, offset) in positions {
-                cmd.arg(field(topic, *partition)).arg(*offset);
-            }
-            cmd.ignore();
-        }
-        let _: () = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(classified)?;
+        let commands = keys(&self.settings.key_prefix)
+            .into_iter()
+            .map(|key| {
+                let mut command = redis::cmd("HSET");
+                command.arg(key);
+                for (partition, offset) in positions {
+                    command.arg(field(topic, *partition)).arg(*offset);
+                }
+                command
+            })
+            .collect();
+        let _: Vec<i64> = self.each(commands).await?;
         // The records are data of their slots: a slot that loses them is a wiped slot too.
         for k in 0..KEYS {
             self.note_slot(k * 256);
@@ -98,15 +98,15 @@ impl RedisStore {
         if expected.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        for slot in &expected {
-            pipe.cmd("EXISTS")
-                .arg(store_marker::marker_key(prefix, *slot));
-        }
-        let present: Vec<u8> = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(classified)?;
+        let commands = expected
+            .iter()
+            .map(|slot| {
+                let mut command = redis::cmd("EXISTS");
+                command.arg(store_marker::marker_key(prefix, *slot));
+                command
+            })
+            .collect();
+        let present: Vec<u8> = self.each(commands).await?;
         if let Some((slot, _)) = expected.iter().zip(present).find(|(_, p)| *p == 0) {
             return Err(StoreError::store_lost(
                 super::BACKEND,
@@ -130,17 +130,18 @@ impl RedisStore {
         if partitions.is_empty() {
             return Ok(out);
         }
-        let mut pipe = redis::pipe();
-        for key in keys(&self.settings.key_prefix) {
-            let cmd = pipe.cmd("HMGET").arg(key);
-            for partition in partitions {
-                cmd.arg(field(topic, *partition));
-            }
-        }
-        let replies: Vec<Vec<Value>> = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(classified)?;
+        let commands = keys(&self.settings.key_prefix)
+            .into_iter()
+            .map(|key| {
+                let mut command = redis::cmd("HMGET");
+                command.arg(key);
+                for partition in partitions {
+                    command.arg(field(topic, *partition));
+                }
+                command
+            })
+            .collect();
+        let replies: Vec<Vec<Value>> = self.each(commands).await?;
         for reply in replies {
             for (partition, value) in partitions.iter().zip(reply) {
                 let offset = match value {

@@ -168,6 +168,36 @@ impl RedisStore {
         }
     }
 
+    /// Sends `commands` (each about keys of one slot) and answers their replies in order: one
+    /// pipeline on a single server; on a cluster each command alone, 256 in flight at once (a
+    /// cluster pipeline may not cross slots). For the markers and the applied records, which
+    /// spread over the slots on purpose.
+    pub(super) async fn each<T: redis::FromRedisValue + Send>(
+        &self,
+        commands: Vec<Cmd>,
+    ) -> Result<Vec<T>, StoreError> {
+        if !self.settings.cluster {
+            let mut pipe = redis::pipe();
+            for command in commands {
+                pipe.add_command(command);
+            }
+            return pipe.query_async(&mut self.conn()).await.map_err(classified);
+        }
+        use futures::StreamExt;
+        let replies: Vec<Result<T, RedisError>> = futures::stream::iter(commands)
+            .map(|command| {
+                let mut connection = self.conn();
+                async move { command.query_async::<T>(&mut connection).await }
+            })
+            .buffered(256)
+            .collect()
+            .await;
+        replies
+            .into_iter()
+            .collect::<Result<Vec<T>, RedisError>>()
+            .map_err(classified)
+    }
+
     /// Reads which slots' markers are present (`store_marker`): one `EXISTS` per slot,
     /// pipelined (16,384 whatever the store's size). The slots found are known to hold data
     /// from now on. Answers how many, and whether the store holds any key of the prefix (an
@@ -180,15 +210,15 @@ impl RedisStore {
         let prefix = &self.settings.key_prefix;
         let slots: Vec<u16> = (0..store_marker::SLOTS as u16).collect();
         for chunk in slots.chunks(1024) {
-            let mut pipe = redis::pipe();
-            for slot in chunk {
-                pipe.cmd("EXISTS")
-                    .arg(store_marker::marker_key(prefix, *slot));
-            }
-            let present: Vec<u8> = pipe
-                .query_async(&mut self.conn())
-                .await
-                .map_err(classified)?;
+            let commands = chunk
+                .iter()
+                .map(|slot| {
+                    let mut command = redis::cmd("EXISTS");
+                    command.arg(store_marker::marker_key(prefix, *slot));
+                    command
+                })
+                .collect();
+            let present: Vec<u8> = self.each(commands).await?;
             for (slot, present) in chunk.iter().zip(present) {
                 if present > 0 {
                     self.expected.insert(*slot);
@@ -232,17 +262,18 @@ impl RedisStore {
             .collect::<Vec<_>>()
             .chunks(512)
         {
-            let mut pipe = redis::pipe();
-            for slot in chunk {
-                pipe.cmd("SET")
-                    .arg(store_marker::marker_key(prefix, *slot))
-                    .arg(1)
-                    .arg("NX");
-            }
-            let answers: Vec<Option<String>> = pipe
-                .query_async(&mut self.conn())
-                .await
-                .map_err(classified)?;
+            let commands = chunk
+                .iter()
+                .map(|slot| {
+                    let mut command = redis::cmd("SET");
+                    command
+                        .arg(store_marker::marker_key(prefix, *slot))
+                        .arg(1)
+                        .arg("NX");
+                    command
+                })
+                .collect();
+            let answers: Vec<Option<String>> = self.each(commands).await?;
             written += answers.iter().filter(|a| a.is_some()).count() as u32;
             for slot in chunk {
                 self.expected.insert(*slot);
