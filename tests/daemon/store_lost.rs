@@ -330,3 +330,85 @@ async fn a_failover_to_a_replica_behind_applies_the_lost_writes_again() {
     );
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 }
+
+/// One master of a 3-master Redis Cluster loses its data while it keeps its slots (restarted
+/// empty, or replaced by an empty node): the writes of its slots' users wait, named, while the
+/// other masters' users go on; accepted, they go on too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_of_a_cluster_wiped_holds_only_its_slots_until_accepted() {
+    use support::redis_server::RedisCluster;
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(Clock::Real))
+        .await
+        .expect("cluster");
+    let mut setup = DaemonSetup::new("wiped-master", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let users: Vec<String> = (0..30).map(|u| format!("c{u}")).collect();
+    let first: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, group_record(u, 1, "b"))).collect();
+    produce(&setup.topic, &first).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seq 1 of every user committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![30],
+        || daemon.log(),
+    );
+    let wiped = cluster.masters(None)[0];
+    let node = &cluster.nodes[wiped];
+    assert!(node.raw("FLUSHALL").starts_with("+OK"));
+    let second: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, group_record(u, 2, "b"))).collect();
+    produce(&setup.topic, &second).await;
+    wait_for(
+        "readiness false with store data: lost",
+        Duration::from_secs(60),
+        || {
+            let (status, body) = readyz(&daemon);
+            status == 503 && body.contains("store data: lost")
+        },
+        || daemon.log(),
+    );
+    let store = cluster.store().await;
+    // The other masters' users got seq 2; the wiped master's got nothing.
+    let wait_until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut others_done = true;
+        for user in &users {
+            let seqs = scan_seqs(&store, user).await;
+            if !seqs.is_empty() && seqs != vec![1, 2] {
+                others_done = false;
+            }
+        }
+        if others_done {
+            break;
+        }
+        assert!(std::time::Instant::now() < wait_until, "{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut lost = 0;
+    for user in &users {
+        if scan_seqs(&store, user).await.is_empty() {
+            lost += 1;
+        }
+    }
+    assert!(lost > 0, "some users live on the wiped master");
+    assert_eq!(
+        node.raw("DBSIZE").trim(),
+        ":0",
+        "nothing written on the wiped master"
+    );
+
+    let accepted = accept_store_loss(&setup);
+    assert_eq!(accepted["accepted"], true, "{accepted}");
+    wait_for(
+        "every seq 2 committed, ready again",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![60] && readyz(&daemon).0 == 200,
+        || daemon.log(),
+    );
+    for user in &users {
+        let seqs = scan_seqs(&store, user).await;
+        assert!(seqs == vec![1, 2] || seqs == vec![2], "{user}: {seqs:?}");
+    }
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}

@@ -404,14 +404,26 @@ async fn a_live_writer_racing_repairs_loses_no_acknowledged_write() {
     let record = |seq: u64| group(&mailbox("raced", 1), seq, TODAY0 - seq % 3, 2, "log");
     // The highest seq whose record exists in the log (the writer is applying or has applied it).
     let log_end = Arc::new(AtomicU64::new(0));
+    // Swaps done so far: the writer waits for the first and the second at a third and two
+    // thirds of its log, so the repairs race it mid-stream however fast either side runs.
+    let swapped = Arc::new(AtomicU64::new(0));
 
     let writer = {
         let store: Arc<ScyllaStore> = a.store.clone();
         let log_end = log_end.clone();
+        let swapped = swapped.clone();
         tokio::spawn(async move {
             let mut outcomes = Vec::new();
             let mut waits = 0;
             for seq in 1..=SEQS {
+                if seq % (SEQS / 3) == 0 && seq < SEQS {
+                    let want = seq / (SEQS / 3);
+                    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                    while swapped.load(Ordering::SeqCst) < want {
+                        assert!(std::time::Instant::now() < deadline, "no swap came");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
                 log_end.store(seq, Ordering::SeqCst);
                 loop {
                     match store.append(&record(seq)).await {
@@ -433,6 +445,7 @@ async fn a_live_writer_racing_repairs_loses_no_acknowledged_write() {
     let repairer = {
         let store: Arc<ScyllaStore> = b.store.clone();
         let log_end = log_end.clone();
+        let swapped = swapped.clone();
         let user = mb.user_id.clone();
         tokio::spawn(async move {
             let mut swaps = 0;
@@ -448,6 +461,7 @@ async fn a_live_writer_racing_repairs_loses_no_acknowledged_write() {
                 }
                 store.repair_swap(&token).await.expect("swap");
                 swaps += 1;
+                swapped.store(swaps, Ordering::SeqCst);
             }
             swaps
         })
