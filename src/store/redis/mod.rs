@@ -150,20 +150,32 @@ impl RedisStore {
     /// and slot). A marker that could not be written is asked for again by the next success.
     pub(super) async fn write_markers(&self) {
         let slots = std::mem::take(&mut *lock(&self.pending_markers));
+        let wanted = self.settings.wait_replicas;
+        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         for slot in slots {
             let key = store_marker::marker_key(&self.settings.key_prefix, slot);
-            let written: Result<(), RedisError> = redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .query_async(&mut self.conn())
-                .await;
-            match written {
-                Ok(()) => {
-                    self.expected.insert(slot);
+            // Under `wait_replicas` the marker is expected only once replicas hold it, as the
+            // data is: a replica promoted after a failover must not miss a marker this process
+            // expects (it would hold the slot's writes as if it were wiped).
+            let mut pipe = redis::pipe();
+            pipe.cmd("SET").arg(&key).arg(1);
+            if wanted > 0 {
+                pipe.cmd("WAIT").arg(wanted).arg(timeout_ms);
+            }
+            let written: Result<Vec<Value>, RedisError> = pipe.query_async(&mut self.conn()).await;
+            let acknowledged = match &written {
+                Ok(replies) if wanted > 0 => {
+                    matches!(replies.get(1), Some(Value::Int(acks)) if *acks >= i64::from(wanted))
                 }
-                Err(e) => {
-                    tracing::debug!(key, error = %e, "a store marker was not written; the next write in its slot tries again")
-                }
+                Ok(_) => true,
+                Err(_) => false,
+            };
+            if acknowledged {
+                self.expected.insert(slot);
+            } else {
+                tracing::debug!(key, "a store marker was not written (or not acknowledged by the replicas); the next write in its slot tries again");
             }
         }
     }
