@@ -98,16 +98,8 @@ impl RedisStore {
         if expected.is_empty() {
             return Ok(());
         }
-        let commands = expected
-            .iter()
-            .map(|slot| {
-                let mut command = redis::cmd("EXISTS");
-                command.arg(store_marker::marker_key(prefix, *slot));
-                command
-            })
-            .collect();
-        let present: Vec<u8> = self.each(commands).await?;
-        if let Some((slot, _)) = expected.iter().zip(present).find(|(_, p)| *p == 0) {
+        let present = self.markers_present(&expected).await?;
+        if let Some((slot, _)) = expected.iter().zip(present).find(|(_, p)| !*p) {
             return Err(StoreError::store_lost(
                 super::BACKEND,
                 format!(

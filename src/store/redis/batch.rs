@@ -252,9 +252,7 @@ impl RedisStore {
         slot: Option<u16>,
     ) -> Vec<(usize, Option<Vec<Result<AppendOutcome, StoreError>>>)> {
         let wanted = self.settings.wait_replicas;
-        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let timeout_ms = self.wait_timeout_ms();
         // Each invocation is dropped once the pipeline holds its command: the payloads are held
         // once here (and once more while the pipeline is written), not twice.
         let mut pipe = redis::pipe();

@@ -68,9 +68,7 @@ impl RedisStore {
         if wanted == 0 {
             return self.invoke(invocation).await;
         }
-        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let timeout_ms = self.wait_timeout_ms();
         let mut pipe = redis::pipe();
         pipe.invoke_script(&invocation)
             .cmd("WAIT")
@@ -94,6 +92,13 @@ impl RedisStore {
             Value::Array(items) => Ok(items),
             other => Err(protocol(format!("{other:?}"))),
         }
+    }
+
+    /// `store.redis.wait_timeout_ms` as `WAIT` takes it (at least 1: 0 would wait for ever).
+    pub(super) fn wait_timeout_ms(&self) -> u64 {
+        u64::try_from(self.settings.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// The durability flag the write scripts take (`'1'` when a `WAIT` follows them).

@@ -151,9 +151,7 @@ impl RedisStore {
     pub(super) async fn write_markers(&self) {
         let slots = std::mem::take(&mut *lock(&self.pending_markers));
         let wanted = self.settings.wait_replicas;
-        let timeout_ms = u64::try_from(self.settings.wait_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let timeout_ms = self.wait_timeout_ms();
         for slot in slots {
             let key = store_marker::marker_key(&self.settings.key_prefix, slot);
             // Under `wait_replicas` the marker is expected only once replicas hold it, as the
@@ -210,6 +208,21 @@ impl RedisStore {
             .map_err(classified)
     }
 
+    /// Whether the marker of each of `slots` exists (one `EXISTS` each, through [`Self::each`]).
+    pub(super) async fn markers_present(&self, slots: &[u16]) -> Result<Vec<bool>, StoreError> {
+        let prefix = &self.settings.key_prefix;
+        let commands = slots
+            .iter()
+            .map(|slot| {
+                let mut command = redis::cmd("EXISTS");
+                command.arg(store_marker::marker_key(prefix, *slot));
+                command
+            })
+            .collect();
+        let present: Vec<u8> = self.each(commands).await?;
+        Ok(present.into_iter().map(|p| p > 0).collect())
+    }
+
     /// Reads which slots' markers are present (`store_marker`): one `EXISTS` per slot,
     /// pipelined (16,384 whatever the store's size). The slots found are known to hold data
     /// from now on. Answers how many, and whether the store holds any key of the prefix (an
@@ -222,17 +235,9 @@ impl RedisStore {
         let prefix = &self.settings.key_prefix;
         let slots: Vec<u16> = (0..store_marker::SLOTS as u16).collect();
         for chunk in slots.chunks(1024) {
-            let commands = chunk
-                .iter()
-                .map(|slot| {
-                    let mut command = redis::cmd("EXISTS");
-                    command.arg(store_marker::marker_key(prefix, *slot));
-                    command
-                })
-                .collect();
-            let present: Vec<u8> = self.each(commands).await?;
+            let present = self.markers_present(chunk).await?;
             for (slot, present) in chunk.iter().zip(present) {
-                if present > 0 {
+                if present {
                     self.expected.insert(*slot);
                 }
             }
