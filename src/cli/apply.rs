@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::output::ApplyLine;
-use super::{ApplyArgs, EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use super::{fail_with, ApplyArgs};
 use crate::config::Config;
 use crate::disposition::Disposition;
 use crate::ingest::drive::{Driver, Policy, Step, Verdict};
 use crate::ingest::pipeline::FinalRecord;
 use crate::ingest::{decode, DecodeOptions, DeliveryOutcome};
+use crate::model::Exit;
 use crate::model::StoreError;
 use crate::retry::Backoff;
 use crate::store::MailboxStore;
@@ -52,8 +53,7 @@ pub(super) async fn run(
         match std::fs::File::open(&args.input) {
             Ok(file) => Box::new(std::io::BufReader::new(file)),
             Err(e) => {
-                eprintln!("error: cannot open {}: {e}", args.input);
-                return ExitCode::FAILURE;
+                return super::bad_argument("FILE", format!("cannot open {}: {e}", args.input));
             }
         }
     };
@@ -66,8 +66,11 @@ pub(super) async fn run(
         .name("apply-input".to_owned())
         .spawn(move || read_lines(reader, &input, cap, &tx));
     if let Err(e) = spawned {
-        eprintln!("error: cannot start the input reader: {e}");
-        return ExitCode::FAILURE;
+        return fail_with(
+            Exit::Retry,
+            "io",
+            format!("cannot start the input reader: {e}"),
+        );
     }
 
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
@@ -95,7 +98,7 @@ pub(super) async fn run(
                             break;
                         }
                         Some(Err(e)) => {
-                            failure = Some((0, e, ExitCode::FAILURE));
+                            failure = Some((0, e, Exit::Finding));
                             break;
                         }
                         Some(Ok(line)) => {
@@ -132,16 +135,11 @@ pub(super) async fn run(
         }
     }
     let _ = out.flush();
-    if let Some((line, message, code)) = failure {
-        if line > 0 {
-            eprintln!("error: line {line}: {message}");
-        } else {
-            eprintln!("error: {message}");
-        }
-        return code;
+    if let Some((line, message, exit)) = failure {
+        return report_failure(line, &message, exit);
     }
     if corrupt {
-        ExitCode::from(EXIT_CORRUPT)
+        Exit::Corrupt.into()
     } else {
         ExitCode::SUCCESS
     }
@@ -203,7 +201,23 @@ fn read_lines(
 }
 
 /// Why a run stops: the line (0: none), the message and the exit status.
-pub(super) type Failure = (u64, String, ExitCode);
+pub(super) type Failure = (u64, String, Exit);
+
+/// Reports why a run of records stopped (the line it stopped at, when one did).
+pub(super) fn report_failure(line: u64, message: &str, exit: Exit) -> ExitCode {
+    let kind = match exit {
+        Exit::Retry => "unavailable",
+        Exit::Usage => "usage",
+        Exit::Interrupted => "interrupted",
+        Exit::Corrupt => "corrupt",
+        Exit::Done | Exit::Finding => "input",
+    };
+    if line > 0 {
+        fail_with(exit, kind, format!("line {line}: {message}"))
+    } else {
+        fail_with(exit, kind, message)
+    }
+}
 
 /// `apply`'s answers (and `dlq redrive`'s) to results the table does not make final: it reports
 /// a corrupt mailbox (exit 3 at the end) instead of waiting for its repair, stops at a repair's
@@ -236,20 +250,20 @@ impl<S> Policy<S, ()> for ApplyPolicy {
                     "the user's mailboxes are being rebuilt ({}); nothing was written for this record: rerun when the repair is done",
                     error.map(StoreError::detail).unwrap_or_default()
                 ),
-                ExitCode::from(EXIT_UNAVAILABLE),
+                Exit::Retry,
             )),
             Disposition::Retry {
                 under_repair: false,
             } if step.attempt + 1 >= MAX_TRANSIENT_ATTEMPTS => Verdict::Stop((
                 line,
                 format!("store unreachable: {detail}"),
-                ExitCode::from(EXIT_UNAVAILABLE),
+                Exit::Retry,
             )),
             Disposition::Retry {
                 under_repair: false,
             } => Verdict::Retry(BACKOFF.delay(step.attempt)),
             Disposition::AbortRepair => {
-                Verdict::Stop((line, detail, ExitCode::from(EXIT_UNAVAILABLE)))
+                Verdict::Stop((line, detail, Exit::Retry))
             }
         }
     }

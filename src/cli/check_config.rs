@@ -41,8 +41,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::open_store;
+use super::{fail_with, open_store};
 use crate::config::{Backend, Config};
+use crate::model::Exit;
 use crate::store::redis::scripts::Scripts;
 use crate::store::redis::RedisStore;
 
@@ -63,6 +64,8 @@ pub struct CheckConfigArgs {
 pub(crate) struct Check {
     pub name: String,
     pub result: Result<String, String>,
+    /// The failure is a server that did not answer (exit 2: retry), not a setting to fix.
+    pub unreachable: bool,
 }
 
 impl Check {
@@ -76,14 +79,20 @@ impl Check {
 
 pub(super) async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
     if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
-        eprintln!("error: invalid configuration: {e}");
-        return ExitCode::FAILURE;
+        return fail_with(
+            Exit::Usage,
+            "invalid_config",
+            format!("invalid configuration: {e}"),
+        );
     }
     let memory = check_memory(config, crate::daemon::memory_limit::limit());
     if !args.connect {
         if let Err(problem) = &memory.result {
-            eprintln!("error: invalid configuration: {problem}");
-            return ExitCode::FAILURE;
+            return fail_with(
+                Exit::Usage,
+                "invalid_config",
+                format!("invalid configuration: {problem}"),
+            );
         }
         println!("{}", config.redacted());
         return ExitCode::SUCCESS;
@@ -97,6 +106,7 @@ pub(super) async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
             config.kafka.dlq_topic,
             config.kafka.group_id
         )),
+        unreachable: false,
     }];
     print_line(checks.last());
     checks.push(memory);
@@ -116,22 +126,81 @@ pub(super) async fn run(config: &Config, args: &CheckConfigArgs) -> ExitCode {
         checks.push(check_policy(config).await);
         print_line(checks.last());
     }
-    let failed = checks.iter().filter(|c| c.result.is_err()).count();
-    println!(
-        "{} of {} checks passed{}",
-        checks.len() - failed,
-        checks.len(),
-        if failed == 0 {
-            ""
-        } else {
-            "; fix the FAIL lines"
-        }
-    );
-    if failed == 0 {
-        ExitCode::SUCCESS
+    finish(&checks)
+}
+
+/// The verdict of `check-config --connect`: the summary line (text) or the one object (JSON),
+/// and SPEC 8.2's status: 0 every check passed, 2 a server did not answer (retry), 1 a setting
+/// to fix.
+fn finish(checks: &[Check]) -> ExitCode {
+    let failed: Vec<&Check> = checks.iter().filter(|c| c.result.is_err()).collect();
+    let exit = if failed.is_empty() {
+        Exit::Done
+    } else if failed.iter().any(|c| c.unreachable) {
+        Exit::Retry
     } else {
-        ExitCode::FAILURE
+        Exit::Finding
+    };
+    let passed = checks.len() - failed.len();
+    if super::report::json() {
+        let mut value = serde_json::json!({
+            "checks": checks.iter().map(|c| serde_json::json!({
+                "name": c.name,
+                "ok": c.result.is_ok(),
+                "detail": match &c.result { Ok(found) => found, Err(problem) => problem },
+            })).collect::<Vec<_>>(),
+            "passed": passed,
+            "failed": failed.len(),
+        });
+        if !failed.is_empty() {
+            let kind = if exit == Exit::Retry {
+                "unavailable"
+            } else {
+                "check_failed"
+            };
+            let detail: Vec<String> = failed
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}: {}",
+                        c.name,
+                        c.result.as_ref().err().map_or("", String::as_str)
+                    )
+                })
+                .collect();
+            value["error"] = serde_json::json!({"kind": kind, "detail": detail.join("; ")});
+        }
+        super::print_json(&value);
+    } else {
+        println!(
+            "{} of {} checks passed{}",
+            passed,
+            checks.len(),
+            if failed.is_empty() {
+                ""
+            } else {
+                "; fix the FAIL lines"
+            }
+        );
     }
+    exit.into()
+}
+
+/// Whether a store's connection error is its answer refusing us (authentication, ACL), not
+/// silence: the clients give these as text only.
+fn is_refusal(error: &str) -> bool {
+    let error = error.to_lowercase();
+    [
+        "noperm",
+        "no permissions",
+        "wrongpass",
+        "authentication",
+        "unauthorized",
+        "permission",
+        "schema mismatch",
+    ]
+    .iter()
+    .any(|word| error.contains(word))
 }
 
 /// Whether a catch-up's peak memory (README "Memory") fits this process's cgroup limit, read
@@ -154,10 +223,15 @@ pub(crate) fn check_memory(config: &Config, limit: Option<u64>) -> Check {
     Check {
         name: "memory".to_owned(),
         result,
+        unreachable: false,
     }
 }
 
+/// A check's line as soon as it is known (text output only: JSON prints one object at the end).
 fn print_line(check: Option<&Check>) {
+    if super::report::json() {
+        return;
+    }
     if let Some(check) = check {
         println!("{}", check.line());
     }
@@ -188,15 +262,20 @@ async fn check_store(config: &Config) -> Vec<Check> {
     let opened = match tokio::time::timeout(limit, open_store(config)).await {
         Ok(Ok(opened)) => opened,
         Ok(Err(e)) => {
+            // A server that answered "no" (a password, a permission) is a setting to fix; one
+            // that did not answer is worth asking again.
+            let refused = is_refusal(&e);
             return vec![Check {
                 name,
                 result: Err(format!("{target}: {e}")),
-            }]
+                unreachable: !refused,
+            }];
         }
         Err(_) => {
             return vec![Check {
                 name,
                 result: Err(format!("{target}: no answer within {limit:?}")),
+                unreachable: true,
             }]
         }
     };
@@ -220,7 +299,11 @@ async fn check_store(config: &Config) -> Vec<Check> {
             started.elapsed().as_millis()
         )),
     };
-    let mut checks = vec![Check { name, result }];
+    let mut checks = vec![Check {
+        name,
+        result,
+        unreachable: false,
+    }];
     if backend != Backend::Memory {
         checks.push(check_grants(config, &opened).await);
     }
@@ -251,6 +334,7 @@ async fn check_grants(config: &Config, opened: &crate::cli::OpenedStore) -> Chec
     Check {
         name: format!("store grants ({})", backend.as_str()),
         result,
+        unreachable: false,
     }
 }
 
@@ -271,6 +355,7 @@ async fn check_eviction(redis: &RedisStore, allow_eviction: bool) -> Check {
     Check {
         name: "store eviction (redis)".to_owned(),
         result,
+        unreachable: false,
     }
 }
 
@@ -353,6 +438,7 @@ async fn check_kafka(config: &Config) -> Vec<Check> {
         Err(e) => vec![Check {
             name: "kafka".to_owned(),
             result: Err(format!("the metadata check did not finish: {e}")),
+            unreachable: true,
         }],
     }
 }
@@ -373,6 +459,7 @@ fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
                         "cannot create a client: {}",
                         crate::config::redact_secrets(&e.to_string(), kafka)
                     )),
+                    unreachable: false,
                 }]
             }
         };
@@ -390,11 +477,16 @@ fn kafka_checks(kafka: &crate::config::KafkaConfig) -> Vec<Check> {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
+            unreachable: false,
         },
-        Err(e) => Check {
-            name: brokers_name,
-            result: Err(broker_failure(e, consumer.context(), kafka)),
-        },
+        Err(e) => {
+            let (problem, unreachable) = broker_failure(e, consumer.context(), kafka);
+            Check {
+                name: brokers_name,
+                result: Err(problem),
+                unreachable,
+            }
+        }
     };
     if first.is_err() {
         return vec![brokers];
@@ -536,6 +628,7 @@ fn acl_checks<C: ConsumerContext>(
                 result: Err(format!(
                     "cannot read the operations the broker grants this client: {e}"
                 )),
+                unreachable: false,
             }]
         }
     };
@@ -564,6 +657,7 @@ fn acl_checks<C: ConsumerContext>(
             Some(Check {
                 name: name(),
                 result,
+                unreachable: false,
             })
         })
         .collect()
@@ -587,6 +681,7 @@ async fn check_policy(config: &Config) -> Check {
     Check {
         name: format!("kafka topic {} {topic}", topic_policy::CLEANUP_POLICY),
         result,
+        unreachable: false,
     }
 }
 
@@ -596,7 +691,7 @@ fn broker_failure(
     e: &KafkaError,
     errors: &ClientErrors,
     kafka: &crate::config::KafkaConfig,
-) -> String {
+) -> (String, bool) {
     let reported = errors.reported();
     let refusal = reported
         .iter()
@@ -610,7 +705,10 @@ fn broker_failure(
             "no metadata within {KAFKA_TIMEOUT:?}: {e} (check kafka.brokers, the network and kafka.properties TLS/SASL settings)"
         ),
     };
-    crate::config::redact_secrets(&text, kafka)
+    (
+        crate::config::redact_secrets(&text, kafka),
+        refusal.is_none(),
+    )
 }
 
 /// A topic's line from its metadata; `grant` is the ACL that lets the client describe it (the
@@ -643,5 +741,9 @@ fn topic_check(
             TopicView::Partitions(n) => Ok(format!("{n} partition(s)")),
         },
     };
-    Check { name, result }
+    Check {
+        name,
+        result,
+        unreachable: false,
+    }
 }

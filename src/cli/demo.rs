@@ -21,11 +21,12 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::watch;
 
+use super::fail_with;
 use crate::config::Config;
 use crate::daemon::http::Health;
 use crate::daemon::{self, metrics, DaemonOptions, Progress};
 use crate::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
-use crate::model::{MailboxId, ScanRequest, StoreError, UserId};
+use crate::model::{Exit, MailboxId, ScanRequest, StoreError, UserId};
 use crate::store::memory::MemoryStore;
 use crate::store::{Clock, MailboxStore, SystemClock};
 
@@ -99,24 +100,16 @@ fn start_mock_cluster(config: &Config) -> Result<(FutureProducer, String), Strin
 }
 
 pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
-    // Quiet by default: the table is the output. librdkafka's own logs are off because the mock
-    // cluster's shutdown order makes it report a lost connection at exit.
-    crate::daemon::logging::init(&crate::config::LogConfig {
-        format: config.log.format.clone(),
-        filter: "warn,librdkafka=off,mailbox_materializer::daemon::kafka=off".to_owned(),
-    });
+    // Quiet by default (the table is the output): the log filter is the CLI's
+    // (`super::logging_filter`).
     if let Err(e) = metrics::install() {
-        eprintln!("error: metrics: {e}");
-        return ExitCode::FAILURE;
+        return fail_with(Exit::Retry, "metrics", e);
     }
     metrics::backend(crate::config::Backend::Memory.as_str());
     let mut config = config.clone();
     let (producer, brokers) = match start_mock_cluster(&config) {
         Ok(started) => started,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail_with(Exit::Retry, "mock_cluster", e),
     };
     config.kafka.brokers = brokers.clone();
     config.kafka.group_id = "materializer-demo".to_owned();
@@ -144,16 +137,22 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
         match queued {
             Ok(ack) => acks.push(ack),
             Err((e, _)) => {
-                eprintln!("error: producing the demo workload: {e}");
-                return ExitCode::FAILURE;
+                return fail_with(
+                    Exit::Retry,
+                    "mock_cluster",
+                    format!("producing the demo workload: {e}"),
+                );
             }
         }
     }
     let _ = producer.flush(Duration::from_secs(10));
     for ack in acks {
         if !matches!(ack.await, Ok(Ok(_))) {
-            eprintln!("error: the mock cluster did not acknowledge the demo workload");
-            return ExitCode::FAILURE;
+            return fail_with(
+                Exit::Retry,
+                "mock_cluster",
+                "the mock cluster did not acknowledge the demo workload",
+            );
         }
     }
 
@@ -167,8 +166,11 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
             Err(_) => match crate::daemon::http::serve("127.0.0.1:0", health.clone()).await {
                 Ok(addr) => Some(addr),
                 Err(e) => {
-                    eprintln!("error: cannot serve http: {e}");
-                    return ExitCode::FAILURE;
+                    return fail_with(
+                        Exit::Retry,
+                        "unavailable",
+                        format!("cannot serve http: {e}"),
+                    );
                 }
             },
         }
@@ -183,8 +185,11 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
         .fetch_cluster_id(Duration::from_secs(5))
         .unwrap_or_else(|| "demo-mock-cluster".to_owned());
     let Some(identity) = crate::model::LogId::cluster_topic(&cluster, &config.kafka.topic) else {
-        eprintln!("error: the mock cluster's ID {cluster:?} cannot name a log");
-        return ExitCode::FAILURE;
+        return fail_with(
+            Exit::Retry,
+            "mock_cluster",
+            format!("the mock cluster's ID {cluster:?} cannot name a log"),
+        );
     };
     let store = Arc::new(MemoryStore::new(config.retention.policy(), clock));
     let progress = Arc::new(Progress::default());
@@ -215,49 +220,113 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     let elapsed = started.elapsed();
     let counts = progress.snapshot();
 
-    if let Some(listen) = listen {
+    let json = super::report::json();
+    if let (Some(listen), false) = (listen, json) {
         print_table(&counts, total, users, elapsed, &brokers, &*store).await;
         println!();
         println!(
             "serving http://{listen}/metrics (health: /healthz, readiness: /readyz) until Ctrl-C"
         );
+    }
+    if let Some(listen) = listen {
+        if json {
+            eprintln!("serving http://{listen}/metrics (health: /healthz, readiness: /readyz) until Ctrl-C");
+        }
         let _ = tokio::signal::ctrl_c().await;
     }
     let _ = shutdown_tx.send(true);
     let report = match daemon.await {
         Ok(Ok(report)) => report,
-        Ok(Err(e)) => {
-            eprintln!("error: daemon: {e}");
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("error: daemon task: {e}");
-            return ExitCode::FAILURE;
-        }
+        Ok(Err(e)) => return fail_with(Exit::Retry, "daemon", format!("daemon: {e}")),
+        Err(e) => return fail_with(Exit::Retry, "daemon", format!("daemon task: {e}")),
     };
-    if listen.is_none() {
-        print_table(&counts, total, users, elapsed, &brokers, &*store).await;
-    }
-    println!(
-        "committed offsets: {}",
-        report
-            .committed
-            .iter()
-            .map(|(p, o)| format!("partition {p} -> {o}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    if listen.is_none() {
-        println!("(--serve keeps the demo running with /metrics, /healthz and /readyz served)");
+    if json {
+        print_json_report(&counts, total, users, elapsed, &report.committed, &*store).await;
+    } else {
+        if listen.is_none() {
+            print_table(&counts, total, users, elapsed, &brokers, &*store).await;
+        }
+        println!(
+            "committed offsets: {}",
+            report
+                .committed
+                .iter()
+                .map(|(p, o)| format!("partition {p} -> {o}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if listen.is_none() {
+            println!("(--serve keeps the demo running with /metrics, /healthz and /readyz served)");
+        }
     }
     if counts.final_records < total {
-        eprintln!(
-            "error: only {} of {total} records reached a final outcome",
-            counts.final_records
+        return fail_with(
+            Exit::Finding,
+            "incomplete",
+            format!(
+                "only {} of {total} records reached a final outcome",
+                counts.final_records
+            ),
         );
-        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// The demo's outcome as one JSON object (`--output json`, the default off a terminal): the
+/// table's numbers under the same words.
+async fn print_json_report(
+    counts: &daemon::ProgressCounts,
+    total: u64,
+    users: u64,
+    elapsed: Duration,
+    committed: &BTreeMap<i32, i64>,
+    store: &dyn MailboxStore,
+) {
+    let groups: BTreeMap<&str, u64> = crate::daemon::metrics::GROUP_OUTCOMES
+        .iter()
+        .map(|&word| (word, counts.groups.get(word).copied().unwrap_or(0)))
+        .collect();
+    let records: BTreeMap<&str, u64> = [
+        metrics::RECORD_APPLIED,
+        metrics::RECORD_DEAD_LETTERED,
+        metrics::RECORD_MALFORMED,
+    ]
+    .into_iter()
+    .map(|word| (word, counts.records.get(word).copied().unwrap_or(0)))
+    .collect();
+    let scan = match UserId::parse("demo-user-1") {
+        Ok(user) => {
+            let request = ScanRequest {
+                after_seq: 0,
+                until_seq: None,
+                limit_groups: 5,
+            };
+            match store.range_scan(&MailboxId::new(user, 1), request).await {
+                Ok(page) => serde_json::json!({
+                    "user_id": "demo-user-1",
+                    "epoch": 1,
+                    "seqs": page.groups.iter().map(|g| g.mailbox_seq).collect::<Vec<_>>(),
+                    "up_to": page.up_to,
+                    "has_more": page.has_more,
+                }),
+                Err(e) => {
+                    serde_json::json!({"user_id": "demo-user-1", "epoch": 1, "error": e.to_string()})
+                }
+            }
+        }
+        Err(_) => serde_json::Value::Null,
+    };
+    super::print_json(&serde_json::json!({
+        "records": total,
+        "final": counts.final_records,
+        "mailboxes": users,
+        "partitions": DEMO_SHARDS,
+        "elapsed_ms": (elapsed.as_secs_f64() * 1000.0).round(),
+        "delivery_outcomes": groups,
+        "record_outcomes": records,
+        "committed_offsets": committed,
+        "scan": scan,
+    }));
 }
 
 async fn print_table(

@@ -19,14 +19,15 @@ use std::sync::Arc;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::apply::{is_corrupt, ApplyPolicy, Failure};
-use super::{EXIT_CORRUPT, EXIT_UNAVAILABLE};
+use super::apply::{is_corrupt, report_failure, ApplyPolicy, Failure};
+use super::fail_with;
 use crate::config::Config;
 use crate::daemon::dlq_reader::{fetch, log_identity, DeadLetterMessage, DlqReader, PartitionSpan};
 use crate::daemon::replay::parse_time_ms;
 use crate::ingest::decode;
 use crate::ingest::drive::Driver;
 use crate::ingest::pipeline::{FinalRecord, RecordOutcome};
+use crate::model::Exit;
 use crate::model::LogId;
 use crate::store::MailboxStore;
 
@@ -184,8 +185,7 @@ pub(super) async fn run(config: &Config, args: &DlqArgs) -> ExitCode {
             };
             let code = redrive(opened.store.clone(), config, args).await;
             if let Err(e) = opened.persist() {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
+                return fail_with(Exit::Retry, "snapshot", e);
             }
             code
         }
@@ -236,8 +236,7 @@ async fn list(config: &Config, args: &ListArgs) -> ExitCode {
     let mut reader = match open_reader(config, &group, |r, s| since_offsets(r, s, since)) {
         Ok(reader) => reader,
         Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return fail_with(Exit::Retry, "unavailable", e);
         }
     };
     let mut printed = 0usize;
@@ -251,8 +250,7 @@ async fn list(config: &Config, args: &ListArgs) -> ExitCode {
             }
             Ok(None) => break,
             Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(EXIT_UNAVAILABLE);
+                return fail_with(Exit::Retry, "unavailable", e);
             }
         }
     }
@@ -263,15 +261,17 @@ async fn show(config: &Config, args: &ShowArgs) -> ExitCode {
     let letter = match fetch(config, &config.kafka.dlq_topic, args.partition, args.offset).await {
         Ok(Some(letter)) => letter,
         Ok(None) => {
-            eprintln!(
-                "error: {} partition {} holds no message at offset {}",
-                config.kafka.dlq_topic, args.partition, args.offset
+            return fail_with(
+                Exit::Finding,
+                "not_found",
+                format!(
+                    "{} partition {} holds no message at offset {}",
+                    config.kafka.dlq_topic, args.partition, args.offset
+                ),
             );
-            return ExitCode::FAILURE;
         }
         Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return fail_with(Exit::Retry, "unavailable", e);
         }
     };
     let mut headers = serde_json::Map::new();
@@ -397,8 +397,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
     let mut reader = match opened {
         Ok(reader) => reader,
         Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return fail_with(Exit::Retry, "unavailable", e);
         }
     };
     let options = config.decode_options();
@@ -429,7 +428,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
             }
             next = reader.next(), if can_read => match next {
                 Ok(None) => source_done = true,
-                Err(e) => failure = Some((0, e, ExitCode::from(EXIT_UNAVAILABLE))),
+                Err(e) => failure = Some((0, e, Exit::Retry)),
                 Ok(Some(letter)) => {
                     let at = progress.entry(letter.partition).or_default();
                     at.read_to = Some(letter.offset + 1);
@@ -464,7 +463,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
                             // The run stops here, and its progress stays before this letter:
                             // a rerun once the source is readable re-drives it.
                             at.hold.get_or_insert(letter.offset);
-                            failure = Some((0, e, ExitCode::from(EXIT_UNAVAILABLE)));
+                            failure = Some((0, e, Exit::Retry));
                             continue;
                         }
                     };
@@ -520,26 +519,29 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
             }
         }
         if let Err(e) = reader.commit(&commit) {
-            eprintln!("error: the progress was not committed ({e}); a rerun re-drives the same letters again, harmlessly");
+            super::report::warn(format!("the progress was not committed ({e}); a rerun re-drives the same letters again, harmlessly"));
         }
     }
     let summary: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
     eprintln!("dlq redrive: {}", summary.join(" "));
-    if let Some((offset, message, code)) = failure {
-        if offset > 0 {
-            eprintln!("error: dead letter at offset {offset}: {message}");
-        } else {
-            eprintln!("error: {message}");
-        }
-        return code;
+    if let Some((offset, message, exit)) = failure {
+        return report_failure(
+            0,
+            &if offset > 0 {
+                format!("dead letter at offset {offset}: {message}")
+            } else {
+                message
+            },
+            exit,
+        );
     }
     if counts.contains_key("corrupt") || counts.contains_key("held") {
-        ExitCode::from(EXIT_CORRUPT)
+        Exit::Corrupt.into()
     } else if ["refused_again", "malformed", "source_gone"]
         .iter()
         .any(|word| counts.contains_key(word))
     {
-        ExitCode::FAILURE
+        Exit::Finding.into()
     } else {
         ExitCode::SUCCESS
     }

@@ -1,4 +1,4 @@
-//! `materializer explain --user U [--epoch E] [--daemon ADDR]... [--json]`: one mailbox, as an
+//! `materializer explain --user U [--epoch E] [--daemon ADDR]... [--output json]`: one mailbox, as an
 //! operator paged by `MaterializerPartitionBlocked` needs it.
 //!
 //! What it reads, all of it read-only:
@@ -27,14 +27,13 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::top::scrape::{authority, get};
-use super::{open_store_to_read, EXIT_UNAVAILABLE};
+use super::{bad_argument, fail_with, open_store_to_read};
 use crate::config::Config;
 use crate::daemon::http::Blocked;
+use crate::model::Exit;
 use crate::model::{MailboxId, ScanRequest, StoreError, UserId};
 use crate::store::SeqPosition;
 
-/// `explain`'s exit status for a corrupt mailbox (as `apply`'s).
-const EXIT_CORRUPT: u8 = 3;
 /// Newest seqs whose source positions `explain` shows.
 const NEWEST_SHOWN: usize = 3;
 /// How long one replica may take to answer `/debug/blocked`.
@@ -52,8 +51,8 @@ pub struct ExplainArgs {
     /// the replica needs `http.debug_endpoints = true`).
     #[arg(long = "daemon", value_name = "ADDR")]
     pub daemons: Vec<String>,
-    /// One JSON object instead of the screen.
-    #[arg(long)]
+    /// The old spelling of `--output json` (accepted with a warning for one release).
+    #[arg(long, hide = true)]
     pub json: bool,
 }
 
@@ -71,8 +70,7 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
     let user = match UserId::parse(&args.user) {
         Ok(user) => user,
         Err(e) => {
-            eprintln!("error: --user {:?}: {e}", args.user);
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return bad_argument("--user", format!("{:?}: {e}", args.user));
         }
     };
     let opened = match open_store_to_read(config).await {
@@ -88,11 +86,14 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
     };
     let first = store.inspect(&probe).await;
     if let Err(StoreError::Unavailable { .. }) = &first {
-        eprintln!(
-            "error: the store is unreachable: {}",
-            first.err().map(|e| e.to_string()).unwrap_or_default()
+        return fail_with(
+            Exit::Retry,
+            "unavailable",
+            format!(
+                "the store is unreachable: {}",
+                first.err().map(|e| e.to_string()).unwrap_or_default()
+            ),
         );
-        return ExitCode::from(EXIT_UNAVAILABLE);
     }
     let current = first.as_ref().ok().and_then(|i| i.current_epoch);
     let epoch = args.epoch.or(current);
@@ -167,8 +168,11 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
                         corrupt = Some(format!("{}: {e}", e.kind()));
                     }
                     if let StoreError::Unavailable { .. } = e {
-                        eprintln!("error: the store is unreachable: {e}");
-                        return ExitCode::from(EXIT_UNAVAILABLE);
+                        return fail_with(
+                            Exit::Retry,
+                            "unavailable",
+                            format!("the store is unreachable: {e}"),
+                        );
                     }
                     json!({
                         "readable": !is_corrupt,
@@ -190,8 +194,11 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
     let fence = match store.fence_of(&user).await {
         Ok(fence) => fence,
         Err(e) => {
-            eprintln!("error: reading the repair fence: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return fail_with(
+                Exit::Retry,
+                "unavailable",
+                format!("reading the repair fence: {e}"),
+            );
         }
     };
     let fence_json = fence.as_ref().map(|f| {
@@ -230,13 +237,13 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         "daemons": daemons.iter().map(daemon_json).collect::<Vec<_>>(),
         "fix": fix,
     });
-    if args.json {
+    if super::report::json() {
         println!("{report}");
     } else {
         print_screen(&report);
     }
     if corrupt {
-        ExitCode::from(EXIT_CORRUPT)
+        Exit::Corrupt.into()
     } else {
         ExitCode::SUCCESS
     }

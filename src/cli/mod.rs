@@ -1,8 +1,9 @@
 //! The `materializer` command line (SPEC section 8).
 //!
-//! Exit status, for every command: 0 success; 1 the command's own error (a scan error, an
-//! invalid configuration); 2 the store was unreachable or the command line is wrong; 3 `apply`
-//! met a corrupt mailbox.
+//! One operator contract for every command (SPEC 8.2), decided here once before any command
+//! runs: the exit table ([`crate::model::Exit`]: 0 done, 1 a finding or refusal, 2 retry, 3
+//! corrupt, 4 interrupted, 64 usage), the output switch and the one shape of a failure
+//! ([`report`]), and the logging (`RUST_LOG`, `log.format`, `-v`/`-q`: [`logging_filter`]).
 
 mod apply;
 mod check_config;
@@ -12,6 +13,7 @@ mod explain;
 mod fix;
 pub mod open_store;
 mod output;
+mod report;
 mod run;
 mod schema;
 mod tap;
@@ -24,16 +26,13 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Backend, Config, Overrides};
-use crate::model::{MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
+use crate::model::{Exit, MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::MailboxStore;
 pub use open_store::OpenedStore;
 
-use output::{ErrorEnvelope, TruncateLine};
+use output::TruncateLine;
 
-/// Exit status: the store could not be reached (or the command line is wrong).
-pub(crate) const EXIT_UNAVAILABLE: u8 = 2;
-/// Exit status of `apply`: a delivery hit a corrupt mailbox.
-pub(crate) const EXIT_CORRUPT: u8 = 3;
+pub(crate) use report::{bad_argument, fail_with, Output};
 
 /// Materializes a dispatch log into per-user mailboxes.
 #[derive(Debug, Parser)]
@@ -58,25 +57,36 @@ pub(crate) struct GlobalArgs {
     #[arg(long, global = true, value_name = "FILE", env = "MATERIALIZER_CONFIG")]
     pub config: Option<PathBuf>,
     /// Storage backend, overriding the configuration.
-    #[arg(long, global = true, value_enum)]
+    #[arg(long, global = true, help_heading = "Store", value_enum)]
     pub store: Option<BackendArg>,
     /// Memory store snapshot file shared by separate invocations (memory backend only).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = "Store", value_name = "FILE")]
     pub memory_snapshot: Option<PathBuf>,
     /// Redis URL (redis:// or rediss://), overriding the configuration.
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, global = true, help_heading = "Store", value_name = "URL")]
     pub redis_url: Option<String>,
     /// Scylla contact points, comma-separated, overriding the configuration.
     #[arg(
         long,
         global = true,
+        help_heading = "Store",
         value_name = "HOST:PORT[,..]",
         value_delimiter = ','
     )]
     pub scylla_nodes: Option<Vec<String>>,
     /// Scylla keyspace, overriding the configuration.
-    #[arg(long, global = true, value_name = "NAME")]
+    #[arg(long, global = true, help_heading = "Store", value_name = "NAME")]
     pub scylla_keyspace: Option<String>,
+    /// Output: `json` (one object a line on stdout, errors included) or `text`. Default: text on
+    /// a terminal where the command has a text form, JSON otherwise.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    pub output: Option<Output>,
+    /// More log lines on stderr (-v info, -vv debug, -vvv trace); RUST_LOG wins over both.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors in the log on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -117,7 +127,8 @@ pub enum Command {
     /// staging copies of crashed repairs whose fence lapsed. Prints a JSON summary.
     Patrol(PatrolArgs),
     /// Run a synthetic dispatch log (replays, conflicts, expired and malformed input) through an
-    /// in-process Kafka mock cluster and the daemon into a memory store; print a table of outcomes.
+    /// in-process Kafka mock cluster and the daemon into a memory store; print a table of outcomes
+    /// (one JSON object with --output json, the default off a terminal).
     Demo(demo::DemoArgs),
     /// The daemon: consume the dispatch topic in the consumer group and materialize it into the
     /// store, serving /metrics, /healthz and /readyz. SIGTERM/SIGINT drain and exit 0.
@@ -140,12 +151,12 @@ pub enum Command {
     Tap(tap::TapArgs),
     /// A live view of running replicas from their /metrics and /readyz: readiness and why,
     /// records/s, dead letters/s, store errors and latency, lag per partition (worst first).
-    /// Keys: s sort, f filter, q quit. Off a terminal: --once [--json].
+    /// Keys: s sort, f filter, q quit. With --once or off a terminal: one snapshot.
     Top(top::TopArgs),
     /// Scrub: read a range of one partition, derive each user's mailbox from it (the memory
     /// store as the reference) and compare with the store, read-only. One JSON line per mailbox
     /// that is not a match, then a summary. Exit 0 nothing differs, 1 something does, 2
-    /// unreachable.
+    /// unreachable, 3 a mailbox is corrupt, 4 interrupted.
     Verify(verify::VerifyArgs),
     /// After a wiped store or master (SPEC 7.3: `/readyz` `store data: lost`), accept the loss:
     /// writes the store's data markers again, so the waiting writes go on from what the store
@@ -256,7 +267,17 @@ fn help_without_store_flags() {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     help_without_store_flags();
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e, &args),
+    };
+    report::choose(
+        cli.global.output.or_else(|| old_json_flag(&cli.command)),
+        has_text_form(&cli.command),
+    );
     let overrides = Overrides {
         backend: cli.global.store.map(Backend::from),
         memory_snapshot: cli.global.memory_snapshot.clone(),
@@ -267,24 +288,138 @@ pub fn main() -> ExitCode {
     let config = match Config::load(cli.global.config.as_deref(), &overrides) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("error: invalid configuration: {e}");
-            return ExitCode::FAILURE;
+            return fail_with(
+                Exit::Usage,
+                "invalid_config",
+                format!("invalid configuration: {e}"),
+            )
         }
     };
+    crate::daemon::logging::init(&crate::config::LogConfig {
+        format: config.log.format.clone(),
+        filter: logging_filter(&cli.command, &config, cli.global.verbose, cli.global.quiet),
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            return fail_with(
+                Exit::Retry,
+                "runtime",
+                format!("cannot start the async runtime: {e}"),
+            )
         }
     };
     runtime.block_on(run(cli.command, config))
 }
 
+/// A command line that did not parse: help and `--version` print and exit 0; anything else is a
+/// usage error (exit 64, never worth retrying), clap's explanation on stderr and, in JSON, the
+/// error object on stdout too.
+fn usage_error(e: clap::Error, args: &[String]) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let _ = e.print();
+    if report::choose(report::flag_in(args), true) == Output::Json {
+        let rendered = e.render().to_string();
+        let detail = match e.kind() {
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                "a command is required (materializer --help lists them)".to_owned()
+            }
+            _ => rendered
+                .lines()
+                .next()
+                .map(|l| l.strip_prefix("error: ").unwrap_or(l).to_owned())
+                .unwrap_or_default(),
+        };
+        print_json(&serde_json::json!({"error": {"kind": "usage", "detail": detail}}));
+    }
+    Exit::Usage.into()
+}
+
+/// `explain --json` and `top --json`, the old spellings of `--output json`: accepted, with a
+/// warning, for one release.
+fn old_json_flag(command: &Command) -> Option<Output> {
+    let old = match command {
+        Command::Explain(args) => args.json,
+        Command::Top(args) => args.json,
+        _ => false,
+    };
+    old.then(|| {
+        report::warn("--json is `--output json` now; --json goes in the next release");
+        Output::Json
+    })
+}
+
+/// Whether a command has a human text form (the default on a terminal): the rest print JSON
+/// either way.
+fn has_text_form(command: &Command) -> bool {
+    match command {
+        Command::CheckConfig(args) => args.connect,
+        Command::Demo(_) | Command::Explain(_) | Command::Top(_) => true,
+        _ => false,
+    }
+}
+
+/// The log filter of a command: `RUST_LOG` wins (in [`crate::daemon::logging::init`]), then
+/// `-q` (errors only) or `-v` (info, debug, trace), then the command's own default: the
+/// configured `log.filter` for the daemon, warnings only for the commands whose output is the
+/// point (the demo's table also silences librdkafka, whose mock cluster reports a lost
+/// connection at exit).
+fn logging_filter(command: &Command, config: &Config, verbose: u8, quiet: bool) -> String {
+    let demo = matches!(command, Command::Demo(_));
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) if matches!(command, Command::Run) => return config.log.filter.clone(),
+        (false, 0) if demo => {
+            return "warn,librdkafka=off,mailbox_materializer::daemon::kafka=off".to_owned()
+        }
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        (false, _) => "trace",
+    };
+    if demo {
+        format!("{level},librdkafka=off")
+    } else {
+        level.to_owned()
+    }
+}
+
+/// Runs a command; a signal (SIGINT/SIGTERM) ends one that does not answer signals itself with
+/// exit 4 (SPEC 8.2). Dropping the command's future at the signal is safe by construction: each
+/// store call it had under way is one atomic script or statement, and what it printed so far is
+/// flushed as its writers drop. The daemon drains (exit 0), `replay` and `verify` stop between
+/// records and say so in their summary, `tap` ends its stream, `top` restores the terminal, and
+/// `demo --serve` stops serving: each handles the signal itself.
 async fn run(command: Command, config: Config) -> ExitCode {
+    let own_signals = match &command {
+        Command::Run
+        | Command::Replay(_)
+        | Command::Verify(_)
+        | Command::Tap(_)
+        | Command::Top(_) => true,
+        Command::Demo(args) => args.serve,
+        _ => false,
+    };
+    if own_signals {
+        return execute(command, config).await;
+    }
+    tokio::select! {
+        code = execute(command, config) => code,
+        () = run::termination() => fail_with(
+            Exit::Interrupted,
+            "interrupted",
+            "interrupted by a signal before the end",
+        ),
+    }
+}
+
+async fn execute(command: Command, config: Config) -> ExitCode {
     match &command {
         Command::CheckConfig(args) => return check_config::run(&config, args).await,
         Command::Demo(args) => return demo::run(&config, args).await,
@@ -315,8 +450,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         match open_store(&config).await {
             Ok(opened) => opened,
             Err(message) => {
-                eprintln!("error: {message}");
-                return ExitCode::from(EXIT_UNAVAILABLE);
+                return fail_with(Exit::Retry, "unavailable", message);
             }
         }
     };
@@ -348,8 +482,7 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Apply(_) | Command::Truncate(_) | Command::Promote(_)
     ) {
         if let Err(e) = opened.persist() {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+            return fail_with(Exit::Retry, "snapshot", e);
         }
     }
     code
@@ -395,16 +528,12 @@ pub(crate) enum OpenFailure {
 }
 
 impl OpenFailure {
-    /// Prints the error on stderr and answers the exit status.
+    /// Reports the failure and answers the exit status.
     pub(crate) fn report(&self) -> ExitCode {
         match self {
-            Self::Unavailable(message) => {
-                eprintln!("error: {message}");
-                ExitCode::from(EXIT_UNAVAILABLE)
-            }
+            Self::Unavailable(message) => fail_with(Exit::Retry, "unavailable", message),
             Self::Refused(message) => {
-                eprintln!("error: refused: {message}");
-                ExitCode::FAILURE
+                fail_with(Exit::Finding, "refused", format!("refused: {message}"))
             }
         }
     }
@@ -468,7 +597,7 @@ pub(crate) fn missing_grants_message(backend: Backend, missing: &[String]) -> St
 pub(crate) async fn open_store_for_command(config: &Config) -> Result<OpenedStore, OpenFailure> {
     let (opened, warning) = open_store_to_write(config).await?;
     if let Some(warning) = warning {
-        eprintln!("warning: {warning}");
+        report::warn(warning);
     }
     Ok(opened)
 }
@@ -477,8 +606,11 @@ pub(crate) async fn open_store_for_command(config: &Config) -> Result<OpenedStor
 /// said on stderr and ends the command with exit 2.
 pub(crate) async fn open_store_to_read(config: &Config) -> Result<OpenedStore, ExitCode> {
     open_store(config).await.map_err(|e| {
-        eprintln!("error: the store is unreachable: {e}");
-        ExitCode::from(EXIT_UNAVAILABLE)
+        fail_with(
+            Exit::Retry,
+            "unavailable",
+            format!("the store is unreachable: {e}"),
+        )
     })
 }
 
@@ -499,18 +631,12 @@ pub(crate) fn print_json(value: &impl serde::Serialize) {
 fn mailbox_of(args: &MailboxArgs) -> Result<MailboxId, ExitCode> {
     UserId::parse(&args.user)
         .map(|user| MailboxId::new(user, args.epoch))
-        .map_err(|e| {
-            eprintln!("error: --user: {e}");
-            ExitCode::from(EXIT_UNAVAILABLE)
-        })
+        .map_err(|e| bad_argument("--user", e))
 }
 
-/// Prints a store error as `{"error": ...}` and picks the exit status.
+/// Ends a command on a store error ([`report::store_failure`]).
 fn fail(e: &StoreError) -> ExitCode {
-    print_json(&ErrorEnvelope::from(e));
-    // SPEC 8.1: these commands exit 1 for an error they report, 2 for a retryable one (an
-    // unreachable store, a user under repair).
-    ExitCode::from(e.class().exit_status(false))
+    report::store_failure(e)
 }
 
 async fn scan(store: &dyn MailboxStore, args: &ScanArgs) -> ExitCode {
@@ -584,7 +710,7 @@ async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> Exi
         Ok(report) => {
             print_json(&report);
             if report.corrupt > 0 {
-                ExitCode::from(EXIT_CORRUPT)
+                Exit::Corrupt.into()
             } else {
                 ExitCode::SUCCESS
             }

@@ -8,14 +8,14 @@ use clap::Args;
 use tokio::sync::watch;
 
 use super::{
-    open_store_for_command, open_store_to_write, print_json, OpenFailure, OpenedStore,
-    EXIT_UNAVAILABLE,
+    bad_argument, fail_with, open_store_for_command, open_store_to_write, print_json, OpenFailure,
+    OpenedStore,
 };
 use crate::config::{Backend, Config};
 use crate::daemon::http::{self, Health};
 use crate::daemon::replay::{parse_time_ms, ProgressMode, ReplayRequest, ReplayStart};
-use crate::daemon::{self, logging, metrics, DaemonOptions, Progress};
-use crate::model::UserId;
+use crate::daemon::{self, metrics, DaemonOptions, Progress};
+use crate::model::{Exit, UserId};
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -99,15 +99,10 @@ impl ProgressArg {
     }
 }
 
-/// `--user` values as user ids; a malformed one is refused naming it (exit 2, nothing touched).
+/// `--user` values as user ids; a malformed one is refused naming it (exit 64, nothing touched).
 pub(super) fn parse_users(raw: &[String]) -> Result<Vec<UserId>, ExitCode> {
     raw.iter()
-        .map(|raw| {
-            UserId::parse(raw).map_err(|e| {
-                eprintln!("error: --user {raw:?}: {e}");
-                ExitCode::from(EXIT_UNAVAILABLE)
-            })
-        })
+        .map(|raw| UserId::parse(raw).map_err(|e| bad_argument("--user", format!("{raw:?}: {e}"))))
         .collect()
 }
 
@@ -136,7 +131,8 @@ pub(super) async fn termination() {
 
 /// Connects to the store, retrying with backoff until it answers or a signal arrives: a daemon
 /// started before its store comes up waits (not ready) instead of crash-looping. `Err` is the
-/// exit status: 0 after a signal, 1 for a store refused (a Redis that evicts keys).
+/// exit status: 0 after a signal (the daemon's drain), 1 for a store refused (a Redis that
+/// evicts keys).
 async fn connect_store(config: &Config, health: &Health) -> Result<OpenedStore, ExitCode> {
     let retry = config.kafka.backoff();
     let mut attempt = 0;
@@ -153,7 +149,7 @@ async fn connect_store(config: &Config, health: &Health) -> Result<OpenedStore, 
             }
             Err(OpenFailure::Refused(refusal)) => {
                 tracing::error!("refused to start: {refusal}");
-                return Err(ExitCode::FAILURE);
+                return Err(Exit::Finding.into());
             }
             Err(OpenFailure::Unavailable(e)) => {
                 tracing::warn!(error = %e, attempt, "store not usable yet; retrying");
@@ -169,14 +165,13 @@ async fn connect_store(config: &Config, health: &Health) -> Result<OpenedStore, 
 }
 
 pub(super) async fn daemon(config: &Config) -> ExitCode {
-    logging::init(&config.log);
     if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
         tracing::error!(error = %e, "invalid configuration");
-        return ExitCode::FAILURE;
+        return Exit::Usage.into();
     }
     if let Err(e) = metrics::install() {
         tracing::error!(error = %e, "metrics recorder");
-        return ExitCode::FAILURE;
+        return Exit::Retry.into();
     }
     metrics::ready(false);
     let health = Arc::new(Health::default());
@@ -188,7 +183,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         Ok(addr) => tracing::info!(%addr, "serving /metrics, /healthz, /readyz"),
         Err(e) => {
             tracing::error!(listen = %config.http.listen, error = %e, "cannot bind http.listen");
-            return ExitCode::FAILURE;
+            return Exit::Retry.into();
         }
     }
     let opened = match connect_store(config, &health).await {
@@ -241,21 +236,20 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
             // A client creation error may quote a property's value: never a secret.
             let error = crate::config::redact_secrets(&e.to_string(), &config.kafka);
             tracing::error!(%error, "daemon failed");
-            ExitCode::FAILURE
+            Exit::Retry.into()
         }
     }
 }
 
 pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
-    logging::init(&crate::config::LogConfig {
-        format: config.log.format.clone(),
-        filter: "warn".to_owned(),
-    });
     let _ = metrics::install();
     if let Some(listen) = &args.listen {
         if let Err(e) = http::serve(listen, Arc::new(Health::default())).await {
-            eprintln!("error: --listen {listen}: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return fail_with(
+                Exit::Retry,
+                "unavailable",
+                format!("--listen {listen}: {e}"),
+            );
         }
     }
     let users = match parse_users(&args.users) {
@@ -266,8 +260,7 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         (Some(offset), _) => ReplayStart::Offset(offset),
         (None, Some(ms)) => ReplayStart::TimeMs(ms),
         (None, None) => {
-            eprintln!("error: --from-offset or --from-time is required");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return bad_argument("--from-offset", "--from-offset or --from-time is required");
         }
     };
     let opened =
@@ -282,14 +275,16 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
                     }),
                     ..Default::default()
                 };
-                print_json(&summary);
-                eprintln!("error: replay refused (store_evicting): {refusal}");
-                return ExitCode::from(summary.exit_status());
+                print_summary(&summary, summary.failure());
+                return summary.exit_status().into();
             }
             Ok(Err(failure)) => return failure.report(),
             Err(_) => {
-                eprintln!("error: the store did not answer within 30 s");
-                return ExitCode::from(EXIT_UNAVAILABLE);
+                return fail_with(
+                    Exit::Retry,
+                    "unavailable",
+                    "the store did not answer within 30 s",
+                );
             }
         };
     let request = ReplayRequest {
@@ -310,25 +305,31 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         termination().await;
         let _ = interrupt_tx.send(true);
     });
-    let summary = daemon::replay::replay(config, opened.store.clone(), &request, interrupt).await;
+    let signalled = interrupt.clone();
+    let mut summary =
+        daemon::replay::replay(config, opened.store.clone(), &request, interrupt).await;
     signals.abort();
+    summary.interrupted = summary.aborted.is_some() && *signalled.borrow();
     if let Err(e) = opened.persist() {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
+        return fail_with(Exit::Retry, "snapshot", e);
     }
-    print_json(&summary);
-    if let Some(refusal) = &summary.refused {
-        eprintln!(
-            "error: replay refused ({}): {}",
-            refusal.reason, refusal.detail
-        );
-    } else if let Some(reason) = &summary.aborted {
-        eprintln!("error: replay aborted: {reason}");
-    } else if !summary.corrupt_users.is_empty() {
-        eprintln!(
-            "error: still corrupt after the replay: {}",
-            summary.corrupt_users.join(", ")
-        );
+    print_summary(&summary, summary.failure());
+    summary.exit_status().into()
+}
+
+/// Prints a long command's summary: one JSON object on stdout whatever the output (it is what
+/// scripts and Jobs read), carrying SPEC 8.2's `error` object when the command failed, whose
+/// detail also goes to stderr in text for whoever watches.
+pub(super) fn print_summary(
+    summary: &impl serde::Serialize,
+    failure: Option<(&'static str, String)>,
+) {
+    let mut value = serde_json::to_value(summary).unwrap_or_default();
+    if let Some((kind, detail)) = &failure {
+        value["error"] = serde_json::json!({"kind": kind, "detail": detail});
     }
-    ExitCode::from(summary.exit_status())
+    print_json(&value);
+    if let (Some((_, detail)), false) = (failure, super::report::json()) {
+        eprintln!("error: {detail}");
+    }
 }

@@ -17,9 +17,10 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use super::fail_with;
 use super::open_store::scylla_settings;
-use super::EXIT_UNAVAILABLE;
 use crate::config::{Backend, Config};
+use crate::model::Exit;
 use crate::store::scylla;
 
 #[derive(Debug, Args)]
@@ -60,10 +61,11 @@ pub(super) async fn run(config: &Config, args: &SchemaArgs) -> ExitCode {
                 );
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: schema apply on keyspace {keyspace}: {e}");
-                ExitCode::from(EXIT_UNAVAILABLE)
-            }
+            Err(e) => fail_with(
+                Exit::Retry,
+                "unavailable",
+                format!("schema apply on keyspace {keyspace}: {e}"),
+            ),
         },
         SchemaAction::Check => match scylla::check_schema(&settings).await {
             Ok(missing) => {
@@ -75,13 +77,14 @@ pub(super) async fn run(config: &Config, args: &SchemaArgs) -> ExitCode {
                 if complete {
                     ExitCode::SUCCESS
                 } else {
-                    ExitCode::FAILURE
+                    Exit::Finding.into()
                 }
             }
-            Err(e) => {
-                eprintln!("error: schema check on keyspace {keyspace}: {e}");
-                ExitCode::from(EXIT_UNAVAILABLE)
-            }
+            Err(e) => fail_with(
+                Exit::Retry,
+                "unavailable",
+                format!("schema check on keyspace {keyspace}: {e}"),
+            ),
         },
     }
 }

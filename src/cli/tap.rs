@@ -19,9 +19,9 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::top::scrape::authority;
-use super::EXIT_UNAVAILABLE;
 use crate::config::Config;
 use crate::daemon::tap::percent_encode;
+use crate::model::Exit;
 
 /// How long a replica may take to accept the tap.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -83,12 +83,16 @@ pub(super) async fn run(config: &Config, args: &TapArgs) -> ExitCode {
     let mut printed = 0u64;
     let mut failed = false;
     let mut stdout = tokio::io::stdout();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    let signal = super::run::termination();
+    tokio::pin!(signal);
+    let mut interrupted = false;
     loop {
         let line = tokio::select! {
             line = rx.recv() => line,
-            _ = &mut ctrl_c => break,
+            _ = &mut signal => {
+                interrupted = true;
+                break;
+            }
         };
         let Some(line) = line else { break };
         match line {
@@ -115,8 +119,12 @@ pub(super) async fn run(config: &Config, args: &TapArgs) -> ExitCode {
             }
         }
     }
-    if failed {
-        ExitCode::from(EXIT_UNAVAILABLE)
+    // SPEC 8.2: a signal before the --limit is exit 4 (a stream without a limit ends only so),
+    // a replica lost mid-stream 2.
+    if interrupted {
+        Exit::Interrupted.into()
+    } else if failed {
+        Exit::Retry.into()
     } else {
         ExitCode::SUCCESS
     }

@@ -13,10 +13,11 @@ use tokio::sync::watch;
 
 use super::run::{parse_users, ProgressArg};
 use super::top::scrape::{authority, get};
-use super::{open_store_to_read, print_json, EXIT_UNAVAILABLE};
+use super::{bad_argument, fail_with, open_store_to_read};
 use crate::config::Config;
 use crate::daemon::replay::{parse_time_ms, ReplayStart};
 use crate::daemon::verify::{verify, MailboxReport, VerifyRequest, DEFAULT_BATCH_BYTES};
+use crate::model::Exit;
 use crate::model::UserId;
 
 #[derive(Debug, Args)]
@@ -77,16 +78,15 @@ pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
         (None, Some(ms), _) => ReplayStart::TimeMs(ms),
         (None, None, Some(ago_ms)) => ReplayStart::TimeMs(now_ms() - ago_ms),
         (None, None, None) => {
-            eprintln!("error: --from-offset, --from-time or --since is required");
-            return ExitCode::from(EXIT_UNAVAILABLE);
+            return bad_argument(
+                "--from-offset",
+                "--from-offset, --from-time or --since is required",
+            );
         }
     };
     let blocked = match blocked_users(&args.daemons).await {
         Ok(blocked) => blocked,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_UNAVAILABLE);
-        }
+        Err(e) => return fail_with(Exit::Retry, "unavailable", e),
     };
     let opened = match open_store_to_read(config).await {
         Ok(opened) => opened,
@@ -110,7 +110,8 @@ pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
     });
     let store: Arc<dyn crate::store::MailboxStore> = opened.store.clone();
     let all = args.all;
-    let summary = verify(
+    let signalled = interrupt.clone();
+    let mut summary = verify(
         config,
         store,
         &request,
@@ -134,11 +135,9 @@ pub(super) async fn run(config: &Config, args: &VerifyArgs) -> ExitCode {
     )
     .await;
     signals.abort();
-    print_json(&json!({ "summary": summary }));
-    if let Some(reason) = summary.aborted.as_ref().or(summary.refused.as_ref()) {
-        eprintln!("error: verify stopped: {reason}");
-    }
-    ExitCode::from(summary.exit_status())
+    summary.interrupted = summary.aborted.is_some() && *signalled.borrow();
+    super::run::print_summary(&json!({ "summary": summary }), summary.failure());
+    summary.exit_status().into()
 }
 
 /// Each replica's `/debug/blocked`: the users it holds failing closed, with why.

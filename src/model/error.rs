@@ -98,8 +98,7 @@ pub enum ErrorClass {
     /// Final: the input or the mailbox refuses the write (rejected, conflict, epoch mismatch,
     /// cursor expired, store refused, unsupported). Dead-lettered; a command exits 1.
     Refused,
-    /// Not final: the mailbox fails closed until a repair rebuilds it. A command exits 3 where
-    /// SPEC 8.1 names the status (`apply`), 1 where it does not (`scan`).
+    /// Not final: the mailbox fails closed until a repair rebuilds it. A command exits 3 (SPEC 8.2).
     Corrupt,
     /// Not final: the store did not answer (unreachable, timeout, failover, too few replica
     /// acknowledgements). Retried; a command exits 2.
@@ -108,18 +107,6 @@ pub enum ErrorClass {
     UnderRepair,
     /// A repair's own staged write found its fence gone: the repair aborts.
     FenceLost,
-}
-
-impl ErrorClass {
-    /// A command's exit status for an error of this class: 2 retryable, 3 corrupt (where the
-    /// command reports corruption on its own), 1 otherwise.
-    pub fn exit_status(self, corrupt_has_own_status: bool) -> u8 {
-        match self {
-            Self::Unavailable | Self::UnderRepair => 2,
-            Self::Corrupt if corrupt_has_own_status => 3,
-            Self::Corrupt | Self::Refused | Self::FenceLost => 1,
-        }
-    }
 }
 
 /// Every way a store operation can fail.

@@ -4,6 +4,7 @@
 //! these types, so a rule written here holds everywhere.
 
 pub mod error;
+pub mod exit;
 pub mod group;
 pub mod ids;
 pub mod outcome;
@@ -12,6 +13,7 @@ pub mod rules;
 pub mod validate;
 
 pub use error::{ConflictKind, CorruptKind, CursorExpired, ErrorClass, RejectKind, StoreError};
+pub use exit::Exit;
 pub use group::{Event, EventGroup, LogId, Payload, SourcePosition};
 pub use ids::{MailboxId, UserId, UserIdError, MAX_MAILBOX_SEQ};
 pub use outcome::{

@@ -251,6 +251,8 @@ async fn a_repair_on_a_compacted_topic_whose_cleaner_ran_is_refused_and_touches_
         &[
             "check-config",
             "--connect",
+            "--output",
+            "text",
             "--config",
             config.to_str().expect("path"),
         ],

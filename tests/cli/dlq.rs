@@ -32,8 +32,14 @@ pub(crate) fn dlq(config: &Path, args: &[&str]) -> (Output, Vec<Value>) {
     (out, lines)
 }
 
-pub(crate) fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+/// What a command said: its stderr, and its stdout, where SPEC 8.2 puts a failure's JSON
+/// object off a terminal.
+pub(crate) fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -65,7 +71,7 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
 
     // list: one line per letter, filtered by kind or outcome.
     let (out, letters) = dlq(&config, &["list", "--kind", "future_created_at"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(letters.len(), RECORDS);
     let mut sources: Vec<(i64, i64)> = letters
         .iter()
@@ -100,7 +106,7 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
         &config,
         &["show", "--partition", &partition, "--offset", &offset],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(shown.len(), 1);
     let shown = &shown[0];
     assert_eq!(shown["headers"]["error_kind"], "future_created_at");
@@ -116,14 +122,14 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
         &config,
         &["redrive", "--kind", "future_created_at", "--dry-run"],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(planned.len(), RECORDS);
     let store = redis_store(&redis.url()).await;
     assert!(scan_seqs(&store, &format!("{tag}-u1")).await.is_empty());
 
     // Before the fix: refused again (exit 1), not dead-lettered again, nothing committed.
     let (out, again) = dlq(&config, &["redrive", "--kind", "future_created_at"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert_eq!(again.len(), RECORDS);
     assert!(again.iter().all(|l| l["result"] == "refused_again"));
     assert_eq!(
@@ -135,7 +141,7 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
     // The cause is fixed: the store's clock is right again.
     redis.set_now(now_secs());
     let (out, landed) = dlq(&config, &["redrive", "--kind", "future_created_at"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(
         landed.len(),
         RECORDS,
@@ -150,13 +156,13 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
 
     // Progress was committed: nothing new; from the beginning, every record is unchanged.
     let (out, none) = dlq(&config, &["redrive", "--kind", "future_created_at"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert!(none.is_empty(), "{none:?}");
     let (out, replayed) = dlq(
         &config,
         &["redrive", "--kind", "future_created_at", "--from-beginning"],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(replayed.len(), RECORDS);
     assert!(replayed
         .iter()
@@ -165,19 +171,20 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
 
     // The malformed letter stays malformed: reported, exit 1.
     let (out, bad) = dlq(&config, &["redrive", "--kind", "malformed"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert_eq!(bad.len(), 1);
     assert_eq!(bad[0]["result"], "malformed");
 }
 
 #[test]
 fn wrong_arguments_are_refused_before_anything_is_read() {
+    // Usage errors (SPEC 8.2): 64, never worth retrying.
     let out = run_materializer(&["dlq", "show", "--partition", "0"], None);
-    assert_eq!(out.status.code(), Some(2), "missing --offset");
+    assert_eq!(out.status.code(), Some(64), "missing --offset");
     let out = run_materializer(&["dlq", "list", "--since", "yesterday"], None);
-    assert_eq!(out.status.code(), Some(2), "a time that does not parse");
+    assert_eq!(out.status.code(), Some(64), "a time that does not parse");
     let out = run_materializer(&["dlq", "redrive", "--limit", "3"], None);
-    assert_eq!(out.status.code(), Some(2), "redrive takes no --limit");
+    assert_eq!(out.status.code(), Some(64), "redrive takes no --limit");
 }
 
 /// The letter a daemon writes for a record too large to carry whole: the first 20 bytes of
@@ -240,11 +247,11 @@ async fn an_unreadable_truncated_letter_is_never_committed_past() {
     let config = setup.config_file(free_port());
     let group = format!("{}-dlq-redrive-all", setup.group);
     let (out, _) = dlq(&config, &["redrive"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
     assert!(
-        stderr(&out).contains("its source could not be read"),
+        said(&out).contains("its source could not be read"),
         "{}",
-        stderr(&out)
+        said(&out)
     );
     let progress = support::kafka::committed(&group, &setup.dlq_topic, 1);
     assert!(
@@ -256,12 +263,12 @@ async fn an_unreadable_truncated_letter_is_never_committed_past() {
     create_topic(&setup.topic, 1).await;
     produce(&setup.topic, &[(0, record.as_bytes().to_vec())]).await;
     let (out, lines) = dlq(&config, &["redrive"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["result"], "applied", "{lines:?}");
     assert_eq!(support::kafka::committed(&group, &setup.dlq_topic, 1), [1]);
     let (out, lines) = dlq(&config, &["redrive"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert!(lines.is_empty(), "{lines:?}");
 }
 
@@ -352,7 +359,7 @@ async fn a_letter_from_a_recreated_topic_is_source_gone_never_an_unrelated_recor
     let config = setup.config_file(free_port());
     let group = format!("{}-dlq-redrive-all", setup.group);
     let (out, lines) = dlq(&config, &["redrive"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["result"], "source_gone", "{lines:?}");
     assert!(

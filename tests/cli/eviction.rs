@@ -49,7 +49,14 @@ fn arg(path: &std::path::Path) -> &str {
 /// check-config's `store eviction (redis)` line.
 fn eviction_line(config: &std::path::Path) -> (Option<i32>, String) {
     let out = run_materializer(
-        &["check-config", "--connect", "--config", arg(config)],
+        &[
+            "check-config",
+            "--connect",
+            "--output",
+            "text",
+            "--config",
+            arg(config),
+        ],
         None,
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -94,13 +101,18 @@ async fn an_evicting_redis_is_refused_by_check_config_writers_and_the_daemon() {
     );
 
     let out = apply(&refused, &one_record("u", 1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    // No outcome printed: the one line is the refusal (SPEC 8.2's error object).
+    let error: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(error["error"]["kind"], "refused", "{error}");
     assert!(
-        stderr.contains("refused") && stderr.contains("allkeys-lru"),
-        "{stderr}"
+        error["error"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("allkeys-lru"),
+        "{error}"
     );
-    assert!(out.stdout.is_empty(), "no outcome printed");
     assert_eq!(redis.raw("DBSIZE").trim(), ":0", "nothing written");
 
     // The daemon refuses to start (exit 1) and says why; it never reaches Kafka.

@@ -12,7 +12,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::dlq::{dlq, stderr};
+use crate::dlq::{dlq, said};
 use serde_json::Value;
 use support::cli::{replay, run_materializer};
 use support::kafka::{
@@ -174,7 +174,7 @@ async fn a_replay_of_a_dead_lettered_replace_applies_and_the_replaced_record_is_
         &config,
         &["--partition", "0", "--from-offset", "1", "--to-offset", "1"],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert_eq!(summary["groups"]["replaced"], 1, "{summary}");
     assert_eq!(
         bodies(&redis.url(), &user).await,
@@ -188,11 +188,11 @@ async fn a_replay_of_a_dead_lettered_replace_applies_and_the_replaced_record_is_
         &config,
         &["--partition", "0", "--from-offset", "0", "--to-offset", "0"],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert_eq!(summary["groups"]["superseded"], 1, "{summary}");
     // The whole partition again: every record is unchanged or superseded, nothing reverts.
     let (out, summary) = replay(&config, &["--partition", "0", "--from-offset", "0"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert_eq!(summary["groups"]["superseded"], 1, "{summary}");
     assert_eq!(summary["groups"]["unchanged"], 2, "{summary}");
     assert_eq!(
@@ -219,7 +219,7 @@ async fn a_redrive_applies_only_the_failed_delivery_and_never_reverts_a_later_re
             String::from_utf8(record("old-seed", &[(&u2, 1, 0, "seed")])).expect("utf-8")
         )),
     );
-    assert!(seeded.status.success(), "{}", stderr(&seeded));
+    assert!(seeded.status.success(), "{}", said(&seeded));
 
     // Offset 0: u1 seq 1 "a" (applied) and u2 seq 2 (refused: span). Offset 1 rewrites u1 seq 1.
     let records = vec![
@@ -241,7 +241,7 @@ async fn a_redrive_applies_only_the_failed_delivery_and_never_reverts_a_later_re
     setup.sections_extra.clear();
     let wide = setup.config_file(free_port());
     let (out, lines) = dlq(&wide, &["redrive"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["result"], "applied", "{}", lines[0]);
     let deliveries = lines[0]["deliveries"].as_array().expect("deliveries");

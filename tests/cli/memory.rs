@@ -291,7 +291,7 @@ fn apply_holds_a_mailbox_that_answered_corrupt_for_the_rest_of_the_run() {
 }
 
 #[test]
-fn unavailable_backend_exits_2_and_bad_config_exits_1() {
+fn unavailable_backend_exits_2_and_bad_config_exits_64() {
     let env = Env::new("unavailable");
     let out = env.run(
         &[
@@ -314,8 +314,12 @@ fn unavailable_backend_exits_2_and_bad_config_exits_1() {
         .args(["--config", bad.to_str().unwrap(), "check-config"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("retention.days"));
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a bad configuration value is a usage error"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("retention.days"));
 }
 
 #[test]
@@ -399,7 +403,7 @@ fn store_flags_are_listed_only_where_a_store_is_opened() {
         .expect("runs");
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(2),
         "parsed, and the unreachable replica fails --once: {}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -423,18 +427,19 @@ fn check_config_validates_kafka_properties_and_masks_env_secrets() {
     };
 
     let unknown = check("[kafka.properties]\n\"no.such.property\" = \"1\"\n", &[]);
-    assert_eq!(unknown.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no.such.property"));
+    assert_eq!(unknown.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&unknown.stdout).contains("no.such.property"));
 
     let owned = check(
         "[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n",
         &[],
     );
-    assert_eq!(owned.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&owned.stderr).contains("enable.auto.commit"));
+    assert_eq!(owned.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&owned.stdout).contains("enable.auto.commit"));
 
     let window = check("[kafka]\nmax_in_flight_records = 0\n", &[]);
-    assert!(String::from_utf8_lossy(&window.stderr).contains("kafka.max_in_flight_records"));
+    assert_eq!(window.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&window.stdout).contains("kafka.max_in_flight_records"));
 
     let ok = check(
         "[kafka.properties]\n\"security.protocol\" = \"sasl_plaintext\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"svc\"\n",

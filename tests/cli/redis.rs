@@ -185,7 +185,16 @@ fn unreachable_redis_exits_2() {
         None,
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("redis"));
+    // Off a terminal the error is SPEC 8.2's JSON object on stdout.
+    let error: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(error["error"]["kind"], "unavailable", "{error}");
+    assert!(
+        error["error"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("redis"),
+        "{error}"
+    );
 }
 
 /// `rediss://` end to end: a redis-server serving TLS with a certificate from a test CA; the
@@ -346,12 +355,20 @@ fn explain_names_a_mailbox_with_a_lost_piece_as_damaged_with_the_repair() {
     let out = run(&url, &["apply", "-"], Some(&input));
     assert_eq!(out.status.code(), Some(0));
 
-    let healthy = run(&url, &["explain", "--user", "u-17"], None);
+    let healthy = run(
+        &url,
+        &["explain", "--user", "u-17", "--output", "text"],
+        None,
+    );
     assert_eq!(healthy.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&healthy.stdout).contains("nothing to do"));
 
     assert!(server.raw("DEL mm:mbseqbucket:{u-17}:3").contains(":1"));
-    let damaged = run(&url, &["explain", "--user", "u-17"], None);
+    let damaged = run(
+        &url,
+        &["explain", "--user", "u-17", "--output", "text"],
+        None,
+    );
     let text = String::from_utf8_lossy(&damaged.stdout);
     assert_eq!(damaged.status.code(), Some(3), "{text}");
     assert!(

@@ -155,10 +155,10 @@ fn a_mismatched_schema_is_refused() {
         None,
     );
     assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stderr.contains("schema mismatch") && stderr.contains("payload"),
-        "{stderr}"
+        stdout.contains("schema mismatch") && stdout.contains("payload"),
+        "{stdout}"
     );
 }
 
@@ -194,9 +194,9 @@ fn check_config_refuses_weak_consistency_and_ttls_beyond_the_limit() {
         let path = dir.join(format!("case-{i}.toml"));
         std::fs::write(&path, toml).unwrap();
         let out = run_materializer(&["--config", path.to_str().unwrap(), "check-config"], None);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_ne!(out.status.code(), Some(0), "{toml}");
-        assert!(stderr.contains(key), "{toml}: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(64), "{toml}");
+        assert!(stdout.contains(key), "{toml}: {stdout}");
     }
     let path = dir.join("ok.toml");
     std::fs::write(

@@ -226,13 +226,29 @@ async fn top_shows_live_replicas_their_partitions_and_a_frozen_one_as_down() {
 }
 
 #[test]
-fn off_a_terminal_top_asks_for_once() {
-    let out = run_materializer(&["top", "127.0.0.1:1"], None);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--once"));
-    let out = run_materializer(&["top", "--json", "127.0.0.1:1"], None);
-    assert_eq!(out.status.code(), Some(2), "--json needs --once");
-    // Nothing listens there: the snapshot says so, and the exit status too.
+fn off_a_terminal_top_prints_one_snapshot() {
+    // Nothing listens there: the snapshot says so, and the exit status too (2: look again
+    // later), with SPEC 8.2's error object in the one JSON object.
+    for args in [
+        &["top", "--interval-ms", "100", "127.0.0.1:1"][..],
+        &["top", "--once", "--interval-ms", "100", "127.0.0.1:1"],
+        &[
+            "top",
+            "--once",
+            "--output",
+            "json",
+            "--interval-ms",
+            "100",
+            "127.0.0.1:1",
+        ],
+    ] {
+        let out = run_materializer(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let snapshot: Value = serde_json::from_slice(&out.stdout).expect("still a snapshot");
+        assert_eq!(snapshot["replicas"][0]["state"], "down");
+        assert_eq!(snapshot["error"]["kind"], "unavailable", "{snapshot}");
+    }
+    // The old spelling, --json, still works for one release, and says so.
     let out = run_materializer(
         &[
             "top",
@@ -244,9 +260,26 @@ fn off_a_terminal_top_asks_for_once() {
         ],
         None,
     );
-    assert_eq!(out.status.code(), Some(1));
-    let snapshot: Value = serde_json::from_slice(&out.stdout).expect("still a snapshot");
+    assert_eq!(out.status.code(), Some(2));
+    let snapshot: Value = serde_json::from_slice(&out.stdout).expect("a snapshot");
     assert_eq!(snapshot["replicas"][0]["state"], "down");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--output json"));
+    // Text on request: the screen's text, the error on stderr.
+    let out = run_materializer(
+        &[
+            "top",
+            "--once",
+            "--output",
+            "text",
+            "--interval-ms",
+            "100",
+            "127.0.0.1:1",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("down"));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: replicas did not answer"));
 }
 
 /// `/etc/hosts` lines naming the fleet, removed when dropped (the file is restored as found).

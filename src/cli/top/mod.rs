@@ -4,7 +4,8 @@
 //! lag in records and seconds, the commit rate and blocked mailboxes, worst first. A replica that
 //! stops answering stays on screen as down, with its last known partitions.
 //!
-//! Off a terminal, `top --once [--json]` prints one snapshot (two scrapes an interval apart, so
+//! With `--once`, and off a terminal, `top` prints one snapshot (text, or JSON with
+//! `--output json`, the default off a terminal) (two scrapes an interval apart, so
 //! rates are known) for scripts.
 
 mod discover;
@@ -13,6 +14,9 @@ mod snapshot;
 mod view;
 
 use std::io::IsTerminal;
+
+use super::fail_with;
+use crate::model::Exit;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -33,11 +37,11 @@ pub struct TopArgs {
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub interval_ms: u64,
     /// Print one snapshot (two scrapes an interval apart) and exit: 0 when every replica
-    /// answered, 1 when one did not.
+    /// answered, 2 when one did not (what `top` does off a terminal too).
     #[arg(long)]
     pub once: bool,
-    /// With --once: the snapshot as one JSON object.
-    #[arg(long, requires = "once")]
+    /// The old spelling of `--output json` (accepted with a warning for one release).
+    #[arg(long, hide = true)]
     pub json: bool,
 }
 
@@ -66,49 +70,50 @@ pub(super) async fn run(config: &Config, args: &TopArgs) -> ExitCode {
         .collect();
     let interval = Duration::from_millis(args.interval_ms);
     let timeout = interval.clamp(Duration::from_millis(500), Duration::from_secs(2));
-    if args.once {
+    if args.once || !std::io::stdout().is_terminal() {
         refresh(&mut replicas, timeout).await;
         tokio::time::sleep(interval).await;
         refresh(&mut replicas, timeout).await;
         let snapshot = build(&replicas, Order::default(), Filter::All, now_ms());
-        if args.json {
-            match serde_json::to_string(&snapshot) {
-                Ok(text) => println!("{text}"),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+        let unanswered: Vec<String> = replicas
+            .iter()
+            .filter_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.address)))
+            .collect();
+        // The snapshot shows them down; the status says to look again later (SPEC 8.2: 2).
+        let failure = (!unanswered.is_empty()).then(|| {
+            (
+                "unavailable",
+                format!("replicas did not answer: {}", unanswered.join("; ")),
+            )
+        });
+        if super::report::json() {
+            super::run::print_summary(&snapshot, failure.clone());
         } else {
             print!("{}", view::text(&snapshot, Order::default(), Filter::All));
+            if let Some((_, detail)) = &failure {
+                eprintln!("error: {detail}");
+            }
         }
-        return if replicas.iter().all(|r| r.error.is_none()) {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
+        return match failure {
+            None => ExitCode::SUCCESS,
+            Some(_) => Exit::Retry.into(),
         };
-    }
-    if !std::io::stdout().is_terminal() {
-        eprintln!(
-            "error: standard output is not a terminal; use `top --once` (or `--once --json`)"
-        );
-        return ExitCode::from(super::EXIT_UNAVAILABLE);
     }
     let mut terminal = match ratatui::try_init() {
         Ok(terminal) => terminal,
         Err(e) => {
-            eprintln!("error: cannot take over the terminal: {e}");
-            return ExitCode::FAILURE;
+            return fail_with(
+                Exit::Finding,
+                "terminal",
+                format!("cannot take over the terminal: {e}"),
+            )
         }
     };
     let result = live(&mut terminal, &given, &mut replicas, interval, timeout).await;
     ratatui::restore();
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail_with(Exit::Finding, "terminal", e),
     }
 }
 

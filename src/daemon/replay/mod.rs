@@ -40,7 +40,7 @@ use crate::config::Config;
 use crate::daemon::topic_policy;
 use crate::disposition::Disposition;
 use crate::ingest::drive::Driver;
-use crate::model::UserId;
+use crate::model::{Exit, UserId};
 use crate::store::repair::Renewal;
 use crate::store::{MailboxStore, RepairToken, StagingView};
 
@@ -131,6 +131,9 @@ pub struct ReplaySummary {
     pub corrupt_users: Vec<String>,
     /// Set when the replay refused to start; nothing was touched.
     pub refused: Option<Refusal>,
+    /// The abort was a signal's (SIGINT/SIGTERM): exit 4.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     /// Set when the replay stopped midway (signal, lost fence, store or broker unreachable): the
     /// live mailboxes are as they were before it, and a rerun starts over.
     pub aborted: Option<String>,
@@ -141,19 +144,49 @@ pub struct ReplaySummary {
 }
 
 impl ReplaySummary {
-    /// The exit status of `materializer replay`: 0 done (every named user swapped), 1 refused,
-    /// 2 unreachable or fenced by another repair (retry), 3 a mailbox stays corrupt, 4 aborted.
-    pub fn exit_status(&self) -> u8 {
+    /// The exit status of `materializer replay` (SPEC 8.2): 0 done (every named user swapped),
+    /// 1 refused, 2 aborted (unreachable, fenced by another repair, its own fence lost, its range
+    /// deleted while read: each ends "rerun"), 3 a mailbox stays corrupt, 4 interrupted.
+    pub fn exit_status(&self) -> Exit {
         if self.refused.is_some() {
-            1
-        } else if self.retryable {
-            2
+            Exit::Finding
+        } else if self.interrupted {
+            Exit::Interrupted
         } else if self.aborted.is_some() {
-            4
+            Exit::Retry
         } else if !self.corrupt_users.is_empty() {
-            3
+            Exit::Corrupt
         } else {
-            0
+            Exit::Done
+        }
+    }
+
+    /// The `error` object of the summary when the replay did not end done: its kind and detail.
+    pub fn failure(&self) -> Option<(&'static str, String)> {
+        if let Some(refusal) = &self.refused {
+            Some((
+                "refused",
+                format!("replay refused ({}): {}", refusal.reason, refusal.detail),
+            ))
+        } else if let Some(reason) = &self.aborted {
+            let kind = if self.interrupted {
+                "interrupted"
+            } else if self.retryable {
+                "unavailable"
+            } else {
+                "aborted"
+            };
+            Some((kind, format!("replay aborted: {reason}")))
+        } else if !self.corrupt_users.is_empty() {
+            Some((
+                "corrupt",
+                format!(
+                    "still corrupt after the replay: {}",
+                    self.corrupt_users.join(", ")
+                ),
+            ))
+        } else {
+            None
         }
     }
 

@@ -30,7 +30,7 @@ use super::replay::range::Clients;
 use super::replay::{Progress, ProgressMode, ReplayRequest, ReplayStart};
 use crate::config::Config;
 use crate::ingest::{apply_delivery, decode, Delivery};
-use crate::model::{CursorExpired, MailboxId, ScanRequest, ScannedGroup, StoreError, UserId};
+use crate::model::{CursorExpired, Exit, MailboxId, ScanRequest, ScannedGroup, StoreError, UserId};
 use crate::store::memory::MemoryStore;
 use crate::store::{MailboxStore, SystemClock};
 
@@ -86,25 +86,46 @@ pub struct VerifySummary {
     pub batches: u64,
     pub verdicts: BTreeMap<&'static str, u64>,
     pub seconds: f64,
-    /// Why it stopped before the end (store or broker unreachable, a signal): exit 2.
+    /// Why it stopped before the end (store or broker unreachable: exit 2; a signal: exit 4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,
-    /// Why it refused to start (an empty range): exit 2, nothing was read from the store.
+    /// The abort was a signal's (SIGINT/SIGTERM): exit 4.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
+    /// Why it refused to start (an empty range): exit 1, nothing was read from the store.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
 }
 
 impl VerifySummary {
-    /// 0 nothing differs, 1 a mailbox differs or is corrupt, 2 unreachable, refused or stopped.
-    pub fn exit_status(&self) -> u8 {
-        if self.aborted.is_some() || self.refused.is_some() {
-            2
-        } else if self.verdicts.get("differs").copied().unwrap_or(0) > 0
-            || self.verdicts.get("corrupt").copied().unwrap_or(0) > 0
-        {
-            1
+    /// SPEC 8.2: 0 nothing differs, 1 a mailbox differs or the range is empty (refused), 2
+    /// unreachable, 3 a mailbox is corrupt, 4 interrupted.
+    pub fn exit_status(&self) -> Exit {
+        let count = |verdict: &str| self.verdicts.get(verdict).copied().unwrap_or(0);
+        if self.interrupted {
+            Exit::Interrupted
+        } else if self.aborted.is_some() {
+            Exit::Retry
+        } else if self.refused.is_some() {
+            Exit::Finding
+        } else if count("corrupt") > 0 {
+            Exit::Corrupt
+        } else if count("differs") > 0 {
+            Exit::Finding
         } else {
-            0
+            Exit::Done
+        }
+    }
+
+    /// The `error` object of the summary when the verify stopped or refused.
+    pub fn failure(&self) -> Option<(&'static str, String)> {
+        match (&self.aborted, &self.refused) {
+            (Some(reason), _) if self.interrupted => {
+                Some(("interrupted", format!("verify stopped: {reason}")))
+            }
+            (Some(reason), _) => Some(("unavailable", format!("verify stopped: {reason}"))),
+            (None, Some(reason)) => Some(("refused", format!("verify refused: {reason}"))),
+            (None, None) => None,
         }
     }
 }
