@@ -56,6 +56,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
  && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin materializer
 COPY --from=binary /out/materializer /usr/local/bin/materializer
+# The man pages and the bash completion, generated from the binary's own command line.
+RUN /usr/local/bin/materializer man --dir /usr/local/share/man/man1 >/dev/null \
+ && mkdir -p /usr/share/bash-completion/completions \
+ && /usr/local/bin/materializer completions bash >/usr/share/bash-completion/completions/materializer
 COPY config/materializer.example.toml /etc/materializer/materializer.toml
 # The shipped configuration listens on every interface (a probe comes from outside the
 # container). In the file, not in the environment: the environment overrides the file, so an

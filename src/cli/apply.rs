@@ -122,6 +122,12 @@ pub(super) async fn run(
                 corrupt |= print_record(&mut out, &record);
             }
         }
+        // Lines are written in 64 KiB blocks while input streams in, and flushed whenever the
+        // input pauses: a reader of a slow or open-ended input (a pipe from a live source) sees
+        // each outcome as soon as its record is final, not at the end.
+        if lines.is_empty() {
+            let _ = out.flush();
+        }
     }
     driver.cancel_all();
     drop(lines);

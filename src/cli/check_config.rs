@@ -182,6 +182,10 @@ fn finish(checks: &[Check]) -> ExitCode {
                 "; fix the FAIL lines"
             }
         );
+        if !failed.is_empty() {
+            let names: Vec<&str> = failed.iter().map(|c| c.name.as_str()).collect();
+            eprintln!("error: checks failed: {}", names.join(", "));
+        }
     }
     exit.into()
 }

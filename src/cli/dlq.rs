@@ -130,6 +130,9 @@ pub struct RedriveArgs {
     /// Print what would be re-driven (the `list` lines); write and commit nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Progress on stderr: a count redrawn on a terminal, a line every 5 s otherwise, or none.
+    #[arg(long, value_enum, default_value_t = super::run::ProgressArg::Auto)]
+    pub progress: super::run::ProgressArg,
 }
 
 /// A letter as `list` prints it.
@@ -419,6 +422,8 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failure: Option<Failure> = None;
     let mut source_done = false;
+    let mut shown =
+        crate::daemon::replay::Progress::count("dlq redrive", "letters", args.progress.mode());
     while failure.is_none() && !(source_done && driver.is_empty()) {
         let can_read = !source_done && driver.windows().all(|(_, w)| !w.pipeline.is_full());
         tokio::select! {
@@ -430,6 +435,8 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
                 Ok(None) => source_done = true,
                 Err(e) => failure = Some((0, e, Exit::Retry)),
                 Ok(Some(letter)) => {
+                    shown.note(counts.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "));
+                    shown.read(1);
                     let at = progress.entry(letter.partition).or_default();
                     at.read_to = Some(letter.offset + 1);
                     if !filter.kind_matches(&letter) {
@@ -500,6 +507,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
         }
     }
     driver.cancel_all();
+    shown.finish();
     if !args.dry_run {
         // Each partition: up to the first record not final (the window's front), and never
         // past a letter a filter held back.

@@ -13,6 +13,7 @@ mod explain;
 mod fix;
 pub mod open_store;
 mod output;
+mod reference;
 mod report;
 mod run;
 mod schema;
@@ -54,7 +55,13 @@ pub(crate) struct Cli {
 pub(crate) struct GlobalArgs {
     /// TOML configuration file (see config/materializer.example.toml). Without it the defaults
     /// apply, with the memory store.
-    #[arg(long, global = true, value_name = "FILE", env = "MATERIALIZER_CONFIG")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "MATERIALIZER_CONFIG",
+        hide_env_values = true
+    )]
     pub config: Option<PathBuf>,
     /// Storage backend, overriding the configuration.
     #[arg(long, global = true, help_heading = "Store", value_enum)]
@@ -163,6 +170,14 @@ pub enum Command {
     /// holds now. Rebuilding from the log instead is resetting the consumer group's offsets to
     /// the log's start (README). Prints one JSON object.
     AcceptStoreLoss,
+    /// Print a shell's completion script: `materializer completions bash >
+    /// /etc/bash_completion.d/materializer` (bash, zsh, fish, elvish, powershell).
+    Completions(reference::CompletionsArgs),
+    /// Write the man pages (one for the binary, one a subcommand) into a directory.
+    Man(reference::ManArgs),
+    /// Print docs/reference/cli.md or docs/reference/config.md as generated from this binary.
+    #[command(hide = true)]
+    Reference(reference::ReferenceArgs),
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +195,9 @@ pub struct PatrolArgs {
     /// Most mailboxes promoted per second (default: store.redis.patrol_rate_per_second).
     #[arg(long, value_name = "N")]
     pub rate: Option<u32>,
+    /// Progress on stderr: a count redrawn on a terminal, a line every 5 s otherwise, or none.
+    #[arg(long, value_enum, default_value_t = run::ProgressArg::Auto)]
+    pub progress: run::ProgressArg,
 }
 
 #[derive(Debug, Args)]
@@ -203,7 +221,7 @@ pub struct ScanArgs {
     #[arg(long, value_name = "S")]
     pub until: Option<u64>,
     /// Most groups returned (1..=10000).
-    #[arg(long, value_name = "N", default_value_t = 100)]
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub limit: u32,
 }
 
@@ -214,6 +232,9 @@ pub struct TruncateArgs {
     /// First seq to keep; everything below is deleted.
     #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..=MAX_MAILBOX_SEQ))]
     pub before: u64,
+    /// Change nothing: print the trim the mailbox would have and how many live groups would go.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// The commands that never open the store: their help leaves the store flags out.
@@ -431,6 +452,9 @@ async fn execute(command: Command, config: Config) -> ExitCode {
         Command::Explain(args) => return explain::run(&config, args).await,
         Command::Verify(args) => return verify::run(&config, args).await,
         Command::Tap(args) => return tap::run(&config, args).await,
+        Command::Completions(args) => return reference::completions(args),
+        Command::Man(args) => return reference::man(args),
+        Command::Reference(args) => return reference::reference(args),
         _ => {}
     }
     let writes = matches!(
@@ -469,7 +493,10 @@ async fn execute(command: Command, config: Config) -> ExitCode {
         | Command::Schema(_)
         | Command::Explain(_)
         | Command::Verify(_)
-        | Command::Tap(_) => ExitCode::SUCCESS,
+        | Command::Tap(_)
+        | Command::Completions(_)
+        | Command::Man(_)
+        | Command::Reference(_) => ExitCode::SUCCESS,
         Command::Apply(args) => apply::run(opened.store.clone(), args, &config).await,
         Command::Scan(args) => scan(store, args).await,
         Command::Inspect(args) => inspect(store, args).await,
@@ -677,6 +704,9 @@ async fn truncate(store: &dyn MailboxStore, args: &TruncateArgs) -> ExitCode {
         Ok(m) => m,
         Err(code) => return code,
     };
+    if args.dry_run {
+        return truncate_dry_run(store, &mailbox, args.before).await;
+    }
     match store.truncate_before(&mailbox, args.before).await {
         Ok(outcome) => {
             print_json(&TruncateLine {
@@ -686,6 +716,45 @@ async fn truncate(store: &dyn MailboxStore, args: &TruncateArgs) -> ExitCode {
         }
         Err(e) => fail(&e),
     }
+}
+
+/// `truncate --dry-run`: reads only (inspect, then scans of the seqs the trim would pass).
+async fn truncate_dry_run(store: &dyn MailboxStore, mailbox: &MailboxId, before: u64) -> ExitCode {
+    let inspection = match store.inspect(mailbox).await {
+        Ok(inspection) => inspection,
+        Err(e) => return fail(&e),
+    };
+    let current = inspection.user_trim_seq;
+    // Seqs below the trim are gone and `resume_after` of a trimmed cursor is trim - 1: the
+    // first live seq is above both it and the expired gap.
+    let mut after = current
+        .saturating_sub(1)
+        .max(inspection.expired_gap_boundary);
+    let mut groups = 0u64;
+    while after + 1 < before {
+        let request = ScanRequest {
+            after_seq: after,
+            until_seq: Some(before - 1),
+            limit_groups: 1000,
+        };
+        match store.range_scan(mailbox, request).await {
+            Ok(page) => {
+                groups += page.groups.len() as u64;
+                if !page.has_more || page.up_to <= after {
+                    break;
+                }
+                after = page.up_to;
+            }
+            Err(e) => return fail(&e),
+        }
+    }
+    print_json(&serde_json::json!({
+        "dry_run": true,
+        "user_trim_seq": current.max(before),
+        "current_user_trim_seq": current,
+        "groups_deleted": groups,
+    }));
+    ExitCode::SUCCESS
 }
 
 async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> ExitCode {
@@ -706,7 +775,19 @@ async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> Exi
     let rate = args
         .rate
         .unwrap_or(config.store.redis.patrol_rate_per_second);
-    match store.patrol(rate).await {
+    let mut progress =
+        crate::daemon::replay::Progress::count("patrol", "mailboxes", args.progress.mode());
+    let patrolled = store
+        .patrol_with(rate, |report| {
+            progress.note(format!(
+                "expired days {}, corrupt {}, unavailable {}",
+                report.expired_days, report.corrupt, report.unavailable
+            ));
+            progress.read(1);
+        })
+        .await;
+    progress.finish();
+    match patrolled {
         Ok(report) => {
             print_json(&report);
             if report.corrupt > 0 {

@@ -103,7 +103,9 @@ impl<'a> ApplyLine<'a> {
     }
 }
 
-/// `{"error": {...}}` of scan, inspect and truncate.
+/// `{"error": {...}}` of scan, inspect and truncate: SPEC 8.2's `kind` and `detail`, except the
+/// two shapes SPEC 8.1 fixes to the field (`cursor_expired` with its reason and boundary or
+/// resume point, `epoch_mismatch` with the current epoch), which scripts compare whole.
 #[derive(Debug, Serialize)]
 pub(crate) struct ErrorEnvelope {
     pub error: CommandError,

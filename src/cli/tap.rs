@@ -81,7 +81,7 @@ pub(super) async fn run(config: &Config, args: &TapArgs) -> ExitCode {
     }
     drop(tx);
     let mut printed = 0u64;
-    let mut failed = false;
+    let mut failed: Vec<String> = Vec::new();
     let mut stdout = tokio::io::stdout();
     let signal = super::run::termination();
     tokio::pin!(signal);
@@ -115,16 +115,20 @@ pub(super) async fn run(config: &Config, args: &TapArgs) -> ExitCode {
             Line::Ended(daemon, Ok(())) => eprintln!("tap: {daemon} ended the stream"),
             Line::Ended(daemon, Err(e)) => {
                 eprintln!("tap: {daemon}: {e}");
-                failed = true;
+                failed.push(format!("{daemon}: {e}"));
             }
         }
     }
     // SPEC 8.2: a signal before the --limit is exit 4 (a stream without a limit ends only so),
     // a replica lost mid-stream 2.
     if interrupted {
-        Exit::Interrupted.into()
-    } else if failed {
-        Exit::Retry.into()
+        super::fail_with(Exit::Interrupted, "interrupted", "interrupted by a signal")
+    } else if !failed.is_empty() {
+        super::fail_with(
+            Exit::Retry,
+            "unavailable",
+            format!("replicas lost: {}", failed.join("; ")),
+        )
     } else {
         ExitCode::SUCCESS
     }

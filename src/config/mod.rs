@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{RetentionPolicy, RetentionPolicyError};
 
-mod env;
+pub(crate) mod env;
 mod redact;
 pub(crate) mod secrets;
 mod validate;

@@ -80,7 +80,8 @@ async fn every_check_passes_on_the_memory_store_and_a_live_broker() {
     assert_eq!(code, 0, "{lines:#?}");
     assert_eq!(lines.len(), 12, "eleven checks and a summary: {lines:#?}");
     assert!(line(&lines, "config").starts_with("ok "));
-    // No cgroup memory limit here: the check says what a catch-up may take (README "Memory").
+    // No cgroup memory limit here: the check says what a catch-up may take (docs/operations.md
+    // "Memory").
     assert!(line(&lines, "memory").starts_with("ok "));
     assert!(line(&lines, "memory").contains("164 MiB"), "{lines:#?}");
     assert!(line(&lines, "store (memory)").starts_with("ok "));

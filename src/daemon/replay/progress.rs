@@ -25,13 +25,21 @@ impl ProgressMode {
 }
 
 /// Progress on stderr: a redrawn bar on a terminal, a plain line every five seconds otherwise.
+/// Over a known total (a partition's range) it shows the share done; over an open-ended walk
+/// (`patrol`'s mailboxes, `dlq redrive`'s letters) a count and its rate.
 pub(crate) struct Progress {
-    /// What reads: `replay`, `verify`.
+    /// What reads: `replay`, `verify`, `patrol`, `dlq redrive`.
     verb: &'static str,
     mode: ProgressMode,
-    partition: i32,
+    /// The partition read, or none for a count.
+    partition: Option<i32>,
+    /// What is counted: `records`, `mailboxes`, `letters`.
+    unit: &'static str,
     total: u64,
     done: u64,
+    /// A detail the caller keeps current (`expired days 3, corrupt 0`).
+    note: String,
+    started: Instant,
     last: Instant,
 }
 
@@ -50,11 +58,34 @@ impl Progress {
         Self {
             verb,
             mode,
-            partition,
+            partition: Some(partition),
+            unit: "records",
             total: total.max(0) as u64,
             done: 0,
+            note: String::new(),
+            started: Instant::now(),
             last: Instant::now(),
         }
+    }
+
+    /// Progress of an open-ended count of `unit` (no total known).
+    pub(crate) fn count(verb: &'static str, unit: &'static str, mode: ProgressMode) -> Self {
+        Self {
+            verb,
+            mode,
+            partition: None,
+            unit,
+            total: 0,
+            done: 0,
+            note: String::new(),
+            started: Instant::now(),
+            last: Instant::now(),
+        }
+    }
+
+    /// Sets the detail shown after a count.
+    pub(crate) fn note(&mut self, note: String) {
+        self.note = note;
     }
 
     pub(crate) fn read(&mut self, n: u64) {
@@ -71,6 +102,26 @@ impl Progress {
     }
 
     fn draw(&self) {
+        let Some(partition) = self.partition else {
+            let rate = self.done as f64 / self.started.elapsed().as_secs_f64().max(0.001);
+            let note = if self.note.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", self.note)
+            };
+            let line = format!(
+                "{}: {} {} ({rate:.0}/s){note}",
+                self.verb, self.done, self.unit
+            );
+            let mut stderr = std::io::stderr();
+            let _ = match self.mode {
+                ProgressMode::Bar => write!(stderr, "\r{line}"),
+                ProgressMode::Lines => writeln!(stderr, "{line}"),
+                ProgressMode::Off => Ok(()),
+            };
+            let _ = stderr.flush();
+            return;
+        };
         let percent = (self.done * 100).checked_div(self.total).unwrap_or(100);
         let mut stderr = std::io::stderr();
         match self.mode {
@@ -83,7 +134,7 @@ impl Progress {
                     stderr,
                     "\r{} partition {} [{}{}] {}/{} records ({percent}%)",
                     self.verb,
-                    self.partition,
+                    partition,
                     "#".repeat(filled),
                     ".".repeat(width as usize - filled),
                     self.done,
@@ -94,7 +145,7 @@ impl Progress {
                 let _ = writeln!(
                     stderr,
                     "{} partition {}: {}/{} records ({percent}%)",
-                    self.verb, self.partition, self.done, self.total
+                    self.verb, partition, self.done, self.total
                 );
             }
             ProgressMode::Off => {}

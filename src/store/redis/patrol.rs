@@ -7,6 +7,16 @@ impl RedisStore {
     /// `per_second` mailboxes a second, then removes the staging copies of crashed repairs
     /// ([`MailboxStore::repair_collect_garbage`]).
     pub async fn patrol(&self, per_second: u32) -> Result<PatrolReport, StoreError> {
+        self.patrol_with(per_second, |_| {}).await
+    }
+
+    /// [`Self::patrol`], telling `on_visit` the report so far after each mailbox (the command's
+    /// progress: a pass over millions of mailboxes runs for hours).
+    pub async fn patrol_with(
+        &self,
+        per_second: u32,
+        mut on_visit: impl FnMut(&PatrolReport) + Send,
+    ) -> Result<PatrolReport, StoreError> {
         let pattern = keys::meta_pattern(&self.settings.key_prefix);
         let mut report = PatrolReport::default();
         let interval = Duration::from_secs_f64(1.0 / f64::from(per_second.max(1)));
@@ -28,6 +38,7 @@ impl RedisStore {
                         Err(StoreError::Unavailable { .. }) => report.unavailable += 1,
                         Err(_) => report.corrupt += 1,
                     }
+                    on_visit(&report);
                 }
                 if next == 0 {
                     break;

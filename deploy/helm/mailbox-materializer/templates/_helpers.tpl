@@ -314,10 +314,11 @@ volumes:
 {{- end -}}
 
 {{/*
-A Job's failure policy for the materializer's exit codes: 2 (store or broker unreachable, a fence
-held: "retry later") is retried up to backoffLimit; any other failure (1 refused, 3 a corrupt
-mailbox, 4 aborted) fails the Job at once, since a retry would only repeat it. A pod evicted by a
-drain does not count.
+A Job's failure policy for the materializer's exit table (SPEC 8.2, the same for every command):
+2 (unreachable or transient: "retry later") is retried up to backoffLimit; any other failure (1 a
+finding or refusal, 3 a corrupt mailbox, 4 interrupted, 64 a usage error such as a typo in
+jobs.*.args) fails the Job at once, since a retry would only repeat it. A pod evicted by a drain
+does not count.
 */}}
 {{- define "mm.podFailurePolicy" -}}
 podFailurePolicy:
