@@ -3,10 +3,10 @@
 //! in-flight byte budget, until every record is final. The peak is the kernel's own high-water
 //! mark of the process's resident set (`VmHWM`), so nothing between two samples is missed.
 //!
-//! Each row also gives the bound the README documents — fixed overhead + 1.25 × (budget +
-//! prefetch) — the records/s of the catch-up, the CPU of each process, and the store calls per
-//! record: Redis's script calls (`INFO commandstats`), or the Paxos rounds a Cassandra started
-//! by `scripts/cassandra` coordinated (its JMX `CASWrite` count, `CASSANDRA_JMX_PORT`).
+//! Each row also gives the bound docs/operations.md ("Memory") documents — fixed overhead + 1.25 ×
+//! (budget + prefetch) — the records/s of the catch-up, the CPU of each process, and the store
+//! calls per record: Redis's script calls (`INFO commandstats`), or the Paxos rounds a Cassandra
+//! started by `scripts/cassandra` coordinated (its JMX `CASWrite` count, `CASSANDRA_JMX_PORT`).
 //!
 //! Workload: 3 partitions, one delivery per record, its event padded so the whole record has
 //! about the given size (its padding text compresses like real text, see `text`). Into Redis and Scylla every record is a new group of its mailbox (about
@@ -339,7 +339,8 @@ async fn main() {
     let per_mailbox: u64 = env_or("BENCH_PER_MAILBOX", 10u64).max(1);
     let factor: u64 = env_or("BENCH_BACKLOG_FACTOR", 5);
     let extra = std::env::var("BENCH_EXTRA").unwrap_or_default();
-    // The README's formula, as the daemon computes it for its cgroup check.
+    // The formula of docs/operations.md ("Memory"), as the daemon computes it for its cgroup
+    // check.
     let mut kafka = Config::default().kafka;
     kafka.max_in_flight_bytes = budget as usize;
     let bound = memory_limit::required_bytes(&kafka);

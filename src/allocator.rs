@@ -1,7 +1,8 @@
 //! How the `materializer` binary's allocator (mimalloc) gives memory back to the system.
 //!
-//! The daemon's memory bound (README "Memory") is fixed overhead + 1.25 × (in-flight budget +
-//! prefetch); what the process holds beyond its live heap counts against it as much as the heap.
+//! The daemon's memory bound (docs/operations.md "Memory") is fixed overhead + 1.25 × (in-flight
+//! budget + prefetch); what the process holds beyond its live heap counts against it as much as
+//! the heap.
 //! With mimalloc's defaults a catch-up of 64 KB records into Redis peaked at 172-203 MiB of RSS
 //! for 56-67 MiB of charged bytes (bound 164): its arena was backed by transparent huge pages
 //! (it asks for them), so a 2 MiB page stays resident while any 4 KiB of it is live, and freed

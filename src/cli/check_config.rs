@@ -207,8 +207,8 @@ fn is_refusal(error: &str) -> bool {
     .any(|word| error.contains(word))
 }
 
-/// Whether a catch-up's peak memory (README "Memory") fits this process's cgroup limit, read
-/// where `check-config` runs: in the pod (an init container) it is the pod's.
+/// Whether a catch-up's peak memory (docs/operations.md "Memory") fits this process's cgroup
+/// limit, read where `check-config` runs: in the pod (an init container) it is the pod's.
 pub(crate) fn check_memory(config: &Config, limit: Option<u64>) -> Check {
     use crate::daemon::memory_limit;
     let result = match limit {

@@ -44,6 +44,13 @@ pub struct DlqArgs {
     pub command: DlqCommand,
 }
 
+impl DlqArgs {
+    /// Whether this is `dlq show`.
+    pub(super) fn shows(&self) -> bool {
+        matches!(self.command, DlqCommand::Show(_))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// One JSON line per dead letter (its headers decoded, not its payload), per partition in
@@ -66,14 +73,16 @@ pub struct Filter {
     /// outcome (`error_outcome`, e.g. rejected, conflict, malformed).
     #[arg(long, value_name = "KIND")]
     pub kind: Option<String>,
-    /// Only letters produced at or after this time (ms since the epoch, or RFC 3339).
+    /// Only letters produced at or after this time (ms since the epoch, RFC 3339, or a duration
+    /// ago such as 24h).
     #[arg(long, value_name = "TIME", value_parser = parse_time_ms)]
     pub since: Option<i64>,
-    /// Only letters produced before this time (ms since the epoch, or RFC 3339).
+    /// Only letters produced before this time (ms since the epoch, RFC 3339, or a duration ago).
     #[arg(long, value_name = "TIME", value_parser = parse_time_ms)]
     pub until: Option<i64>,
-    /// Only letters of records read from this partition of the dispatch topic.
-    #[arg(long, value_name = "P")]
+    /// Only letters of records read from this partition of the dispatch topic (the old
+    /// spelling `--source-partition` is accepted for one release).
+    #[arg(long = "partition", alias = "source-partition", value_name = "P")]
     pub source_partition: Option<i32>,
 }
 
@@ -104,8 +113,9 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// The letter's partition of the dead-letter topic.
-    #[arg(long, value_name = "P")]
+    /// The letter's partition of the dead-letter topic (`--partition`, the old spelling, is
+    /// accepted for one release: `--partition` names a dispatch-topic partition everywhere).
+    #[arg(long = "dlq-partition", alias = "partition", value_name = "P")]
     pub partition: i32,
     /// The letter's offset.
     #[arg(long, value_name = "O")]

@@ -168,7 +168,7 @@ pub enum Command {
     /// After a wiped store or master (SPEC 7.3: `/readyz` `store data: lost`), accept the loss:
     /// writes the store's data markers again, so the waiting writes go on from what the store
     /// holds now. Rebuilding from the log instead is resetting the consumer group's offsets to
-    /// the log's start (README). Prints one JSON object.
+    /// the log's start (docs/operations.md). Prints one JSON object.
     AcceptStoreLoss,
     /// Print a shell's completion script: `materializer completions bash >
     /// /etc/bash_completion.d/materializer` (bash, zsh, fish, elvish, powershell).
@@ -299,6 +299,7 @@ pub fn main() -> ExitCode {
         cli.global.output.or_else(|| old_json_flag(&cli.command)),
         has_text_form(&cli.command),
     );
+    warn_old_spellings(&cli.command, &args);
     let overrides = Overrides {
         backend: cli.global.store.map(Backend::from),
         memory_snapshot: cli.global.memory_snapshot.clone(),
@@ -374,6 +375,27 @@ fn old_json_flag(command: &Command) -> Option<Output> {
         report::warn("--json is `--output json` now; --json goes in the next release");
         Output::Json
     })
+}
+
+/// Flags renamed so that one name means one thing (SPEC 8.2), still accepted for one release:
+/// each use is warned about on stderr.
+fn warn_old_spellings(command: &Command, args: &[String]) {
+    let given = |flag: &str| {
+        args.iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    if given("--source-partition") {
+        report::warn(
+            "--source-partition is `--partition` now; the old spelling goes in the next release",
+        );
+    }
+    if let Command::Dlq(dlq) = command {
+        if dlq.shows() && given("--partition") {
+            report::warn(
+                "dlq show --partition is `--dlq-partition` now (`--partition` names a dispatch-topic partition everywhere else); the old spelling goes in the next release",
+            );
+        }
+    }
 }
 
 /// Whether a command has a human text form (the default on a terminal): the rest print JSON
@@ -607,12 +629,12 @@ pub(crate) fn missing_grants_message(backend: Backend, missing: &[String]) -> St
     match backend {
         Backend::Redis => format!(
             "the Redis ACL user may not do what this product needs: add the rules {} (e.g. \
-             `ACL SETUSER <user> {}`; README \"Grants\" has the whole list)",
+             `ACL SETUSER <user> {}`; docs/grants.md has the whole list)",
             missing.join(" "),
             missing.join(" ")
         ),
         _ => format!(
-            "the CQL role may not do what this product needs: {} (README \"Grants\" has the \
+            "the CQL role may not do what this product needs: {} (docs/grants.md has the \
              GRANT statements)",
             missing.join("; ")
         ),

@@ -30,8 +30,8 @@ pub struct ReplayArgs {
         required_unless_present = "from_time"
     )]
     pub from_offset: Option<i64>,
-    /// First record at or after this time: milliseconds since the epoch or an RFC 3339 date-time
-    /// (2026-02-03T04:05:06Z, 2026-02-03T05:05:06.5+01:00).
+    /// First record at or after this time: milliseconds since the epoch, an RFC 3339 date-time
+    /// (2026-02-03T04:05:06Z, 2026-02-03T05:05:06.5+01:00), or a duration ago (24h, 90m).
     #[arg(long, value_name = "T", value_parser = parse_time_ms)]
     pub from_time: Option<i64>,
     /// Last offset re-read (inclusive); default: the partition's end when the replay starts.

@@ -440,7 +440,7 @@ pub struct KafkaConfig {
     /// (`DispatchRecord::in_flight_bytes`); each partition gets an even share and is paused at
     /// it until half is free. librdkafka's prefetch is derived from it (a quarter, see
     /// `daemon::kafka::prefetch_sizes`), and the peak memory of a catch-up is about 64 MiB +
-    /// 1.25 × (this + prefetch) (`daemon::memory_limit`, README "Memory").
+    /// 1.25 × (this + prefetch) (`daemon::memory_limit`, docs/operations.md "Memory").
     pub max_in_flight_bytes: usize,
     /// Largest dead letter the producer sends (librdkafka `message.max.bytes` of the producer;
     /// keep it at or below the dead-letter topic's `max.message.bytes`). Larger dead letters

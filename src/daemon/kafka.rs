@@ -148,8 +148,8 @@ pub(crate) fn base_config(kafka: &KafkaConfig, role: ClientRole) -> ClientConfig
 /// rest. The fetch is kept small because its bytes are compressed ones and every message it
 /// brings costs librdkafka a few hundred bytes besides its payload: an 8 MiB fetch of 100-byte
 /// records held over 100 MiB (BENCHMARKS.md "Memory during a catch-up"). The daemon's peak
-/// memory is then a fixed overhead plus the budget plus this (README "Memory"). A response of
-/// very compressible records still decompresses to more (docs/decisions.md).
+/// memory is then a fixed overhead plus the budget plus this (docs/operations.md "Memory"). A
+/// response of very compressible records still decompresses to more (docs/decisions.md).
 pub fn prefetch_sizes(kafka: &KafkaConfig) -> PrefetchSizes {
     let quarter = kafka.max_in_flight_bytes / 4;
     let fetch_part = (kafka.max_in_flight_bytes / 32).max(MIN_PREFETCH_PART_BYTES);
@@ -241,7 +241,7 @@ pub(crate) fn consumer_config(kafka: &KafkaConfig, commit_offsets: bool) -> Clie
     // is 1 MiB): a fetch of 100-byte records decompresses to tens of thousands of messages, each
     // costing librdkafka a few hundred bytes; 1 MiB per partition held twice the formula's
     // prefetch. A record batch larger than this still comes, one partition per fetch, so
-    // records near 1 MB catch up slower (README "Memory").
+    // records near 1 MB catch up slower (docs/operations.md "Memory").
     if !kafka.properties.contains_key("max.partition.fetch.bytes") {
         config.set(
             "max.partition.fetch.bytes",

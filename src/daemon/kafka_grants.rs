@@ -1,5 +1,5 @@
 //! The Kafka ACLs the daemon needs, and whether the configured principal holds them, asked
-//! without producing, consuming, joining or committing anything (README "Grants").
+//! without producing, consuming, joining or committing anything (docs/grants.md).
 //!
 //! The daemon needs (every resource LITERAL, on the dispatch topic `T`, the dead-letter topic
 //! `D` and the group `G`):

@@ -1,8 +1,8 @@
 //! The pod's memory limit, and whether the daemon's budget fits in it.
 //!
 //! A replica's peak memory during a catch-up is a fixed overhead plus its in-flight byte budget
-//! plus librdkafka's prefetch, with a margin for the allocator (README "Memory", measured by
-//! `benches/catchup_memory.rs`):
+//! plus librdkafka's prefetch, with a margin for the allocator (docs/operations.md "Memory",
+//! measured by `benches/catchup_memory.rs`):
 //!
 //! `peak ≤ FIXED_OVERHEAD_BYTES + 1.25 × (kafka.max_in_flight_bytes + prefetch)`
 //!

@@ -26,7 +26,7 @@ const COMMANDS: [&[&str]; 22] = [
     &["run"],
     &["replay", "--partition", "0", "--from-offset", "0"],
     &["dlq", "list"],
-    &["dlq", "show", "--partition", "0", "--offset", "0"],
+    &["dlq", "show", "--dlq-partition", "0", "--offset", "0"],
     &["dlq", "redrive"],
     &["schema", "check"],
     &["schema", "apply"],
@@ -240,7 +240,7 @@ fn an_unreachable_broker_or_replica_is_2() {
     let nobody = format!("127.0.0.1:{}", free_port());
     for command in [
         &["dlq", "list"][..],
-        &["dlq", "show", "--partition", "0", "--offset", "0"],
+        &["dlq", "show", "--dlq-partition", "0", "--offset", "0"],
         &["tap", "--daemon", &nobody],
         &["top", "--once", "--interval-ms", "100", &nobody],
     ] {
@@ -409,4 +409,76 @@ fn a_signal_before_the_end_is_4() {
     let out = child.wait_with_output().expect("tap ends");
     assert_eq!(out.status.code(), Some(4), "tap");
     error_object(&out, "interrupted", "tap");
+}
+
+/// Flags renamed so one name means one thing (SPEC 8.2) still parse for one release, and warn.
+#[test]
+fn old_spellings_still_parse_and_say_what_replaced_them() {
+    let config = std::env::temp_dir().join(format!("mm-contract-old-{}.toml", free_port()));
+    std::fs::write(
+        &config,
+        format!("[kafka]\nbrokers = \"127.0.0.1:{}\"\n", free_port()),
+    )
+    .expect("config");
+    let path = config.to_str().expect("path");
+    for (args, replacement) in [
+        (
+            &["dlq", "show", "--partition", "0", "--offset", "0"][..],
+            "--dlq-partition",
+        ),
+        (&["dlq", "list", "--source-partition", "0"], "`--partition`"),
+    ] {
+        let mut all = vec!["--config", path];
+        all.extend_from_slice(args);
+        let out = run_materializer(&all, None);
+        // Parsed: what follows is the unreachable broker's 2, not a usage error.
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("warning: ") && stderr.contains(replacement),
+            "{args:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_file(&config);
+}
+
+/// `truncate --dry-run` changes nothing and says what a truncate would do.
+#[test]
+fn truncate_dry_run_changes_nothing() {
+    let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let url = server.url();
+    let redis = |args: &[&str], stdin: Option<&str>| {
+        let mut all = vec!["--store", "redis", "--redis-url", &url];
+        all.extend_from_slice(args);
+        run_materializer(&all, stdin)
+    };
+    let now = now_ms();
+    let input: Vec<String> = (1..=4).map(|seq| dispatch("u-dry", seq, now)).collect();
+    assert_eq!(
+        redis(&["apply"], Some(&input.join("\n"))).status.code(),
+        Some(0)
+    );
+    let scan = |after: &str| {
+        let out = redis(
+            &["scan", "--user", "u-dry", "--epoch", "3", "--after", after],
+            None,
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = scan("0");
+    let truncate = [
+        "truncate", "--user", "u-dry", "--epoch", "3", "--before", "3",
+    ];
+    let out = redis(&[&truncate[..], &["--dry-run"]].concat(), None);
+    assert_eq!(out.status.code(), Some(0));
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("one object");
+    assert_eq!(
+        plan,
+        json!({"dry_run": true, "user_trim_seq": 3, "current_user_trim_seq": 0, "groups_deleted": 2})
+    );
+    assert_eq!(scan("0"), before, "nothing changed");
+    let out = redis(&truncate, None);
+    let done: Value = serde_json::from_slice(&out.stdout).expect("one object");
+    assert_eq!(done["user_trim_seq"], plan["user_trim_seq"]);
+    assert!(scan("2").contains("\"mailbox_seq\":3"), "{}", scan("2"));
 }

@@ -104,7 +104,7 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
     let (partition, offset) = (first["partition"].to_string(), first["offset"].to_string());
     let (out, shown) = dlq(
         &config,
-        &["show", "--partition", &partition, "--offset", &offset],
+        &["show", "--dlq-partition", &partition, "--offset", &offset],
     );
     assert!(out.status.success(), "{}", said(&out));
     assert_eq!(shown.len(), 1);
@@ -114,7 +114,10 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
     assert!(shown["payload"]["dispatch_id"]
         .as_str()
         .is_some_and(|id| id.starts_with(&tag)));
-    let (out, _) = dlq(&config, &["show", "--partition", "0", "--offset", "999999"]);
+    let (out, _) = dlq(
+        &config,
+        &["show", "--dlq-partition", "0", "--offset", "999999"],
+    );
     assert_eq!(out.status.code(), Some(1), "no such letter");
 
     // A dry run prints the plan and writes nothing.
@@ -179,7 +182,7 @@ async fn dead_letters_are_listed_shown_and_redriven_once_the_cause_is_fixed() {
 #[test]
 fn wrong_arguments_are_refused_before_anything_is_read() {
     // Usage errors (SPEC 8.2): 64, never worth retrying.
-    let out = run_materializer(&["dlq", "show", "--partition", "0"], None);
+    let out = run_materializer(&["dlq", "show", "--dlq-partition", "0"], None);
     assert_eq!(out.status.code(), Some(64), "missing --offset");
     let out = run_materializer(&["dlq", "list", "--since", "yesterday"], None);
     assert_eq!(out.status.code(), Some(64), "a time that does not parse");

@@ -8,6 +8,7 @@
 //! - `dlq`: dead letters listed, shown and re-driven after their cause is fixed.
 //! - `top`: the live view of running replicas, `--once --json` and the UI under tmux.
 //! - `check_config`: `check-config --connect` against the real servers.
+//! - `readme`: the README's walk on Redis, run as written.
 //! - `contract`: SPEC 8.2's one exit table and error object, every command in its failure modes.
 //! - `eviction`: a Redis that evicts keys refused, and scans that never claim what they did not read.
 //! - `compacted_repair`: a repair refused on a compacted topic whose cleaner ran (SPEC 7.1).
@@ -30,6 +31,7 @@ mod dlq;
 mod eviction;
 mod log_positions;
 mod memory;
+mod readme;
 mod redis;
 mod replay_repair;
 mod scylla;

@@ -120,10 +120,13 @@ async fn top_shows_live_replicas_their_partitions_and_a_frozen_one_as_down() {
             &[
                 "top",
                 "--once",
-                "--json",
+                "--output",
+                "json",
                 "--interval-ms",
                 "300",
+                "--daemon",
                 &addr_a,
+                "--daemon",
                 &addr_b,
             ],
             None,
@@ -182,7 +185,7 @@ async fn top_shows_live_replicas_their_partitions_and_a_frozen_one_as_down() {
 
     // The terminal UI under tmux.
     let command = format!(
-        "{} top --interval-ms 300 {addr_a} {addr_b}",
+        "{} top --interval-ms 300 --daemon {addr_a} --daemon {addr_b}",
         env!("CARGO_BIN_EXE_materializer")
     );
     let tmux = Tmux::start(&command);
@@ -230,8 +233,15 @@ fn off_a_terminal_top_prints_one_snapshot() {
     // Nothing listens there: the snapshot says so, and the exit status too (2: look again
     // later), with SPEC 8.2's error object in the one JSON object.
     for args in [
-        &["top", "--interval-ms", "100", "127.0.0.1:1"][..],
-        &["top", "--once", "--interval-ms", "100", "127.0.0.1:1"],
+        &["top", "--interval-ms", "100", "--daemon", "127.0.0.1:1"][..],
+        &[
+            "top",
+            "--once",
+            "--interval-ms",
+            "100",
+            "--daemon",
+            "127.0.0.1:1",
+        ],
         &[
             "top",
             "--once",
@@ -239,6 +249,7 @@ fn off_a_terminal_top_prints_one_snapshot() {
             "json",
             "--interval-ms",
             "100",
+            "--daemon",
             "127.0.0.1:1",
         ],
     ] {
@@ -248,7 +259,8 @@ fn off_a_terminal_top_prints_one_snapshot() {
         assert_eq!(snapshot["replicas"][0]["state"], "down");
         assert_eq!(snapshot["error"]["kind"], "unavailable", "{snapshot}");
     }
-    // The old spelling, --json, still works for one release, and says so.
+    // The old spellings, --json and addresses as arguments, still work for one release, and
+    // say so.
     let out = run_materializer(
         &[
             "top",
@@ -264,6 +276,7 @@ fn off_a_terminal_top_prints_one_snapshot() {
     let snapshot: Value = serde_json::from_slice(&out.stdout).expect("a snapshot");
     assert_eq!(snapshot["replicas"][0]["state"], "down");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--output json"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--daemon ADDR"));
     // Text on request: the screen's text, the error on stderr.
     let out = run_materializer(
         &[
@@ -273,6 +286,7 @@ fn off_a_terminal_top_prints_one_snapshot() {
             "text",
             "--interval-ms",
             "100",
+            "--daemon",
             "127.0.0.1:1",
         ],
         None,
@@ -376,7 +390,16 @@ async fn top_finds_every_replica_a_name_resolves_to() {
 
     let snapshot = || {
         let out = run_materializer(
-            &["top", "--once", "--json", "--interval-ms", "300", &fleet],
+            &[
+                "top",
+                "--once",
+                "--output",
+                "json",
+                "--interval-ms",
+                "300",
+                "--daemon",
+                &fleet,
+            ],
             None,
         );
         serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
@@ -406,7 +429,7 @@ async fn top_finds_every_replica_a_name_resolves_to() {
     // The live view: the name first resolves to two of them; the third appears when it does.
     hosts.set(&name, &ips[..2]);
     let command = format!(
-        "{} top --interval-ms 300 {fleet}",
+        "{} top --interval-ms 300 --daemon {fleet}",
         env!("CARGO_BIN_EXE_materializer")
     );
     let tmux = Tmux::start(&command);

@@ -1,9 +1,9 @@
-//! Least privilege on Redis, tested live: a Redis ACL user with exactly the README's rules
-//! ("Grants") runs the daemon end to end, `replay --reset-mailboxes`, `dlq redrive` and
-//! `patrol`, and cannot reach another prefix's keys; a user missing any one rule makes
-//! `check-config --connect` print a FAIL line naming it, and the daemon wait not ready with the
-//! rule on `/readyz`: no record dead-lettered, none skipped, every one applied once the rule is
-//! granted.
+//! Least privilege on Redis, tested live: a Redis ACL user with exactly the rules of
+//! docs/grants.md ("Grants") runs the daemon end to end, `replay --reset-mailboxes`,
+//! `dlq redrive` and `patrol`, and cannot reach another prefix's keys; a user missing any one
+//! rule makes `check-config --connect` print a FAIL line naming it, and the daemon wait not ready
+//! with the rule on `/readyz`: no record dead-lettered, none skipped, every one applied once the
+//! rule is granted.
 
 use crate::support;
 
@@ -16,11 +16,12 @@ use support::kafka::{create_topic, http_get, produce, read_all, wait_for, Daemon
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::{group_record, redis_store, scan_seqs};
 
-/// The `ACL SETUSER` lines of the README's "Grants" section, in order: standalone, then a
+/// The `ACL SETUSER` lines of docs/grants.md ("Grants"), in order: standalone, then a
 /// cluster with `WAIT`.
 fn readme_acl_lines() -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grants.md"))
+            .expect("docs/grants.md");
     readme
         .lines()
         .filter(|l| l.starts_with("ACL SETUSER materializer on >PASSWORD "))
@@ -28,7 +29,7 @@ fn readme_acl_lines() -> Vec<String> {
         .collect()
 }
 
-/// The README's standalone rules (everything after the password).
+/// The standalone rules of docs/grants.md (everything after the password).
 fn readme_rules() -> Vec<String> {
     let lines = readme_acl_lines();
     lines[0]
@@ -304,10 +305,12 @@ async fn a_missing_redis_acl_rule_is_named_and_the_daemon_waits_for_it() {
     assert_eq!(scan_seqs(&store, "dave").await, vec![1, 2, 3, 4, 5]);
 }
 
-/// The README's CQL block ("Grants"): its statements, `...` passwords replaced by `password`.
+/// The CQL block of docs/grants.md ("Grants"): its statements, `...` passwords replaced by
+/// `password`.
 fn readme_cql() -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grants.md"))
+            .expect("docs/grants.md");
     let start = readme
         .find("```sql\nCREATE KEYSPACE mailbox")
         .expect("the CQL block");
@@ -346,8 +349,8 @@ async fn cql_session(node: &str, user: &str, password: &str) -> scylla::client::
 }
 
 /// Least privilege on a CQL server with `PasswordAuthenticator` and `CassandraAuthorizer`: the
-/// schema role of the README creates the schema with `schema apply`; the runtime role, with
-/// exactly the README's grants and `create_schema = false`, runs the daemon, a repair and
+/// schema role of docs/grants.md creates the schema with `schema apply`; the runtime role, with
+/// exactly the grants of docs/grants.md and `create_schema = false`, runs the daemon, a repair and
 /// `check-config`; it may not change the schema; a runtime role without `MODIFY` is named by
 /// `check-config --connect`; before the schema exists the daemon waits, not ready, naming it.
 #[tokio::test(flavor = "multi_thread")]
@@ -515,8 +518,8 @@ async fn the_daemon_and_the_commands_run_with_exactly_the_readmes_cql_grants() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("MODIFY"));
 }
 
-/// The README's cluster line on a 3-master Redis Cluster: `apply` of users spread over every
-/// master runs under it, and the probe runs on every master (ACLs are per node): a rule taken
+/// The cluster line of docs/grants.md on a 3-master Redis Cluster: `apply` of users spread over
+/// every master runs under it, and the probe runs on every master (ACLs are per node): a rule taken
 /// away on one node only is still named.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redis_cluster_runs_with_the_readmes_cluster_acl_and_each_node_is_probed() {

@@ -484,9 +484,9 @@ fn peak_rss(pid: u32) -> u64 {
     kib * 1024
 }
 
-/// README "Memory": a catch-up of large records (a backlog six times the in-flight budget, 256
-/// KiB each, already in the topic when the daemon starts) stays within 64 MiB + 1.25 × (budget +
-/// prefetch), and ends equal to the memory reference.
+/// docs/operations.md "Memory": a catch-up of large records (a backlog six times the in-flight
+/// budget, 256 KiB each, already in the topic when the daemon starts) stays within 64 MiB + 1.25 ×
+/// (budget + prefetch), and ends equal to the memory reference.
 #[tokio::test(flavor = "multi_thread")]
 async fn large_record_catch_up_stays_within_the_memory_formula() {
     const BUDGET: usize = 32 << 20;

@@ -1,6 +1,6 @@
 //! Least privilege on Kafka, tested live on the broker's SASL_SSL listener (SCRAM-SHA-512, the
 //! test CA, StandardAuthorizer refusing whatever no ACL grants): the user `materializer` with
-//! exactly the daemon's ACLs (README "Grants"; `daemon::kafka_grants`) — Read and
+//! exactly the daemon's ACLs (docs/grants.md; `daemon::kafka_grants`) — Read and
 //! DescribeConfigs on the dispatch topic, Read on the group, Write on the dead-letter topic, all
 //! LITERAL — runs the daemon end to end (every record materialized, a malformed one
 //! dead-lettered) and passes `check-config --connect`; a configuration missing any one of them
@@ -320,7 +320,7 @@ async fn exactly_the_documented_acls_run_the_daemon_and_check_config_names_each_
         Some("malformed")
     );
 
-    // (f) The operator commands as `materializer`, with exactly the README's rows for them.
+    // (f) The operator commands as `materializer`, with exactly docs/grants.md's rows for them.
     // replay: Read on the topic and Describe on the group (the daemon's Read covers it); with
     // --reset-mailboxes, DescribeConfigs on the topic (granted for the daemon).
     let out = materializer(

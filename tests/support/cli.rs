@@ -140,11 +140,13 @@ pub fn assert_one_outcome_per_line(out: &Output, n: usize, outcome: &str) {
 /// One `materializer top --once --json` snapshot of `addresses`, and its plain-text twin (what a
 /// person would read), printed to stderr under `label` so a test's output shows it.
 pub fn top_once(label: &str, addresses: &[String]) -> Value {
-    let mut args = vec!["top", "--once", "--interval-ms", "500"];
-    args.extend(addresses.iter().map(String::as_str));
+    let mut args = vec!["top", "--once", "--interval-ms", "500", "--output", "text"];
+    for address in addresses {
+        args.extend(["--daemon", address.as_str()]);
+    }
     let text = run_materializer(&args, None);
     eprintln!("top, {label}:\n{}", String::from_utf8_lossy(&text.stdout));
-    args.insert(2, "--json");
+    args[5] = "json";
     let out = run_materializer(&args, None);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(

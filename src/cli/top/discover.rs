@@ -2,7 +2,7 @@
 //! address it resolves to (a headless Service: one per ready pod), resolved again every
 //! [`RESOLVE_EVERY`] so a rolled pod appears and a gone one leaves. Behind a ClusterIP Service a
 //! name resolves to one address and each scrape reaches a random pod: rates computed from two of
-//! them are garbage, so the README points at the headless Service.
+//! them are garbage, so docs/commands.md ("top") points at the headless Service.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -31,7 +31,11 @@ pub struct TopArgs {
     /// The replicas' HTTP addresses (`host:port`, as `http.listen`; `http://host:port` works
     /// too). A name that resolves to several addresses (a headless Service) stands for every
     /// one of them, resolved again every 5 s. Without any, the configuration's `http.listen`.
-    #[arg(value_name = "ADDR")]
+    /// Repeatable, as in `tap`, `explain` and `verify`.
+    #[arg(long = "daemon", value_name = "ADDR")]
+    pub daemons: Vec<String>,
+    /// The old spelling: addresses as arguments (accepted with a warning for one release).
+    #[arg(value_name = "ADDR", hide = true)]
     pub replicas: Vec<String>,
     /// Milliseconds between refreshes.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
@@ -58,10 +62,16 @@ async fn refresh(replicas: &mut [Replica], timeout: Duration) {
 }
 
 pub(super) async fn run(config: &Config, args: &TopArgs) -> ExitCode {
-    let given = if args.replicas.is_empty() {
+    if !args.replicas.is_empty() {
+        super::report::warn(
+            "replica addresses as arguments are `--daemon ADDR` now; the old form goes in the next release",
+        );
+    }
+    let named: Vec<String> = args.daemons.iter().chain(&args.replicas).cloned().collect();
+    let given = if named.is_empty() {
         vec![config.http.listen.clone()]
     } else {
-        args.replicas.clone()
+        named
     };
     let mut replicas: Vec<Replica> = discover::expand(&given)
         .await

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::scrape::{Sample, Scrape};
 
-/// Everything on screen at one refresh (and `--once --json`'s object).
+/// Everything on screen at one refresh (and `--once --output json`'s object).
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct Snapshot {
     /// Wall-clock time of the refresh, ms since the epoch.

@@ -165,9 +165,14 @@ impl Progress {
     }
 }
 
-/// Parses `--from-time`: milliseconds since the Unix epoch, or an RFC 3339 date-time (any
-/// offset, optional fraction), checked as a real calendar date.
+/// Parses every time flag (`--from-time`, `--since`, `--until`; SPEC 8.2: a time is absolute or
+/// a duration by its form, the same in every command): milliseconds since the Unix epoch, an
+/// RFC 3339 date-time (any offset, optional fraction) checked as a real calendar date, or a
+/// duration ago (`3600s`, `90m`, `24h`, `7d`; at most a year), as milliseconds since the epoch.
 pub fn parse_time_ms(text: &str) -> Result<i64, String> {
+    if let Some(ago) = duration_ms(text) {
+        return ago.map(|ago| crate::wall_clock::now_ms_signed() - ago);
+    }
     if let Ok(ms) = text.parse::<i64>() {
         return if ms >= 0 {
             Ok(ms)
@@ -178,7 +183,7 @@ pub fn parse_time_ms(text: &str) -> Result<i64, String> {
     chrono::DateTime::parse_from_rfc3339(text)
         .map(|t| t.timestamp_millis())
         .map_err(|e| {
-            format!("{text:?} is neither milliseconds nor an RFC 3339 date-time such as 2026-02-03T04:05:06Z: {e}")
+            format!("{text:?} is neither milliseconds, an RFC 3339 date-time such as 2026-02-03T04:05:06Z, nor a duration ago such as 24h: {e}")
         })
         .and_then(|ms| {
             if ms >= 0 {
@@ -189,9 +194,52 @@ pub fn parse_time_ms(text: &str) -> Result<i64, String> {
         })
 }
 
+/// A duration's milliseconds when `text` has a duration's form (digits and one unit of s, m, h,
+/// d); `None` when it has another form.
+fn duration_ms(text: &str) -> Option<Result<i64, String>> {
+    let (number, unit) = text.split_at(text.len().checked_sub(1)?);
+    let scale: i64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms = number
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|ms| (1..=366 * 86_400_000).contains(ms));
+    Some(ms.ok_or_else(|| format!("{text:?}: a duration between 1s and 366d")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_time_ms;
+
+    #[test]
+    fn a_duration_is_that_long_ago() {
+        let now = crate::wall_clock::now_ms_signed();
+        for (text, ms) in [
+            ("24h", 86_400_000),
+            ("90m", 5_400_000),
+            ("7d", 7 * 86_400_000),
+            ("1s", 1_000),
+            ("366d", 366 * 86_400_000),
+        ] {
+            let at = parse_time_ms(text).expect(text);
+            assert!(
+                (now - ms - 5_000..=now - ms + 5_000).contains(&at),
+                "{text}: {at}"
+            );
+        }
+        for bad in ["h", "0h", "-1h", "367d", "1.5h", "24x"] {
+            assert!(parse_time_ms(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn times_parse_as_ms_or_rfc3339_and_impossible_dates_are_refused() {

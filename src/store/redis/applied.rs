@@ -14,10 +14,10 @@
 //!
 //! **The layout.** `P:applied:{T}` hashes, one per 256 slots (64 keys, `T` a tag of slot
 //! `k * 256`), each holding every partition's record under the field `topic|partition`: every
-//! master of a cluster holds some of them (a master owning no slot of the 64 is named in the
-//! README as what this cannot see), and a master that went back takes its records back with
-//! it. The position a partition is read again from is the lowest record of all keys that have
-//! one.
+//! master of a cluster holds some of them (a master owning no slot of the 64 is named in
+//! docs/operations.md as what this cannot see), and a master that went back takes its records
+//! back with it. The position a partition is read again from is the lowest record of all keys
+//! that have one.
 //!
 //! **The check.** At each assignment the daemon compares the record with the committed offset:
 //! a record below it means the store lost the writes between them, and the partition is read

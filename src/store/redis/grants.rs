@@ -1,7 +1,7 @@
 //! The Redis ACL a process of this product needs, and a probe that finds what a user lacks.
 //!
-//! [`acl_rules`] is the one list: the README's grants table is checked against it by a test,
-//! the ACL tests create their users from the README's line, and [`RedisStore::missing_grants`]
+//! [`acl_rules`] is the one list: the grants of docs/grants.md are checked against it by a
+//! test, the ACL tests create their users from its line, and [`RedisStore::missing_grants`]
 //! probes exactly these commands. Every process that opens a Redis store (the daemon, `replay`,
 //! `dlq redrive`, `apply`, `scan`, `inspect`, `truncate`, `promote`, `patrol`, `check-config
 //! --connect`) runs the probe before it touches a mailbox: a user without a rule is refused up

@@ -15,8 +15,8 @@
 //! anything: the caller retries (nothing is dead-lettered), readiness turns false naming the
 //! slot, and no write lands on the wiped data until an operator says what to do
 //! (`materializer accept-store-loss` writes the markers back; rebuilding from the log is resetting
-//! the group's offsets to the log's start, see the README). Cost: one more key in the read the
-//! scripts already start with (`MGET` of the fence and the epoch), or one `EXISTS`.
+//! the group's offsets to the log's start, see docs/operations.md). Cost: one more key in the
+//! read the scripts already start with (`MGET` of the fence and the epoch), or one `EXISTS`.
 //!
 //! **At start.** The markers present are read with one pipelined `EXISTS` per slot (16,384,
 //! whatever the store's size). A store with no marker and no key of the prefix is empty: new, or wiped while no

@@ -4,8 +4,8 @@
 //! tables and reads `system_schema` (every role may): `SELECT` and `MODIFY` on the keyspace.
 //! Lightweight transactions need both. The schema role (`materializer schema apply`) needs
 //! `CREATE` on the keyspace an administrator created (`CREATE ON ALL KEYSPACES` when it creates
-//! the keyspace itself) and `ALTER` on it (a column a newer release adds). The README's
-//! "Grants" block is the list; a test runs the product with exactly it.
+//! the keyspace itself) and `ALTER` on it (a column a newer release adds). The CQL block of
+//! docs/grants.md is the list; a test runs the product with exactly it.
 //!
 //! The probe sends, per table, one conditional delete of a row that never exists (`IF EXISTS`):
 //! the server checks `MODIFY` and `SELECT` before it evaluates the condition, the condition

@@ -212,7 +212,7 @@ pub(crate) fn incomplete(keyspace: &str, missing: &[String]) -> StoreError {
         backend: "scylla",
         detail: format!(
             "the schema of keyspace {keyspace} is incomplete: missing {}; run `materializer \
-             schema apply` with a role that may create and alter it (README \"Grants\"), or set \
+             schema apply` with a role that may create and alter it (docs/grants.md), or set \
              store.scylla.create_schema = true",
             missing.join(", ")
         ),
