@@ -13,8 +13,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -134,69 +136,84 @@ pub(super) async fn run(config: &Config, args: &TapArgs) -> ExitCode {
     }
 }
 
-/// Streams one replica's tap into `tx`, each line tagged with the replica's address.
+/// Longest line a replica may send; a longer one ends its stream (a decision is a few hundred
+/// bytes).
+const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// Streams one replica's tap into `tx`, each line tagged with the replica's address, over
+/// hyper's HTTP/1 client (the stream comes chunked: hyper decodes it).
 async fn stream(daemon: String, path: String, tx: mpsc::Sender<Line>) {
     let result = async {
         let host = authority(&daemon).to_owned();
-        let mut socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&host))
+        let socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&host))
             .await
             .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
             .map_err(|e| e.to_string())?;
-        // HTTP/1.0: the stream then ends when the connection does, as plain lines (an HTTP/1.1
-        // response of unknown length would come chunked).
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
-        socket
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut reader = BufReader::new(socket);
-        let mut status = String::new();
-        reader
-            .read_line(&mut status)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut header = String::new();
-        loop {
-            header.clear();
-            let n = reader
-                .read_line(&mut header)
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(socket))
                 .await
                 .map_err(|e| e.to_string())?;
-            if n == 0 || header == "\r\n" {
-                break;
-            }
-        }
-        if status.split_whitespace().nth(1) != Some("200") {
-            let mut body = String::new();
-            let _ = reader.read_line(&mut body).await;
-            return Err(format!("{} {}", status.trim(), body.trim()));
+        let driver = tokio::spawn(connection);
+        let request = hyper::Request::get(path.as_str())
+            .header(hyper::header::HOST, host.as_str())
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if status != hyper::StatusCode::OK {
+            let text = Limited::new(body, 64 << 10)
+                .collect()
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .unwrap_or_default();
+            driver.abort();
+            return Err(format!("HTTP {status} {}", text.trim()));
         }
         let _ = tx.send(Line::Listening(daemon.clone())).await;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = reader
-                .read_line(&mut line)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Ok(());
-            }
-            let Ok(mut value) = serde_json::from_str::<Value>(line.trim_end()) else {
+        let mut pending: Vec<u8> = Vec::new();
+        let ended = loop {
+            let Some(frame) = body.frame().await else {
+                break Ok(());
+            };
+            let frame = frame.map_err(|e| e.to_string())?;
+            let Ok(data) = frame.into_data() else {
                 continue;
             };
-            if let Some(n) = value.get("dropped").and_then(Value::as_u64) {
-                let _ = tx.send(Line::Dropped(daemon.clone(), n)).await;
-                continue;
+            pending.extend_from_slice(&data);
+            while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=at).collect();
+                if !forward(&daemon, &line, &tx).await {
+                    driver.abort();
+                    return Ok(());
+                }
             }
-            if let Some(object) = value.as_object_mut() {
-                object.insert("daemon".to_owned(), Value::String(daemon.clone()));
+            if pending.len() > MAX_LINE_BYTES {
+                break Err(format!("a line longer than {MAX_LINE_BYTES} bytes"));
             }
-            if tx.send(Line::Decision(value.to_string())).await.is_err() {
-                return Ok(());
-            }
-        }
+        };
+        driver.abort();
+        ended
     }
     .await;
     let _ = tx.send(Line::Ended(daemon, result)).await;
+}
+
+/// Hands one line of a replica's stream on: a decision (tagged with the replica), or the count
+/// of decisions it dropped. False when nobody reads any more.
+async fn forward(daemon: &str, line: &[u8], tx: &mpsc::Sender<Line>) -> bool {
+    let Ok(mut value) = serde_json::from_slice::<Value>(line) else {
+        return true;
+    };
+    if let Some(n) = value.get("dropped").and_then(Value::as_u64) {
+        let _ = tx.send(Line::Dropped(daemon.to_owned(), n)).await;
+        return true;
+    }
+    if let Some(object) = value.as_object_mut() {
+        object.insert("daemon".to_owned(), Value::String(daemon.to_owned()));
+    }
+    tx.send(Line::Decision(value.to_string())).await.is_ok()
 }

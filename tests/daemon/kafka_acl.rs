@@ -151,7 +151,7 @@ fn setup(names: &Names, ca: &Path) -> DaemonSetup {
 fn check_config(setup: &DaemonSetup, sasl: &str) -> (i32, Vec<String>) {
     let config = setup.config_file(support::redis_server::free_port());
     let out: Output = Command::new(env!("CARGO_BIN_EXE_materializer"))
-        .args(["check-config", "--connect", "--config"])
+        .args(["check-config", "--connect", "--output", "text", "--config"])
         .arg(&config)
         .env("MATERIALIZER_KAFKA_BROKERS", sasl)
         .output()

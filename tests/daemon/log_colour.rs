@@ -113,7 +113,7 @@ fn demo_redirected_to_files_writes_no_escape_sequences() {
     let stdout = dir.join("stdout");
     let stderr = dir.join("stderr");
     let status = Command::new(env!("CARGO_BIN_EXE_materializer"))
-        .args(["demo", "--users", "20", "--rounds", "2"])
+        .args(["demo", "--users", "20", "--rounds", "2", "--output", "text"])
         .env_remove("NO_COLOR")
         // Every log line the demo can write, so a coloured one would show.
         .env("RUST_LOG", "debug")

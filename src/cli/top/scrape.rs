@@ -1,10 +1,12 @@
-//! One replica's `/metrics` and `/readyz`, fetched over plain HTTP and parsed from the
-//! Prometheus text format (the daemon serves nothing else; no HTTP client crate needed).
+//! One replica's `/metrics` and `/readyz`, fetched with hyper's HTTP/1 client (the crate the
+//! replicas serve with: chunked bodies, keep-alive and the rest of HTTP are its business) and
+//! parsed from the Prometheus text format.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
 use tokio::net::TcpStream;
 
 /// Most bytes read from one response (a scrape is a few tens of KiB).
@@ -82,41 +84,36 @@ pub(super) async fn scrape(address: &str, timeout: Duration) -> Result<Scrape, S
     })
 }
 
-/// `GET path` on `host`: the status and the body.
+/// `GET path` on `host`: the status and the body (at most [`MAX_RESPONSE_BYTES`]).
 pub(crate) async fn get(
     host: &str,
     path: &str,
     timeout: Duration,
 ) -> Result<(u16, String), String> {
     let exchange = async {
-        let mut stream = TcpStream::connect(host).await.map_err(|e| format!("{e}"))?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        stream
-            .write_all(request.as_bytes())
+        let stream = TcpStream::connect(host).await.map_err(|e| format!("{e}"))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("{e}"))?;
+        // The connection is driven beside the request; it ends with the exchange.
+        let driver = tokio::spawn(connection);
+        let request = hyper::Request::get(path)
+            .header(hyper::header::HOST, host)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| format!("{path}: {e}"))?;
+        let response = sender
+            .send_request(request)
             .await
-            .map_err(|e| format!("{e}"))?;
-        let mut response = Vec::new();
-        let mut chunk = [0u8; 16 << 10];
-        loop {
-            let n = stream.read(&mut chunk).await.map_err(|e| format!("{e}"))?;
-            if n == 0 {
-                break;
-            }
-            response.extend_from_slice(&chunk[..n]);
-            if response.len() > MAX_RESPONSE_BYTES {
-                return Err(format!("{path} is larger than {MAX_RESPONSE_BYTES} bytes"));
-            }
-        }
-        let text = String::from_utf8_lossy(&response).into_owned();
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| format!("{path}: not an HTTP response"))?;
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("{path}: no status"))?;
-        Ok((status, body.to_owned()))
+            .map_err(|e| format!("{path}: {e}"))?;
+        let status = response.status().as_u16();
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("{path}: {e}"))?
+            .to_bytes();
+        driver.abort();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
     tokio::time::timeout(timeout, exchange)
         .await
@@ -207,6 +204,31 @@ mod tests {
         assert_eq!(samples[2].label("le"), Some("+Inf"));
         assert_eq!(samples[3].label("a"), Some("q\"uote,d"));
         assert_eq!(samples[3].value, 1500.0);
+    }
+
+    /// A body sent in chunks (what a proxy or a later server may do) reads as the whole body;
+    /// the raw client this replaced returned the chunk sizes inside the text.
+    #[tokio::test]
+    async fn a_chunked_answer_is_read_whole() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut request = [0u8; 1024];
+            let _ = socket.read(&mut request).await;
+            let response = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+                            12\r\nmaterializer_ready\r\n2\r\n 1\r\n0\r\n\r\n";
+            socket.write_all(response.as_bytes()).await.expect("write");
+        });
+        let (status, body) = get(&address, "/metrics", Duration::from_secs(5))
+            .await
+            .expect("answered");
+        assert_eq!(status, 200);
+        assert_eq!(body, "materializer_ready 1");
+        assert_eq!(parse(&body)[0].value, 1.0);
     }
 
     #[test]
