@@ -6,8 +6,9 @@
 //! its [`ApplyPolicy`], what it does not wait for: a corrupt mailbox is printed `corrupt` (exit 3) instead of blocking,
 //! and its later lines are printed `held` (the drive loop holds it for the rest of the run),
 //! a user fenced by a running repair stops the run (exit 2, retry later) with no line printed for
-//! that record, and an unreachable store is retried briefly before the same exit 2. Lines printed
-//! before an exit 2 are final; rerunning the whole input is safe (replay is idempotent).
+//! that record, and an unreachable store is retried briefly before the same exit 2. A stop waits
+//! for the calls already sent, so every line the store applied is printed; lines printed before
+//! an exit 2 are final, and rerunning the whole input is safe (replay is idempotent).
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -31,6 +32,9 @@ const WINDOW: usize = 4096;
 /// Attempts of a delivery on a transient store error before `apply` gives up (exit 2).
 const MAX_TRANSIENT_ATTEMPTS: u32 = 5;
 const BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+/// How long a stopping run waits for the store calls it already sent (each is bounded by the
+/// store's own timeouts; this bounds the whole wait).
+const DRAIN: Duration = Duration::from_secs(30);
 
 /// One input line, numbered from 1.
 struct Line {
@@ -59,7 +63,7 @@ pub(super) async fn run(
     };
     // Reading blocks (a pipe may stay open and silent): a detached thread of its own feeds the
     // loop, so an early exit never waits for the next line.
-    let (tx, mut lines) = tokio::sync::mpsc::channel::<Result<Line, String>>(WINDOW);
+    let (tx, lines) = tokio::sync::mpsc::channel::<Result<Line, String>>(WINDOW);
     let input = args.input.clone();
     let cap = args.max_record_bytes.saturating_add(1);
     let spawned = std::thread::Builder::new()
@@ -74,6 +78,25 @@ pub(super) async fn run(
     }
 
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    let (failure, corrupt) = apply_lines(store, lines, &mut out, &options).await;
+    if let Some((line, message, exit)) = failure {
+        return report_failure(line, &message, exit);
+    }
+    if corrupt {
+        Exit::Corrupt.into()
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Applies the numbered lines `lines` brings, printing one line per delivery to `out` in input
+/// order; answers why the run stopped early, if it did, and whether a mailbox was corrupt.
+async fn apply_lines(
+    store: Arc<dyn MailboxStore>,
+    mut lines: tokio::sync::mpsc::Receiver<Result<Line, String>>,
+    out: &mut impl Write,
+    options: &DecodeOptions,
+) -> (Option<Failure>, bool) {
     let mut driver: Driver<(), (), u64, ()> = Driver::new(store);
     driver.open((), WINDOW, ());
     let mut policy = ApplyPolicy;
@@ -102,7 +125,7 @@ pub(super) async fn run(
                             break;
                         }
                         Some(Ok(line)) => {
-                            let decoded = decode(&line.bytes, &options).map(|d| d.record);
+                            let decoded = decode(&line.bytes, options).map(|d| d.record);
                             driver.admit((), line.number as i64, (), 0, line.number, decoded, &mut policy);
                         }
                     }
@@ -119,7 +142,7 @@ pub(super) async fn run(
         }
         if let Some(window) = driver.window_mut(&()) {
             for record in window.pipeline.pop_final() {
-                corrupt |= print_record(&mut out, &record);
+                corrupt |= print_record(out, &record);
             }
         }
         // Lines are written in 64 KiB blocks while input streams in, and flushed whenever the
@@ -129,26 +152,26 @@ pub(super) async fn run(
             let _ = out.flush();
         }
     }
-    driver.cancel_all();
     drop(lines);
     if failure.is_some() {
-        // Stopping early: every line applied is still printed, also those behind a line that
-        // never finished (their users' records are independent of it).
+        // Stopping early: nothing new starts, but the calls already sent to the store are
+        // waited for (at most DRAIN), so a line the store applied beside the one that stopped
+        // the run is printed rather than left unknown. Every line applied is then printed, also
+        // those behind a line that never finished (their users' records are independent of it).
+        if !driver.drain_after_stop(&(), &mut policy, DRAIN).await {
+            tracing::warn!(
+                "the store did not answer every call in flight within {DRAIN:?}: their lines are not printed (rerunning the input is safe)"
+            );
+        }
         if let Some(window) = driver.window_mut(&()) {
             for record in window.pipeline.take_every_final() {
-                corrupt |= print_record(&mut out, &record);
+                corrupt |= print_record(out, &record);
             }
         }
     }
+    driver.cancel_all();
     let _ = out.flush();
-    if let Some((line, message, exit)) = failure {
-        return report_failure(line, &message, exit);
-    }
-    if corrupt {
-        Exit::Corrupt.into()
-    } else {
-        ExitCode::SUCCESS
-    }
+    (failure, corrupt)
 }
 
 /// Reads numbered lines, keeping at most `cap` bytes of each (a longer line still ends at its
@@ -306,5 +329,90 @@ fn print_record(out: &mut impl Write, record: &FinalRecord<u64>) -> bool {
 fn print_line(out: &mut impl Write, line: &ApplyLine<'_>) {
     if let Ok(text) = serde_json::to_string(line) {
         let _ = writeln!(out, "{text}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::model::{AppendOutcome, EventGroup, RetentionPolicy};
+    use crate::store::memory::MemoryStore;
+    use crate::store::wrapper::Wrapper;
+    use crate::store::SystemClock;
+
+    /// The memory store, where user `slow`'s appends take 300 ms and user `fenced` is under a
+    /// repair: the fenced answer comes back first although its line comes second.
+    struct SlowAndFenced(MemoryStore);
+
+    #[async_trait]
+    impl Wrapper for SlowAndFenced {
+        fn inner(&self) -> &dyn MailboxStore {
+            &self.0
+        }
+
+        async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+            match group.mailbox.user_id.as_str() {
+                "slow" => tokio::time::sleep(Duration::from_millis(300)).await,
+                "fenced" => {
+                    return Err(StoreError::UnderRepair {
+                        holder: "repair-test".to_owned(),
+                    })
+                }
+                _ => {}
+            }
+            self.0.append(group).await
+        }
+    }
+
+    fn record(user: &str) -> Vec<u8> {
+        let now = crate::wall_clock::now_ms();
+        serde_json::json!({"dispatch_id": format!("d-{user}"), "group_id": "g",
+            "committed_at": now, "deliveries": [{"user_id": user, "epoch": 1, "mailbox_seq": 1,
+            "events": [{"event_ordinal": 0, "payload": {}}]}]})
+        .to_string()
+        .into_bytes()
+    }
+
+    /// A stop waits for the calls already sent: the slow user's line, applied by the store while
+    /// the fenced one stopped the run, is printed. It used to be cancelled: on Redis, a script
+    /// already sent ran and its line was never printed (a CI run caught it).
+    #[tokio::test]
+    async fn a_stop_prints_the_lines_the_store_applied_beside_it() {
+        let inner = MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock));
+        let store: Arc<dyn MailboxStore> = Arc::new(SlowAndFenced(inner));
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        // Line 1 goes to the store on its own; line 2 follows in a call of its own while line
+        // 1's is still in flight, and its answer comes back first.
+        tokio::spawn(async move {
+            for (number, user) in [(1, "slow"), (2, "fenced")] {
+                let line = Line {
+                    number,
+                    bytes: record(user),
+                };
+                if tx.send(Ok(line)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let mut out = Vec::new();
+        let options = DecodeOptions {
+            max_record_bytes: crate::ingest::decode::DEFAULT_MAX_RECORD_BYTES,
+            strict_fields: false,
+        };
+        let (failure, corrupt) = apply_lines(store.clone(), rx, &mut out, &options).await;
+        let (line, message, exit) = failure.expect("the fenced user stops the run");
+        assert_eq!((line, exit), (2, Exit::Retry), "{message}");
+        assert!(!corrupt);
+        let printed = String::from_utf8(out).expect("utf-8");
+        let lines: Vec<serde_json::Value> = printed
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{printed}");
+        assert_eq!(lines[0]["user_id"], "slow");
+        assert_eq!(lines[0]["outcome"], "inserted");
     }
 }

@@ -128,7 +128,7 @@ pub enum Command {
     /// Raise a mailbox's trim: every group below --before is deleted.
     Truncate(TruncateArgs),
     /// Compact a mailbox's expired days into its gap boundary and print the result.
-    Promote(MailboxArgs),
+    Promote(PromoteArgs),
     /// Walk every mailbox of a Redis store (every master in Cluster mode) and promote each,
     /// rate-limited, compacting cold mailboxes' expired proofs; on every backend, remove the
     /// staging copies of crashed repairs whose fence lapsed. Prints a JSON summary.
@@ -198,6 +198,19 @@ pub struct PatrolArgs {
     /// Progress on stderr: a count redrawn on a terminal, a line every 5 s otherwise, or none.
     #[arg(long, value_enum, default_value_t = run::ProgressArg::Auto)]
     pub progress: run::ProgressArg,
+    /// Count what the pass would compact and collect (expired days by this machine's clock,
+    /// crashed repairs' staging copies by the store's own rule), changing nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PromoteArgs {
+    #[command(flatten)]
+    pub mailbox: MailboxArgs,
+    /// Print what the promote would compact now (by this machine's clock), changing nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -282,6 +295,25 @@ fn help_without_store_flags() {
         });
     if storeless {
         help.exit();
+    }
+}
+
+/// Whether `args` (the program name first) parse as a command line of this binary, by the
+/// same definition `main` parses with: the test of the documentation's shell blocks holds every
+/// invocation written there to the flags of today, without running it.
+#[doc(hidden)]
+pub fn check_arguments(args: &[String]) -> Result<(), String> {
+    match Cli::try_parse_from(args) {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -783,12 +815,16 @@ async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> Exi
     let Some(store) = opened.redis() else {
         // Scylla rows and memory mailboxes expire by the store's own clock, so only the
         // leftovers of crashed repairs need a walk there.
-        return match opened.store.repair_collect_garbage().await {
+        return match opened.store.repair_collect_garbage(args.dry_run).await {
             Ok(collected) => {
-                print_json(&serde_json::json!({
+                let mut report = serde_json::json!({
                     "backend": config.store.backend.as_str(),
                     "staging_collected": collected,
-                }));
+                });
+                if args.dry_run {
+                    report["dry_run"] = true.into();
+                }
+                print_json(&report);
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e),
@@ -800,7 +836,7 @@ async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> Exi
     let mut progress =
         crate::daemon::replay::Progress::count("patrol", "mailboxes", args.progress.mode());
     let patrolled = store
-        .patrol_with(rate, |report| {
+        .patrol_with(rate, args.dry_run, |report| {
             progress.note(format!(
                 "expired days {}, corrupt {}, unavailable {}",
                 report.expired_days, report.corrupt, report.unavailable
@@ -822,11 +858,27 @@ async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> Exi
     }
 }
 
-async fn promote(store: &dyn MailboxStore, args: &MailboxArgs) -> ExitCode {
-    let mailbox = match mailbox_of(args) {
+async fn promote(store: &dyn MailboxStore, args: &PromoteArgs) -> ExitCode {
+    let mailbox = match mailbox_of(&args.mailbox) {
         Ok(m) => m,
         Err(code) => return code,
     };
+    if args.dry_run {
+        let now = crate::wall_clock::now_ms() / 1000;
+        return match store
+            .inspect(&mailbox)
+            .await
+            .and_then(|inspection| inspection.promote_preview(now))
+        {
+            Ok(outcome) => {
+                let mut report = serde_json::to_value(outcome).unwrap_or_default();
+                report["dry_run"] = true.into();
+                print_json(&report);
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        };
+    }
     match store.promote(&mailbox).await {
         Ok(outcome) => {
             print_json(&outcome);

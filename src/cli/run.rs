@@ -149,7 +149,11 @@ async fn connect_store(config: &Config, health: &Health) -> Result<OpenedStore, 
             }
             Err(OpenFailure::Refused(refusal)) => {
                 tracing::error!("refused to start: {refusal}");
-                return Err(Exit::Finding.into());
+                return Err(fail_with(
+                    Exit::Finding,
+                    "refused",
+                    format!("refused to start: {refusal}"),
+                ));
             }
             Err(OpenFailure::Unavailable(e)) => {
                 tracing::warn!(error = %e, attempt, "store not usable yet; retrying");
@@ -167,11 +171,15 @@ async fn connect_store(config: &Config, health: &Health) -> Result<OpenedStore, 
 pub(super) async fn daemon(config: &Config) -> ExitCode {
     if let Err(e) = crate::daemon::kafka::validate_properties(&config.kafka) {
         tracing::error!(error = %e, "invalid configuration");
-        return Exit::Usage.into();
+        return fail_with(
+            Exit::Usage,
+            "invalid_config",
+            format!("invalid configuration: {e}"),
+        );
     }
     if let Err(e) = metrics::install() {
         tracing::error!(error = %e, "metrics recorder");
-        return Exit::Retry.into();
+        return fail_with(Exit::Retry, "metrics", format!("metrics recorder: {e}"));
     }
     metrics::ready(false);
     let health = Arc::new(Health::default());
@@ -183,7 +191,11 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         Ok(addr) => tracing::info!(%addr, "serving /metrics, /healthz, /readyz"),
         Err(e) => {
             tracing::error!(listen = %config.http.listen, error = %e, "cannot bind http.listen");
-            return Exit::Retry.into();
+            return fail_with(
+                Exit::Retry,
+                "unavailable",
+                format!("cannot bind http.listen {}: {e}", config.http.listen),
+            );
         }
     }
     let opened = match connect_store(config, &health).await {
@@ -236,7 +248,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
             // A client creation error may quote a property's value: never a secret.
             let error = crate::config::redact_secrets(&e.to_string(), &config.kafka);
             tracing::error!(%error, "daemon failed");
-            Exit::Retry.into()
+            fail_with(Exit::Retry, "daemon", format!("daemon failed: {error}"))
         }
     }
 }

@@ -210,6 +210,28 @@ where
         Some(window)
     }
 
+    /// A front end's run stopped: starts nothing new for `source` and waits, at most `deadline`,
+    /// for the calls already sent, handling their answers, so a delivery the store applied is
+    /// final in the window rather than unknown. Stops the calls raise meanwhile are not
+    /// returned: the first stop is the one the run reports. False when the deadline passed
+    /// first.
+    pub(crate) async fn drain_after_stop<P: Policy<S, X>>(
+        &mut self,
+        source: &S,
+        policy: &mut P,
+        deadline: Duration,
+    ) -> bool {
+        self.begin_close(source);
+        tokio::time::timeout(deadline, async {
+            while self.window(source).is_some_and(|w| w.calls() > 0) {
+                let attempt = self.next().await;
+                let _ = self.handle(attempt, policy);
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     /// Cancels every source's attempts not yet sent (the run ends).
     pub(crate) fn cancel_all(&self) {
         for window in self.windows.values() {

@@ -147,6 +147,27 @@ pub struct MailboxInspection {
 }
 
 impl MailboxInspection {
+    /// What a promote would do at `now` (seconds), decided by the rule every backend's promote
+    /// follows ([`plan_promote`](super::rules::plan_promote)) on the proofs this inspection
+    /// read; changes nothing (`promote --dry-run`, `patrol --dry-run`). A proof that would make
+    /// the promote refuse is the same `corrupt` error.
+    pub fn promote_preview(&self, now: u64) -> Result<PromoteOutcome, super::StoreError> {
+        let plan = super::rules::plan_promote(
+            self.active_days.iter().map(|(day, d)| (*day, d.expires_at)),
+            |day| super::rules::Proof {
+                max_seq: self.active_days.get(&day).map(|d| d.max_seq),
+                expires_at: self.active_days.get(&day).map(|d| d.expires_at),
+            },
+            self.expired_gap_boundary,
+            self.user_trim_seq,
+            now,
+        )?;
+        Ok(PromoteOutcome {
+            expired_days: u32::try_from(plan.expired_days.len()).unwrap_or(u32::MAX),
+            expired_gap_boundary: plan.new_boundary,
+        })
+    }
+
     /// SPEC 7.3: a piece of the mailbox lost, as its own metadata shows at `now` (seconds): the
     /// pieces are written together, so one without the others was lost. `explain` names it
     /// (a scan of a Redis mailbox reads the day buckets, not the identity index, so it reads

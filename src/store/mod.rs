@@ -405,8 +405,11 @@ pub trait MailboxStore: Send + Sync {
     }
 
     /// Removes staging copies whose fence has lapsed (repairs that crashed). Returns how many
-    /// users' staging copies were removed. Run by `patrol`.
-    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
+    /// users' staging copies were removed. Run by `patrol`. With `dry_run` nothing is removed
+    /// and the count is of the copies the same decision would remove now (`patrol --dry-run`):
+    /// the decision is the one each backend makes for the real pass, not a second copy of it.
+    async fn repair_collect_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
+        let _ = dry_run;
         Err(self.repair_unsupported())
     }
 

@@ -133,8 +133,8 @@ impl<W: Wrapper> MailboxStore for W {
         Wrapper::repair_abort(self, token).await
     }
 
-    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
-        self.inner().repair_collect_garbage().await
+    async fn repair_collect_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
+        self.inner().repair_collect_garbage(dry_run).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -482,3 +482,27 @@ fn truncate_dry_run_changes_nothing() {
     assert_eq!(done["user_trim_seq"], plan["user_trim_seq"]);
     assert!(scan("2").contains("\"mailbox_seq\":3"), "{}", scan("2"));
 }
+
+/// The daemon's own failures end the same way as every command's: a port it cannot bind is 2
+/// with the error object on stdout (its log says it too, on stderr).
+#[test]
+fn the_daemon_failing_to_start_is_2_with_the_error_object() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = taken.local_addr().expect("addr").port();
+    let config = std::env::temp_dir().join(format!("mm-contract-run-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!("[http]\nlisten = \"127.0.0.1:{port}\"\n[kafka]\nbrokers = \"127.0.0.1:1\"\n"),
+    )
+    .expect("config");
+    let out = run_materializer(&["run", "--config", &config.to_string_lossy()], None);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let value = error_object(&out, "unavailable", "run");
+    assert!(
+        value["error"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&port.to_string())),
+        "{value}"
+    );
+    let _ = std::fs::remove_file(&config);
+}

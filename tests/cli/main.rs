@@ -28,6 +28,7 @@ mod check_config;
 mod compacted_repair;
 mod contract;
 mod dlq;
+mod docs;
 mod eviction;
 mod log_positions;
 mod memory;

@@ -159,9 +159,17 @@ fn patrol_collects_the_staging_copy_of_a_crashed_repair() {
         "the crashed repair left its staging copy"
     );
 
+    // A dry run counts it by the script's own rule and leaves it.
+    let out = run(&url, &["patrol", "--rate", "1000", "--dry-run"], None);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(lines(&out)[0]["staging_collected"], 1);
+    assert_eq!(lines(&out)[0]["dry_run"], true);
+    assert_eq!(server.raw("EXISTS mm:stgepoch:{u-17}").trim(), ":1");
+
     let out = run(&url, &["patrol", "--rate", "1000"], None);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(lines(&out)[0]["staging_collected"], 1);
+    assert!(lines(&out)[0].get("dry_run").is_none());
     assert_eq!(server.raw("EXISTS mm:stgepoch:{u-17}").trim(), ":0");
     let out = run(
         &url,
@@ -175,6 +183,57 @@ fn patrol_collects_the_staging_copy_of_a_crashed_repair() {
         .map(|g| g["mailbox_seq"].as_u64().expect("seq"))
         .collect();
     assert_eq!(seqs, vec![1], "the live mailbox is as it was");
+}
+
+/// SPEC 8.2: what deletes has `--dry-run`. `promote --dry-run` and `patrol --dry-run` print what
+/// the pass would compact (the same fields), change nothing, and the real pass then does exactly
+/// that. The days expire on the server's clock, moved from 32 days ago to now.
+#[test]
+fn promote_and_patrol_dry_runs_print_what_the_pass_then_does() {
+    let now = now_ms() / 1000;
+    let then = now - 32 * 86_400;
+    let server = RedisServer::start(Clock::Fake(then), Listen::Unix, &[]);
+    let url = server.url();
+    let input = [dispatch(1, then * 1000), dispatch(2, then * 1000 + 60_000)].join("\n");
+    let out = run(&url, &["apply", "-"], Some(&input));
+    let outcomes: Vec<_> = lines(&out).iter().map(|l| l["outcome"].clone()).collect();
+    assert_eq!(outcomes, [json!("inserted"), json!("inserted")], "{out:?}");
+    server.set_now(now);
+    let mailbox = ["--user", "u-17", "--epoch", "3"];
+    let inspect = || lines(&run(&url, &[&["inspect"][..], &mailbox].concat(), None))[0].clone();
+    let before = inspect();
+    assert_eq!(before["active_day_count"], 1, "{before}");
+
+    let out = run(
+        &url,
+        &[&["promote", "--dry-run"][..], &mailbox].concat(),
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        lines(&out)[0],
+        json!({"expired_days": 1, "expired_gap_boundary": 2, "dry_run": true})
+    );
+    let out = run(&url, &["patrol", "--rate", "1000", "--dry-run"], None);
+    let report = &lines(&out)[0];
+    assert_eq!(
+        (
+            report["visited"].clone(),
+            report["expired_days"].clone(),
+            report["dry_run"].clone()
+        ),
+        (json!(1), json!(1), json!(true)),
+        "{report}"
+    );
+    assert_eq!(inspect(), before, "the dry runs changed nothing");
+
+    let out = run(&url, &[&["promote"][..], &mailbox].concat(), None);
+    assert_eq!(
+        lines(&out)[0],
+        json!({"expired_days": 1, "expired_gap_boundary": 2}),
+        "the pass does what the dry run said"
+    );
+    assert_eq!(inspect()["active_day_count"], 0);
 }
 
 #[test]

@@ -442,12 +442,29 @@ pub async fn repair_garbage_of_a_crashed_repair_is_collected(h: &H) {
     }
     drop(token); // the process died here
     assert_eq!(
-        store.repair_collect_garbage().await,
+        store.repair_collect_garbage(true).await,
+        Ok(0),
+        "a dry run: a live fence's staging copy is not garbage"
+    );
+    assert_eq!(
+        store.repair_collect_garbage(false).await,
         Ok(0),
         "a live fence's staging copy is not garbage"
     );
     f.set_now(NOW0 + LEASE.as_secs() + 5).await;
-    assert!(store.repair_collect_garbage().await.expect("gc") >= 1);
+    let staged = f.fingerprint(&mb.user_id).await;
+    let would = store.repair_collect_garbage(true).await.expect("dry run");
+    assert!(would >= 1, "the dry run counts the crashed repair's copy");
+    assert_eq!(
+        f.fingerprint(&mb.user_id).await,
+        staged,
+        "a dry run changes nothing"
+    );
+    assert_eq!(
+        store.repair_collect_garbage(false).await,
+        Ok(would),
+        "the pass removes what the dry run counted"
+    );
     assert_eq!(
         f.fingerprint(&mb.user_id).await,
         before,

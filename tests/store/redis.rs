@@ -491,7 +491,7 @@ async fn staging_keys_never_match_another_prefixs_keys() {
     drop(token);
     f.set_now_sync(NOW0 + 240);
     assert_eq!(
-        a.repair_collect_garbage().await,
+        a.repair_collect_garbage(false).await,
         Ok(1),
         "only mm's own crashed repair is garbage of mm"
     );
@@ -508,8 +508,8 @@ async fn staging_keys_never_match_another_prefixs_keys() {
     }
 
     // The neighbour's garbage was there all along, for its own collection.
-    assert_eq!(b.repair_collect_garbage().await, Ok(1));
-    assert_eq!(c.repair_collect_garbage().await, Ok(0));
+    assert_eq!(b.repair_collect_garbage(false).await, Ok(1));
+    assert_eq!(c.repair_collect_garbage(false).await, Ok(0));
 }
 
 /// A live mailbox whose day set and proofs were lost still holds a bucket no metadata names. The

@@ -465,9 +465,13 @@ impl MailboxStore for MemoryStore {
         Ok(())
     }
 
-    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
+    async fn repair_collect_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
         let now = self.clock.now_secs();
         let mut repairs = lock(&self.repairs);
+        if dry_run {
+            let lapsed = repairs.values().filter(|r| now >= r.lease_until).count();
+            return Ok(lapsed as u64);
+        }
         let before = repairs.len();
         repairs.retain(|_, repair| now < repair.lease_until);
         self.set_active_repairs(&repairs);

@@ -672,8 +672,8 @@ impl MailboxStore for RedisStore {
         self.invoke(invocation).await.map(|_| ())
     }
 
-    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
-        self.collect_staging_garbage().await
+    async fn repair_collect_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
+        self.collect_staging_garbage(dry_run).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

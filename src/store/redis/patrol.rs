@@ -7,18 +7,24 @@ impl RedisStore {
     /// `per_second` mailboxes a second, then removes the staging copies of crashed repairs
     /// ([`MailboxStore::repair_collect_garbage`]).
     pub async fn patrol(&self, per_second: u32) -> Result<PatrolReport, StoreError> {
-        self.patrol_with(per_second, |_| {}).await
+        self.patrol_with(per_second, false, |_| {}).await
     }
 
     /// [`Self::patrol`], telling `on_visit` the report so far after each mailbox (the command's
-    /// progress: a pass over millions of mailboxes runs for hours).
+    /// progress: a pass over millions of mailboxes runs for hours). With `dry_run` each mailbox
+    /// is inspected and what its promote would compact at this machine's clock is counted
+    /// ([`MailboxInspection::promote_preview`]); nothing is changed.
     pub async fn patrol_with(
         &self,
         per_second: u32,
+        dry_run: bool,
         mut on_visit: impl FnMut(&PatrolReport) + Send,
     ) -> Result<PatrolReport, StoreError> {
         let pattern = keys::meta_pattern(&self.settings.key_prefix);
-        let mut report = PatrolReport::default();
+        let mut report = PatrolReport {
+            dry_run,
+            ..PatrolReport::default()
+        };
         let interval = Duration::from_secs_f64(1.0 / f64::from(per_second.max(1)));
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -33,7 +39,16 @@ impl RedisStore {
                     };
                     ticker.tick().await;
                     report.visited += 1;
-                    match self.promote(&mailbox).await {
+                    let promoted = if dry_run {
+                        let now = crate::wall_clock::now_ms() / 1000;
+                        match self.inspect(&mailbox).await {
+                            Ok(inspection) => inspection.promote_preview(now),
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        self.promote(&mailbox).await
+                    };
+                    match promoted {
                         Ok(outcome) => report.expired_days += u64::from(outcome.expired_days),
                         Err(StoreError::Unavailable { .. }) => report.unavailable += 1,
                         Err(_) => report.corrupt += 1,
@@ -46,14 +61,17 @@ impl RedisStore {
                 cursor = next;
             }
         }
-        report.staging_collected = self.collect_staging_garbage().await?;
+        report.staging_collected = self.collect_staging_garbage(dry_run).await?;
         Ok(report)
     }
 }
 
-/// What one patrol pass did.
+/// What one patrol pass did (with `dry_run`: would do; the counts mean the same).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PatrolReport {
+    /// Present (true) only for `patrol --dry-run`: nothing was changed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
     pub visited: u64,
     pub expired_days: u64,
     pub corrupt: u64,

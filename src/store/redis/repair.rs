@@ -10,7 +10,8 @@ impl RedisStore {
 
     /// Removes the staging copies of users without a fence, walking `P:stgepoch:{*` with SCAN on
     /// every master; one script per user decides atomically (`lua/repair_collect.lua`).
-    pub(super) async fn collect_staging_garbage(&self) -> Result<u64, StoreError> {
+    /// The patrol's collection (`dry_run`: the script decides the same and removes nothing).
+    pub(super) async fn collect_staging_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
         let prefix = &self.settings.key_prefix;
         let pattern = keys::staging_epoch_pattern(prefix);
         let mut collected = 0;
@@ -30,9 +31,12 @@ impl RedisStore {
                         .arg(&keys.staging_stem)
                         .arg(keys::tag(&user))
                         .arg(self.policy.retention_days)
-                        .arg(self.policy.future_window_days);
+                        .arg(self.policy.future_window_days)
+                        .arg(u8::from(dry_run));
                     let reply = self.invoke(invocation).await?;
-                    if reply.first().and_then(int) == Some(1) {
+                    if reply.first().and_then(int) == Some(1) && dry_run {
+                        collected += 1;
+                    } else if reply.first().and_then(int) == Some(1) {
                         tracing::info!(user = %user.as_str(), removed_keys = num(reply.get(1)), "removed the staging copy of a crashed repair");
                         collected += 1;
                     }

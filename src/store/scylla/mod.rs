@@ -506,8 +506,8 @@ impl MailboxStore for ScyllaStore {
         self.abort_repair(token).await
     }
 
-    async fn repair_collect_garbage(&self) -> Result<u64, StoreError> {
-        self.collect_repair_garbage().await
+    async fn repair_collect_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
+        self.collect_repair_garbage(dry_run).await
     }
 
     /// One cheap query (the coordinator's `system.local`), bounded by a short timeout: fails

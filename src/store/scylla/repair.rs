@@ -195,7 +195,7 @@ impl ScyllaStore {
         let u = token.user.as_str();
         let garbage = self
             .settle(ReadAt::Serial, |now, _| {
-                self.try_collect(u, &token.holder, true, now)
+                self.try_collect(u, &token.holder, true, false, now)
             })
             .await?;
         if let Garbage::Removed(slot) = &garbage {
@@ -209,11 +209,13 @@ impl ScyllaStore {
     /// Removes the staging copy of a repair of `user` by `holder` if no repair can swap it any
     /// more: the fence is gone or lapsed (or, for `own`, held by `holder` itself, which is
     /// aborting). A live fence of another repair means the staging slot is that repair's.
+    /// `dry_run` decides the same and changes nothing (`patrol --dry-run`).
     async fn try_collect(
         &self,
         user: &str,
         holder: &str,
         own: bool,
+        dry_run: bool,
         now: u64,
     ) -> Result<Attempt<Garbage>, StoreError> {
         let snapshot = self.read_snapshot(user, &[], ReadAt::Serial).await?;
@@ -230,6 +232,9 @@ impl ScyllaStore {
         if snapshot.fence.is_none() && slot.generation.is_none() {
             return Ok(Attempt::Done(Ok(Garbage::Stale)));
         }
+        if dry_run {
+            return Ok(Attempt::Done(Ok(Garbage::Removed(slot))));
+        }
         let mut commit = Commit::new(&self.statements, user, snapshot.version);
         if snapshot.fence.is_some() {
             commit.clear_fence();
@@ -241,7 +246,8 @@ impl ScyllaStore {
         Ok(Attempt::Done(Ok(Garbage::Removed(slot))))
     }
 
-    pub(super) async fn collect_repair_garbage(&self) -> Result<u64, StoreError> {
+    /// The patrol's collection (`dry_run`: counts what it would remove, changes nothing).
+    pub(super) async fn collect_repair_garbage(&self, dry_run: bool) -> Result<u64, StoreError> {
         let result = self
             .session
             .execute_unpaged(&self.statements.registry_all, ())
@@ -257,15 +263,20 @@ impl ScyllaStore {
         for (user, holder) in entries {
             match self
                 .settle(ReadAt::Serial, |now, _| {
-                    self.try_collect(&user, &holder, false, now)
+                    self.try_collect(&user, &holder, false, dry_run, now)
                 })
                 .await?
             {
                 Garbage::Running => continue,
+                Garbage::Removed(_) if dry_run => {
+                    removed += 1;
+                    continue;
+                }
                 Garbage::Removed(slot) => {
                     self.drop_generation(&user, &slot).await?;
                     removed += 1;
                 }
+                Garbage::Stale if dry_run => continue,
                 Garbage::Stale => {}
             }
             self.write(

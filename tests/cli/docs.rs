@@ -1,0 +1,264 @@
+//! The shell blocks of the documentation, held to the binary (SPEC 8.2's one contract, as a
+//! newcomer meets it on paper).
+//!
+//! - Every `sh` block of `README.md`, `docs/*.md` and `deploy/README.md` is read, and every
+//!   invocation of the binary in it (`materializer ...` or `$M ...`) must parse by today's
+//!   command-line definition: a renamed or removed flag fails here, not in a reader's terminal.
+//!   A synopsis with `[optional]` parts is a `text` block, not an `sh` one.
+//! - The blocks that run on one machine are executed as written: the README's walk
+//!   (`readme.rs`) and `docs/commands.md`'s store blocks, on memory, on a redis-server of the
+//!   test's own and on the test CQL server (`SCYLLA_NODES`), each output line shown as
+//!   `# {...}` printed for real.
+//! - The others need what a test cannot have (a Kubernetes cluster for `kubectl` and `helm`, a
+//!   running deployment's replicas and its configuration file): their `materializer` lines are
+//!   parsed, and `scripts/check-deploy` renders and validates the chart's documented values.
+
+use crate::conformance;
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::redis_server::{free_port, Clock, Listen, RedisServer};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The documents whose shell blocks a reader pastes.
+fn documents() -> Vec<PathBuf> {
+    let mut docs = vec![
+        Path::new(ROOT).join("README.md"),
+        Path::new(ROOT).join("deploy/README.md"),
+    ];
+    let mut more: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    more.sort();
+    docs.extend(more);
+    docs
+}
+
+/// The `sh` blocks of `text`, each with the line it starts on.
+fn sh_blocks(text: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((number, line)) = lines.next() {
+        if line.trim() == "```sh" {
+            let block: Vec<&str> = lines
+                .by_ref()
+                .map(|(_, l)| l)
+                .take_while(|l| l.trim() != "```")
+                .collect();
+            blocks.push((number + 1, block.join("\n")));
+        }
+    }
+    blocks
+}
+
+/// Splits one shell line into words the way the shell would for these blocks: quotes, and a
+/// word starting with `#` ends the line. Operators (`|`, `;`, `&&`, `>`) are words of their own
+/// when written apart, as they are in the docs.
+fn words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            (None, '#') if !in_word => break,
+            (None, c) => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+/// Every invocation of the binary in `block`: the arguments after `materializer` or `$M` up to
+/// the end of the command.
+fn invocations(block: &str) -> Vec<Vec<String>> {
+    let joined = block.replace("\\\n", " ");
+    let mut found = Vec::new();
+    for line in joined.lines() {
+        let words = words(line);
+        let mut rest = words.iter();
+        while let Some(word) = rest.next() {
+            let is_binary = !word.contains('=')
+                && (word == "materializer" || word == "$M" || word.ends_with("/materializer"));
+            if is_binary {
+                let args: Vec<String> = rest
+                    .by_ref()
+                    .take_while(|w| !matches!(w.as_str(), "|" | ";" | "&&" | "||" | ">" | "2>"))
+                    .cloned()
+                    .collect();
+                found.push(args);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_documented_invocation_parses_with_todays_flags() {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for doc in documents() {
+        let text = std::fs::read_to_string(&doc).expect("document");
+        for (line, block) in sh_blocks(&text) {
+            for args in invocations(&block) {
+                checked += 1;
+                let mut argv = vec!["materializer".to_owned()];
+                argv.extend(args.iter().cloned());
+                if let Err(e) = mailbox_materializer::cli::check_arguments(&argv) {
+                    let first = e.lines().next().unwrap_or_default().to_owned();
+                    failures.push(format!(
+                        "{}:{line}: materializer {}\n    {first}",
+                        doc.strip_prefix(ROOT).unwrap_or(&doc).display(),
+                        args.join(" ")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 20,
+        "the docs show the binary's commands: only {checked} found"
+    );
+    assert!(
+        failures.is_empty(),
+        "documented invocations that no longer parse:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The words tokenizer and the invocation finder, on the shapes the docs use.
+#[test]
+fn invocations_are_found_as_the_shell_would_read_them() {
+    let block = "M=target/release/materializer\n\
+                 $M --store redis patrol --rate 200      # compact cold mailboxes\n\
+                 kubectl create secret generic x \\\n  --from-literal=a='b c'\n\
+                 curl -s 127.0.0.1:9898/metrics | grep materializer_\n\
+                 materializer replay --config F --partition 3 | jq .";
+    assert_eq!(
+        invocations(block),
+        vec![
+            vec!["--store", "redis", "patrol", "--rate", "200"],
+            vec!["replay", "--config", "F", "--partition", "3"],
+        ]
+    );
+    assert_eq!(words("a 'b c' \"d\" # e"), vec!["a", "b c", "d"]);
+}
+
+/// The first `sh` block after `heading` in `text`.
+fn block_after(text: &str, heading: &str) -> String {
+    let start = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("no {heading:?} section"));
+    sh_blocks(&text[start..])
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no sh block after {heading:?}"))
+        .1
+}
+
+/// `docs/commands.md`'s store blocks, pasted in order into one shell as a newcomer would: on
+/// memory, then on Redis, then on Scylla, each shown output line printed. The build and the
+/// servers are the test's; the addresses are the test servers'; the keyspace is the test's own.
+#[test]
+fn the_store_blocks_of_the_commands_reference_run_as_written() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("docs/commands.md")).expect("doc");
+    let blocks = [
+        block_after(&text, "### On memory"),
+        block_after(&text, "### On Redis"),
+        block_after(&text, "### On Scylla"),
+    ];
+    let server = RedisServer::start(Clock::Real, Listen::Tcp(free_port()), &[]);
+    let nodes = conformance::scylla::nodes().join(",");
+    let keyspace = format!("mm_docs_{}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("mm-docs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut script = String::from("set -euo pipefail\n");
+    let mut expected = Vec::new();
+    for line in blocks.join("\n").lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("cargo build")
+            || trimmed.starts_with("M=")
+            || trimmed.contains("PASSWORD=...")
+        {
+            continue;
+        }
+        if let Some(shown) = trimmed.strip_prefix("# {") {
+            if !shown.contains("...") {
+                expected.push(format!("{{{shown}"));
+            }
+            continue;
+        }
+        script.push_str(
+            &line
+                .replace("redis://127.0.0.1:6379", &server.url())
+                .replace("10.0.0.5:9042,10.0.0.6:9042", &nodes)
+                .replace(
+                    "--scylla-keyspace mailbox",
+                    &format!("--scylla-keyspace {keyspace}"),
+                )
+                .replace(
+                    "/tmp/records.jsonl",
+                    &dir.join("records.jsonl").to_string_lossy(),
+                )
+                .replace("/tmp/mm.json", &dir.join("mm.json").to_string_lossy()),
+        );
+        script.push('\n');
+    }
+    assert!(!expected.is_empty(), "the blocks show outputs");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(ROOT)
+        .env("M", env!("CARGO_BIN_EXE_materializer"))
+        .env_remove("MATERIALIZER_CONFIG")
+        .output()
+        .expect("bash");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for shown in &expected {
+        let shown: serde_json::Value = serde_json::from_str(shown).expect("shown output is JSON");
+        assert!(
+            stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|printed| printed == shown),
+            "{shown} is shown in docs/commands.md but was not printed:\n{stdout}"
+        );
+    }
+    // Each store holds what the blocks wrote: each one's scan page printed the group.
+    let pages = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"groups\":") && l.contains("\"mailbox_seq\":1042"))
+        .count();
+    assert_eq!(
+        pages, 3,
+        "memory, Redis and Scylla each scanned seq 1042:\n{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
