@@ -15,7 +15,9 @@
 //!     simulated days of daily writes (libfaketime moves the server's clock): must stay flat.
 //!
 //! Run: `cargo bench --bench redis_store` (needs redis-server, redis-benchmark, libfaketime, gcc:
-//! `scripts/install-services`). Prints a Markdown report.
+//! `scripts/install-services`). Prints a Markdown report. `BENCH_ONLY=calls` measures (a)
+//! alone; `BENCH_MARKERS=off` runs the store without its data markers (SPEC 7.3; as under
+//! `allow_eviction`), so two runs in one session price the markers' check.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -348,8 +350,10 @@ fn today() -> u64 {
 /// server.
 async fn per_call(policy: RetentionPolicy) -> Vec<Phase> {
     let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let mut settings = RedisSettings::new(server.url(), "mm");
+    settings.markers = std::env::var("BENCH_MARKERS").as_deref() != Ok("off");
     let store = Arc::new(
-        RedisStore::connect(RedisSettings::new(server.url(), "mm"), policy)
+        RedisStore::connect(settings, policy)
             .await
             .expect("connect"),
     );
@@ -811,6 +815,9 @@ async fn main() {
             p.evalsha().0 as f64 / p.ops as f64,
             inner.join(", ")
         );
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("calls") {
+        return;
     }
 
     let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);

@@ -412,3 +412,91 @@ async fn one_master_of_a_cluster_wiped_holds_only_its_slots_until_accepted() {
     }
     assert!(daemon.terminate(Duration::from_secs(30)).success());
 }
+
+/// The same loss on Scylla: the keyspace dropped under a running daemon (its writes wait, the
+/// tables are gone) and created again empty by `schema apply` (or by `check-config --connect`,
+/// or a connect with `create_schema`), then, later, also with the daemon stopped and restarted.
+/// Every write waits (`store data: lost`, nothing written in the new keyspace) until the loss is
+/// accepted; then the waiting records apply. Without the marker the daemon wrote 6..8 into the
+/// empty keyspace, ready all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scylla_keyspace_dropped_and_created_again_holds_every_write_until_accepted() {
+    let nodes = std::env::var("SCYLLA_NODES").unwrap_or_else(|_| {
+        panic!("SCYLLA_NODES is not set: run the tests with scripts/test, which starts Cassandra")
+    });
+    let keyspace = format!("mmd_lost_{}", std::process::id());
+    let mut setup = DaemonSetup::new("wiped-scylla", None);
+    setup.scylla = Some((nodes.clone(), keyspace.clone()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    let store = support::reference::scylla_store(&nodes, &keyspace).await;
+    assert_eq!(scan_seqs(&store, "u").await, vec![1, 2, 3, 4, 5]);
+
+    support::reference::drop_scylla_keyspace(&store).await;
+    let config = setup.config_file(free_port());
+    let schema = support::cli::run_materializer(
+        &[
+            "schema",
+            "apply",
+            "--config",
+            config.to_str().expect("path"),
+        ],
+        None,
+    );
+    assert!(schema.status.success(), "{schema:?}");
+    produce(&setup.topic, &records("u", 6..=8)).await;
+    let lost = |daemon: &Daemon| {
+        let (status, body) = readyz(daemon);
+        status == 503 && body.contains("store data: lost")
+    };
+    wait_for(
+        "readiness false with store data: lost",
+        Duration::from_secs(60),
+        || lost(&daemon),
+        || daemon.log(),
+    );
+    assert_eq!(daemon.metrics().get("materializer_store_lost"), 1.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let store = support::reference::scylla_store(&nodes, &keyspace).await;
+    assert_eq!(
+        scan_seqs(&store, "u").await,
+        Vec::<u64>::new(),
+        "nothing written"
+    );
+    assert_eq!(committed(&setup.group, &setup.topic, 1), vec![5]);
+
+    // Stopped and started again on the empty keyspace: found at start, still waiting.
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "found at start: store data: lost",
+        Duration::from_secs(60),
+        || lost(&daemon),
+        || daemon.log(),
+    );
+    assert_eq!(
+        scan_seqs(&store, "u").await,
+        Vec::<u64>::new(),
+        "nothing written"
+    );
+
+    let accepted = accept_store_loss(&setup);
+    assert_eq!(accepted["accepted"], true, "{accepted}");
+    wait_for(
+        "the waiting writes applied, ready again",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![8] && readyz(&daemon).0 == 200,
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, "u").await, vec![6, 7, 8]);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    support::reference::drop_scylla_keyspace(&store).await;
+}

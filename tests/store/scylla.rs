@@ -1229,3 +1229,73 @@ async fn a_zombie_waking_between_its_commit_and_its_clean_up_deletes_nothing_liv
         Ok(AppendOutcome::Unchanged)
     );
 }
+
+/// SPEC 7.3 on Scylla: the keyspace's marker. A new keyspace is not a wipe; the first write that
+/// lands writes the marker; once the keyspace is truncated (every table, the marker with it) a
+/// process that wrote there answers `store_lost` before its next write lands, nothing is
+/// written, and a process started on the empty keyspace finds it empty (`(0, false)`), so the
+/// daemon can tell it from a new one by its group's offsets. Accepting the loss writes the
+/// marker again and writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_keyspace_is_a_lost_store_until_the_loss_is_accepted() {
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    let store = f.store.clone();
+    let mb = mailbox("marker", 1);
+    assert_eq!(store.load_data_markers().await, Ok(Some((0, false))), "new");
+    assert_eq!(
+        store.append(&group(&mb, 1, TODAY0, 1, "a")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(store.load_data_markers().await, Ok(Some((1, true))));
+
+    let ks = store.keyspace().to_owned();
+    for table in ["user_mailbox", "mailbox_events", "store_marker"] {
+        store
+            .session()
+            .query_unpaged(format!("TRUNCATE {ks}.{table}"), ())
+            .await
+            .expect("truncate");
+    }
+    // The last read of the marker vouches for a second.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let answer = store.append(&group(&mb, 2, TODAY0, 1, "b")).await;
+    assert!(
+        answer.as_ref().is_err_and(StoreError::is_store_lost),
+        "{answer:?}"
+    );
+    assert!(
+        matches!(
+            store.truncate_before(&mb, 2).await,
+            Err(ref e) if e.is_store_lost()
+        ),
+        "a truncate waits too"
+    );
+    assert_eq!(
+        seqs(store.as_ref(), &mb).await,
+        Vec::<u64>::new(),
+        "nothing written"
+    );
+
+    // Another process on the empty keyspace: empty, and told it was wiped it waits as well.
+    let other = ScyllaFixture::start_in(ks.clone(), policy(), NOW0).await;
+    assert_eq!(other.store.load_data_markers().await, Ok(Some((0, false))));
+    other.store.expect_data_everywhere();
+    assert!(other
+        .store
+        .append(&group(&mb, 2, TODAY0, 1, "b"))
+        .await
+        .is_err_and(|e| e.is_store_lost()));
+
+    assert_eq!(store.accept_data_loss().await, Ok(Some(1)));
+    assert_eq!(
+        store.append(&group(&mb, 2, TODAY0, 1, "b")).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    assert_eq!(
+        other.store.append(&group(&mb, 3, TODAY0, 1, "c")).await,
+        Ok(AppendOutcome::Inserted),
+        "the accepted marker is every process's"
+    );
+    assert_eq!(seqs(store.as_ref(), &mb).await, vec![2, 3]);
+}

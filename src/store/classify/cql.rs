@@ -44,7 +44,7 @@ pub trait CqlFailure: std::fmt::Display {
 /// classes): transient, so the records wait with readiness false until the schema is back.
 pub(crate) fn db_error_class(error: &DbError, message: &str) -> Class {
     if matches!(error, DbError::Invalid) && is_missing_schema(message) {
-        tracing::error!(error = %message, "the CQL server lacks the table or keyspace: records wait until the schema exists (check-config --connect creates it)");
+        tracing::error!(error = %message, "the CQL server lacks the table or keyspace: records wait until the schema exists (`materializer schema apply` creates it; a keyspace that held data and is created again empty is a lost store: docs/operations.md)");
         return Class::Transient;
     }
     match error {
@@ -54,6 +54,12 @@ pub(crate) fn db_error_class(error: &DbError, message: &str) -> Class {
         | DbError::AlreadyExists { .. } => Class::Refused,
         _ => Class::Transient,
     }
+}
+
+/// Whether an error's text names a missing table or keyspace (the store marker's check tells
+/// a dropped keyspace by it).
+pub(crate) fn names_missing_schema(message: &str) -> bool {
+    is_missing_schema(message)
 }
 
 /// Whether an invalid-request message names a missing table or keyspace.

@@ -36,6 +36,7 @@ mod scan;
 pub mod schema;
 mod state;
 mod statements;
+mod store_marker;
 mod tls;
 mod truncate;
 
@@ -170,6 +171,8 @@ pub struct ScyllaStore {
     paxos_rounds: AtomicU64,
     /// Day buckets compacted by commits that were applied.
     promoted: crate::store::PromotedBuckets,
+    /// What this process knows of the keyspace's store marker (SPEC 7.3).
+    marker: store_marker::MarkerState,
 }
 
 impl std::fmt::Debug for ScyllaStore {
@@ -251,6 +254,7 @@ impl ScyllaStore {
             after_scan_read: Mutex::new(None),
             paxos_rounds: AtomicU64::new(0),
             promoted: Default::default(),
+            marker: Default::default(),
         })
     }
 
@@ -434,12 +438,20 @@ impl MailboxStore for ScyllaStore {
         self.promoted.total()
     }
 
-    /// One snapshot read and one conditional commit per run (`decide.rs`).
+    /// One snapshot read and one conditional commit per run (`decide.rs`), after the store
+    /// marker's check (`store_marker.rs`).
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
         if !crate::store::one_mailbox(run) {
             return crate::store::append_one_by_one(self, run).await;
         }
-        self.append_run_as(run, Writer::Live).await
+        if let Err(e) = self.check_marker().await {
+            return vec![Err(e)];
+        }
+        let answers = self.append_run_as(run, Writer::Live).await;
+        if answers.iter().any(Result::is_ok) {
+            self.note_written().await;
+        }
+        answers
     }
 
     async fn truncate_before(
@@ -447,7 +459,22 @@ impl MailboxStore for ScyllaStore {
         mailbox: &MailboxId,
         before_seq: u64,
     ) -> Result<TruncateOutcome, StoreError> {
-        self.truncate_as(mailbox, before_seq, Writer::Live).await
+        self.check_marker().await?;
+        let outcome = self.truncate_as(mailbox, before_seq, Writer::Live).await?;
+        self.note_written().await;
+        Ok(outcome)
+    }
+
+    async fn load_data_markers(&self) -> Result<Option<(u32, bool)>, StoreError> {
+        self.load_marker().await.map(Some)
+    }
+
+    fn expect_data_everywhere(&self) {
+        self.expect_marker();
+    }
+
+    async fn accept_data_loss(&self) -> Result<Option<u32>, StoreError> {
+        self.accept_loss().await.map(Some)
     }
 
     async fn range_scan(

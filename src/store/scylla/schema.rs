@@ -27,6 +27,9 @@
 //! - `repair_registry`: the repairs that took a fence, so that garbage collection finds the staging
 //!   copies of crashed repairs without scanning every user. One partition (`shard = 0`): repairs
 //!   are operator commands, few at a time.
+//! - `store_marker`: one row (`id = 0`), "this keyspace holds this product's data", written
+//!   after the first write that lands and never deleted by the product, so a keyspace dropped
+//!   or truncated and created again empty is told from a new one (SPEC 7.3; `store_marker.rs`).
 
 use std::collections::BTreeMap;
 
@@ -106,6 +109,13 @@ pub(crate) const EXPECTED: &[(&str, &[Column])] = &[
             ("holder", "text", CLUSTERING),
         ],
     ),
+    (
+        "store_marker",
+        &[
+            ("id", "int", PARTITION_KEY),
+            ("written_at", "bigint", REGULAR),
+        ],
+    ),
 ];
 
 /// Columns added after a table's first release: `(table, column, type)`, added to a keyspace
@@ -141,6 +151,10 @@ pub(crate) fn create_statements(keyspace: &str, replication: &str) -> Vec<String
             "CREATE TABLE IF NOT EXISTS {keyspace}.repair_registry (
                 shard int, user_id text, holder text,
                 PRIMARY KEY ((shard), user_id, holder))"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.store_marker (
+                id int PRIMARY KEY, written_at bigint)"
         ),
     ]
 }

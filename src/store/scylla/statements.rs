@@ -64,6 +64,11 @@ pub(super) struct Statements {
     pub registry_of_user: PreparedStatement,
     pub registry_insert: PreparedStatement,
     pub registry_delete: PreparedStatement,
+    // ---- the store marker (SPEC 7.3, `store_marker.rs`) ----
+    pub marker_read: PreparedStatement,
+    pub marker_write: PreparedStatement,
+    /// Whether any user partition exists (one row at most).
+    pub any_user: PreparedStatement,
 }
 
 pub(super) async fn prepare_all(
@@ -245,6 +250,21 @@ pub(super) async fn prepare_all(
             format!(
                 "DELETE FROM {ks}.repair_registry WHERE shard = 0 AND user_id = ? AND holder = ?"
             ),
+            plain,
+        )
+        .await?,
+        marker_read: prepare(
+            format!("SELECT written_at FROM {ks}.store_marker WHERE id = 0"),
+            plain,
+        )
+        .await?,
+        marker_write: prepare(
+            format!("INSERT INTO {ks}.store_marker (id, written_at) VALUES (0, ?)"),
+            plain,
+        )
+        .await?,
+        any_user: prepare(
+            format!("SELECT user_id FROM {ks}.user_mailbox LIMIT 1"),
             plain,
         )
         .await?,
