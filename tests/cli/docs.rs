@@ -5,13 +5,16 @@
 //!   invocation of the binary in it (`materializer ...` or `$M ...`) must parse by today's
 //!   command-line definition: a renamed or removed flag fails here, not in a reader's terminal.
 //!   A synopsis with `[optional]` parts is a `text` block, not an `sh` one.
-//! - The blocks that run on one machine are executed as written: the README's walk
-//!   (`readme.rs`) and `docs/commands.md`'s store blocks, on memory, on a redis-server of the
-//!   test's own and on the test CQL server (`SCYLLA_NODES`), each output line shown as
-//!   `# {...}` printed for real.
-//! - The others need what a test cannot have (a Kubernetes cluster for `kubectl` and `helm`, a
-//!   running deployment's replicas and its configuration file): their `materializer` lines are
-//!   parsed, and `scripts/check-deploy` renders and validates the chart's documented values.
+//! - The blocks that run on one machine are executed as written, each output line shown as
+//!   `# {...}` printed for real: the README's walk (`readme.rs`), `docs/commands.md`'s store
+//!   blocks on memory, on a redis-server of the test's own and on the test CQL server
+//!   (`SCYLLA_NODES`) (here); with the test broker, `docs/operations.md`'s daemon block and the
+//!   replay lines of both documents (`tests/daemon/docs.rs`), the store-loss steps and the
+//!   records-lost `curl` inside their scenarios (`tests/daemon/store_lost.rs`,
+//!   `records_lost.rs`).
+//! - The `kubectl` and `helm` blocks need a Kubernetes cluster: their `helm install` commands are
+//!   rendered and validated by `scripts/check-deploy`, and `top --daemon` on the release's
+//!   headless Service name is parsed here.
 
 use crate::conformance;
 use crate::support;
@@ -21,7 +24,7 @@ use std::process::Command;
 
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+use support::docs::{sh_blocks, ROOT};
 
 /// The documents whose shell blocks a reader pastes.
 fn documents() -> Vec<PathBuf> {
@@ -37,23 +40,6 @@ fn documents() -> Vec<PathBuf> {
     more.sort();
     docs.extend(more);
     docs
-}
-
-/// The `sh` blocks of `text`, each with the line it starts on.
-fn sh_blocks(text: &str) -> Vec<(usize, String)> {
-    let mut blocks = Vec::new();
-    let mut lines = text.lines().enumerate();
-    while let Some((number, line)) = lines.next() {
-        if line.trim() == "```sh" {
-            let block: Vec<&str> = lines
-                .by_ref()
-                .map(|(_, l)| l)
-                .take_while(|l| l.trim() != "```")
-                .collect();
-            blocks.push((number + 1, block.join("\n")));
-        }
-    }
-    blocks
 }
 
 /// Splits one shell line into words the way the shell would for these blocks: quotes, and a

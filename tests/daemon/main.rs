@@ -36,6 +36,7 @@ mod blocked;
 mod cluster_changes;
 mod dashboard_metrics;
 mod demo_serve;
+mod docs;
 mod explain;
 mod failures;
 mod faults;

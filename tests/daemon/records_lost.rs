@@ -219,8 +219,22 @@ async fn under_hold_a_partition_that_lost_records_waits_until_an_operator_accept
     );
     assert_eq!(seqs(&store).await, vec![1, 2, 3, 4, 5]);
 
-    let (status, body) = post(daemon.http_port, "/records-lost/accept?partition=0");
-    assert_eq!(status, 200, "{body}");
+    // The operator's step, as docs/operations.md writes it, run as written against this replica:
+    // it answers what the doc shows.
+    let block = support::docs::block_with("docs/operations.md", "records-lost/accept");
+    let replica = format!("127.0.0.1:{}", daemon.http_port);
+    for line in support::docs::commands(&block, &[("REPLICA:9898", &replica)]) {
+        let out =
+            support::docs::run_line(&format!("{line} --fail-with-body --silent --show-error"));
+        assert!(out.status.success(), "{line}: {out:?}");
+        let answer = String::from_utf8_lossy(&out.stdout);
+        for shown in support::docs::shown(&block) {
+            assert!(
+                answer.contains(&shown),
+                "the doc shows {shown:?}; the replica answered {answer:?}"
+            );
+        }
+    }
     wait_for(
         "seqs 9 and 10 committed once accepted",
         Duration::from_secs(60),

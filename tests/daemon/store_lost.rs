@@ -38,6 +38,19 @@ fn accept_store_loss(setup: &DaemonSetup) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
+/// Runs the line of docs/operations.md's store-loss block that holds `step` (`replay` or
+/// `accept-store-loss`), as written, with `C` the test's configuration.
+fn documented_step(setup: &DaemonSetup, step: &str) -> (std::process::Output, Vec<String>) {
+    let block = support::docs::block_with("docs/operations.md", "accept-store-loss --config C");
+    let config = setup.config_file(free_port());
+    let config = config.to_str().expect("config path");
+    let line = support::docs::commands(&block, &[("--config C", &format!("--config {config}"))])
+        .into_iter()
+        .find(|l| l.contains(&format!("materializer {step} ")))
+        .unwrap_or_else(|| panic!("the block runs {step}"));
+    (support::docs::run_line(&line), support::docs::shown(&block))
+}
+
 fn readyz(daemon: &Daemon) -> (u16, String) {
     http_get(daemon.http_port, "/readyz").unwrap_or_default()
 }
@@ -94,9 +107,13 @@ async fn a_flushall_under_a_running_daemon_holds_every_write_until_the_loss_is_a
         "nothing dead-lettered"
     );
 
-    // The operator accepts the loss: the waiting writes go on from what the store holds now.
-    let accepted = accept_store_loss(&setup);
-    assert_eq!(accepted["accepted"], true, "{accepted}");
+    // The operator accepts the loss (docs/operations.md's line, run as written, printing what
+    // the doc shows): the waiting writes go on from what the store holds now.
+    let (out, shown) = documented_step(&setup, "accept-store-loss");
+    assert!(out.status.success(), "{out:?}");
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one object");
+    let shown: serde_json::Value = serde_json::from_str(&shown[0]).expect("the doc shows JSON");
+    assert_eq!(printed, shown);
     wait_for(
         "the waiting writes applied, ready again",
         Duration::from_secs(60),
@@ -128,11 +145,9 @@ async fn a_redis_restarted_empty_under_a_running_daemon_is_found_before_a_write_
 
     // The operator rebuilds from the log instead: the daemon stopped, each partition replayed
     // from the log's start (its writes put the markers back), the daemon started again.
+    // docs/operations.md's rebuild, run as written.
     assert!(daemon.terminate(Duration::from_secs(30)).success());
-    let (out, _) = support::cli::replay(
-        &setup.config_file(free_port()),
-        &["--partition", "0", "--from-offset", "0"],
-    );
+    let (out, _) = documented_step(&setup, "replay");
     assert!(
         out.status.success(),
         "{}",

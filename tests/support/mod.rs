@@ -3,6 +3,7 @@
 
 pub mod cassandra;
 pub mod cli;
+pub mod docs;
 pub mod in_process;
 pub mod kafka;
 pub mod redis_server;
