@@ -8,6 +8,7 @@
 
 use crate::support;
 
+use std::process::Command;
 use std::time::Duration;
 
 use support::kafka::{committed, create_topic, http_get, produce, wait_for, Daemon, DaemonSetup};
@@ -372,24 +373,38 @@ async fn one_master_of_a_cluster_wiped_holds_only_its_slots_until_accepted() {
     let wiped = cluster.masters(None)[0];
     let node = &cluster.nodes[wiped];
     assert!(node.raw("FLUSHALL").starts_with("+OK"));
+    let store = cluster.store().await;
+    only_the_lost_slots_wait_until_accepted(&setup, &daemon, &store, &users, node).await;
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// After one master lost its data: seq 2 of every user is produced; the lost master's users
+/// wait (readiness names the loss, nothing is written there) while the other masters' users get
+/// theirs; accepted, every seq 2 is committed.
+async fn only_the_lost_slots_wait_until_accepted(
+    setup: &DaemonSetup,
+    daemon: &Daemon,
+    store: &dyn mailbox_materializer::store::MailboxStore,
+    users: &[String],
+    emptied: &RedisServer,
+) {
     let second: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, group_record(u, 2, "b"))).collect();
     produce(&setup.topic, &second).await;
     wait_for(
         "readiness false with store data: lost",
         Duration::from_secs(60),
         || {
-            let (status, body) = readyz(&daemon);
+            let (status, body) = readyz(daemon);
             status == 503 && body.contains("store data: lost")
         },
         || daemon.log(),
     );
-    let store = cluster.store().await;
     // The other masters' users got seq 2; the wiped master's got nothing.
     let wait_until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let mut others_done = true;
-        for user in &users {
-            let seqs = scan_seqs(&store, user).await;
+        for user in users {
+            let seqs = scan_seqs(store, user).await;
             if !seqs.is_empty() && seqs != vec![1, 2] {
                 others_done = false;
             }
@@ -401,31 +416,30 @@ async fn one_master_of_a_cluster_wiped_holds_only_its_slots_until_accepted() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut lost = 0;
-    for user in &users {
-        if scan_seqs(&store, user).await.is_empty() {
+    for user in users {
+        if scan_seqs(store, user).await.is_empty() {
             lost += 1;
         }
     }
     assert!(lost > 0, "some users live on the wiped master");
     assert_eq!(
-        node.raw("DBSIZE").trim(),
+        emptied.raw("DBSIZE").trim(),
         ":0",
         "nothing written on the wiped master"
     );
 
-    let accepted = accept_store_loss(&setup);
+    let accepted = accept_store_loss(setup);
     assert_eq!(accepted["accepted"], true, "{accepted}");
     wait_for(
         "every seq 2 committed, ready again",
         Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![60] && readyz(&daemon).0 == 200,
+        || committed(&setup.group, &setup.topic, 1) == vec![60] && readyz(daemon).0 == 200,
         || daemon.log(),
     );
-    for user in &users {
-        let seqs = scan_seqs(&store, user).await;
+    for user in users {
+        let seqs = scan_seqs(store, user).await;
         assert!(seqs == vec![1, 2] || seqs == vec![2], "{user}: {seqs:?}");
     }
-    assert!(daemon.terminate(Duration::from_secs(30)).success());
 }
 
 /// The same loss on Scylla: the keyspace dropped under a running daemon (its writes wait, the
@@ -514,4 +528,259 @@ async fn a_scylla_keyspace_dropped_and_created_again_holds_every_write_until_acc
     assert_eq!(scan_seqs(&store, "u").await, vec![6, 7, 8]);
     assert!(daemon.terminate(Duration::from_secs(30)).success());
     support::reference::drop_scylla_keyspace(&store).await;
+}
+
+/// An older snapshot restored under a stopped daemon (SPEC 7.3, back in time): the store is
+/// saved at seq 5, the daemon applies and commits 6..10, stops, and the server is restarted
+/// from the old `dump.rdb`. At start the daemon finds the store's record of partition 0 (5)
+/// below the committed offset (10), reads the partition again from there, and the mailbox ends
+/// as the log says. The snapshot holds the markers, so it is not a wipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_snapshot_restored_under_a_stopped_daemon_heals_at_start() {
+    let mut redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("snapshot", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    assert!(redis.raw("SAVE").starts_with("+OK"));
+    let snapshot = redis.dir().join("at-seq-5.rdb");
+    std::fs::copy(redis.dir().join("dump.rdb"), &snapshot).expect("keep the snapshot");
+    produce(&setup.topic, &records("u", 6..=10)).await;
+    wait_for(
+        "seqs 6..10 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![10],
+        || daemon.log(),
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+
+    std::fs::copy(&snapshot, redis.dir().join("dump.rdb")).expect("restore the snapshot");
+    redis.restart();
+    let store = redis_store(&redis.url()).await;
+    assert_eq!(
+        scan_seqs(&store, "u").await,
+        vec![1, 2, 3, 4, 5],
+        "the restore lost 6..10"
+    );
+    produce(&setup.topic, &records("u", 11..=12)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 11, 12 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![12],
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, "u").await, (1..=12).collect::<Vec<_>>());
+    assert!(
+        daemon.log().contains("the store went back in time"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.metrics().get("materializer_store_lost"), 0.0);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// Back in time on a 3-master Redis Cluster with replicas: the replica of the master holding
+/// user `u` is stopped (SIGSTOP), 6..10 are applied and committed on its master alone, the
+/// master dies and the stale replica takes over (`CLUSTER FAILOVER TAKEOVER`). The daemon,
+/// started again, finds the store's record of partition 0 below the committed offset (the
+/// record's copy on that master went back with it), reads the partition again, and the mailbox
+/// ends as the log says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_replica_promoted_behind_heals_at_start() {
+    use support::redis_server::RedisCluster;
+    let mut cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
+            .await
+            .expect("cluster");
+    let mut setup = DaemonSetup::new("went-back-cluster", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, &records("u", 1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![5],
+        || daemon.log(),
+    );
+    // The master holding u, and its replica.
+    let masters = cluster.masters(None);
+    let master = *masters
+        .iter()
+        .find(|m| cluster.nodes[**m].raw("EXISTS mm:epoch:{u}").trim() == ":1")
+        .expect("a master holds u");
+    let master_port = cluster.nodes[master].port().expect("tcp").to_string();
+    let replica = (0..cluster.nodes.len())
+        .find(|i| {
+            let role = cluster.nodes[*i].raw("ROLE");
+            role.contains("slave") && role.contains(&master_port)
+        })
+        .expect("the master's replica");
+    let offset = |i: usize, field: &str| {
+        cluster.nodes[i]
+            .raw("INFO replication")
+            .lines()
+            .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_owned()))
+    };
+    wait_for(
+        "the replica caught up",
+        Duration::from_secs(20),
+        || offset(master, "master_repl_offset:") == offset(replica, "master_repl_offset:"),
+        || daemon.log(),
+    );
+    let signal = |sig: &str, pid: u32| {
+        assert!(Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success());
+    };
+    // Cut off: the replica stopped, and its link dropped by the master, so nothing written from
+    // now on reaches it (not even through its socket's buffer when it wakes).
+    let replica_pid = cluster.nodes[replica].pid();
+    signal("-STOP", replica_pid);
+    assert!(cluster.nodes[master]
+        .raw("CLIENT KILL TYPE replica")
+        .starts_with(':'));
+    produce(&setup.topic, &records("u", 6..=10)).await;
+    wait_for(
+        "seqs 6..10 committed on the master alone",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![10],
+        || daemon.log(),
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    std::sync::Arc::get_mut(&mut cluster.nodes[master])
+        .expect("the node is not shared")
+        .stop();
+    signal("-CONT", replica_pid);
+    let started = std::time::Instant::now();
+    while !cluster.nodes[replica].raw("ROLE").contains("master") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the replica never took over"
+        );
+        let _ = cluster.nodes[replica].raw("CLUSTER FAILOVER TAKEOVER");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.wait_ok(Some(master));
+        cluster
+    })
+    .await
+    .expect("failover");
+    let store = cluster.store().await;
+    assert_eq!(
+        scan_seqs(&store, "u").await,
+        vec![1, 2, 3, 4, 5],
+        "the promoted replica missed 6..10"
+    );
+
+    produce(&setup.topic, &records("u", 11..=12)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 11, 12 committed",
+        Duration::from_secs(90),
+        || committed(&setup.group, &setup.topic, 1) == vec![12],
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, "u").await, (1..=12).collect::<Vec<_>>());
+    assert!(
+        daemon.log().contains("the store went back in time"),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// One master of a 3-master cluster dies and is replaced by a new, empty node that takes over
+/// its slots (`CLUSTER FORGET` on the others, `CLUSTER ADDSLOTSRANGE` and `BUMPEPOCH` on the new
+/// one: the manual replacement of a master without replica). The slots' markers are not on the
+/// new node: its users' writes wait, named, and the other masters' users go on; accepted, every
+/// write goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_replaced_by_an_empty_node_holds_only_its_slots_until_accepted() {
+    use support::redis_server::RedisCluster;
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start(Clock::Real))
+        .await
+        .expect("cluster");
+    let mut setup = DaemonSetup::new("replaced-master", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let users: Vec<String> = (0..30).map(|u| format!("c{u}")).collect();
+    let first: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, group_record(u, 1, "b"))).collect();
+    produce(&setup.topic, &first).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seq 1 of every user committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![30],
+        || daemon.log(),
+    );
+
+    let replaced = cluster.masters(None)[0];
+    let id = resp_id(&cluster.nodes[replaced].raw("CLUSTER MYID"));
+    // Its slot ranges, from its own line of CLUSTER NODES (`myself,master ... 0-5460`).
+    let nodes = cluster.nodes[replaced].raw("CLUSTER NODES");
+    let mine = nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .expect("its own line")
+        .to_owned();
+    let ranges: Vec<(String, String)> = mine
+        .split_whitespace()
+        .skip(8)
+        .map(|r| {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            (a.to_owned(), b.to_owned())
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "{mine}");
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.add_master(Clock::Real);
+        std::sync::Arc::get_mut(&mut cluster.nodes[replaced])
+            .expect("the node is not shared")
+            .stop();
+        let fresh = cluster.nodes.len() - 1;
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            if i != replaced {
+                let _ = node.raw(&format!("CLUSTER FORGET {id}"));
+            }
+        }
+        let mut add = String::from("CLUSTER ADDSLOTSRANGE");
+        for (a, b) in &ranges {
+            add.push_str(&format!(" {a} {b}"));
+        }
+        let added = cluster.nodes[fresh].raw(&add);
+        assert!(added.starts_with("+OK"), "{add}: {added}");
+        let _ = cluster.nodes[fresh].raw("CLUSTER BUMPEPOCH");
+        cluster.wait_ok(Some(replaced));
+        (cluster, fresh)
+    })
+    .await
+    .expect("replacement");
+    let (cluster, fresh) = cluster;
+    let store = cluster.store().await;
+    only_the_lost_slots_wait_until_accepted(&setup, &daemon, &store, &users, &cluster.nodes[fresh])
+        .await;
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// The node id in a `CLUSTER MYID` reply, however the reply is framed.
+fn resp_id(reply: &str) -> String {
+    reply
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .find(|part| part.len() == 40)
+        .unwrap_or_default()
+        .to_owned()
 }

@@ -223,6 +223,11 @@ impl RedisServer {
     }
 
     /// The server's process id (to read its CPU time, or to signal it).
+    /// The server's folder (`--dir`: where `SAVE` writes `dump.rdb` and a start reads it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
