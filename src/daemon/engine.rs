@@ -26,6 +26,7 @@ mod handover;
 mod housekeeping;
 mod letters;
 mod reread;
+mod went_back;
 
 use letters::LetterDone;
 
@@ -88,6 +89,10 @@ struct PartitionState {
     /// Opened by a re-read: the offset the window it replaced had read up to, while the
     /// re-read is behind it.
     reread_until: Option<i64>,
+    /// The store went back in time under this window (`went_back.rs`): it closes like a re-read
+    /// and the partition is read again from this offset, what the store holds; its watermarks
+    /// are neither recorded nor stored meanwhile.
+    rewind_to: Option<i64>,
 }
 
 impl PartitionState {
@@ -103,6 +108,7 @@ impl PartitionState {
             generation,
             reread: false,
             reread_until: None,
+            rewind_to: None,
         }
     }
 }
@@ -200,10 +206,17 @@ pub(crate) struct Engine {
     applied_failing: bool,
     /// Where a record write's task answers (the receiver is `run`'s).
     applied_done: Option<mpsc::UnboundedSender<AppliedDone>>,
+    /// Per partition, the last record this process wrote and the store acknowledged since the
+    /// partition was assigned: the floor of its next write (`went_back.rs`).
+    recorded: std::collections::BTreeMap<i32, i64>,
 }
 
-/// A record write's answer: the watermarks it recorded, and whether it did.
-type AppliedDone = (Vec<(i32, i64)>, bool);
+/// A record write's answer: the watermarks it was to record, and, when it was written, the
+/// partitions the store holds below their floor (`went_back.rs`).
+type AppliedDone = (
+    Vec<(i32, i64)>,
+    Option<std::collections::BTreeMap<i32, i64>>,
+);
 
 /// How often the record of what the store holds is written at most (SPEC 7.3, a store that
 /// went back in time): the commits of a busy partition wait up to this long more.
@@ -280,6 +293,7 @@ impl Engine {
             applied_started: None,
             applied_failing: false,
             applied_done: None,
+            recorded: std::collections::BTreeMap::new(),
         }
     }
 
@@ -355,7 +369,7 @@ impl Engine {
                     self.advance();
                 }
                 Some(handover) = handovers.recv() => self.begin_handover(handover),
-                Some((positions, ok)) = applied_rx.recv() => self.applied_recorded(positions, ok),
+                Some((positions, answer)) = applied_rx.recv() => self.applied_recorded(positions, answer),
                 _ = tokio::time::sleep_until(self.handovers.iter().map(|h| h.deadline()).min().unwrap_or(until)), if !self.handovers.is_empty() => {}
                 Some(done) = self.letters.next(), if !self.letters.is_empty() => self.on_letter(done),
                 _ = tick.tick() => self.housekeeping(),
@@ -471,6 +485,9 @@ impl Engine {
         // A re-read in progress is superseded: the assignment reads from the committed offset,
         // which is at or before the re-read's start.
         self.rereading.remove(&partition);
+        // Another owner may have written the record since (read again from a lower one): this
+        // process's floor starts over with its first record of this assignment.
+        self.recorded.remove(&partition);
         if let Some(window) = self.driver.window_mut(&partition) {
             // Still open: an earlier assignment's window, closing or not. The new assignment
             // owns it from here, so a late hand-over of the earlier one leaves it alone.
@@ -605,6 +622,11 @@ impl Engine {
             let finals = window.pipeline.pop_final();
             self.telemetry
                 .records_final(*partition, &finals, |r| r.meta.timestamp_ms);
+            if window.state.rewind_to.is_some() {
+                // Read again from what the store holds: nothing of this window is recorded or
+                // stored (`went_back.rs`).
+                continue;
+            }
             if let Some(watermark) = window.pipeline.watermark() {
                 if window.state.stored != Some(watermark) {
                     window.state.stored = Some(watermark);
@@ -658,23 +680,29 @@ impl Engine {
         self.applied_started = Some(Instant::now());
         let store = self.store.clone();
         let topic = self.settings.topic.clone();
+        let with_floors = self.with_floors(&positions);
         tokio::spawn(async move {
-            let ok = match store.record_applied(&topic, &positions).await {
-                Ok(()) => true,
+            let answer = match store.record_applied(&topic, &with_floors).await {
+                Ok(behind) => Some(behind),
                 Err(e) => {
                     tracing::debug!(error = %e, "the store's record of what it holds could not be written: the offsets wait (retried)");
-                    false
+                    None
                 }
             };
-            let _ = done.send((positions, ok));
+            let _ = done.send((positions, answer));
         });
     }
 
     /// A record write answered: its watermarks go to the consumer's offset store (the ones of
     /// partitions still assigned; a later watermark of a partition waits for the next write), or
     /// back to [`Self::unstored`] when it failed.
-    fn applied_recorded(&mut self, positions: Vec<(i32, i64)>, ok: bool) {
+    fn applied_recorded(
+        &mut self,
+        mut positions: Vec<(i32, i64)>,
+        answer: Option<std::collections::BTreeMap<i32, i64>>,
+    ) {
         self.applied_in_flight = false;
+        let ok = answer.is_some();
         if ok == self.applied_failing {
             self.applied_failing = !ok;
             if ok {
@@ -683,12 +711,13 @@ impl Engine {
                 tracing::warn!("the store's record of what it holds cannot be written (the store is unreachable or lost its data): the offsets wait, retried every 200 ms");
             }
         }
-        if !ok {
+        let Some(behind) = answer else {
             for (partition, offset) in positions {
                 self.unstored.entry(partition).or_insert(offset);
             }
             return;
-        }
+        };
+        self.went_back_found(&mut positions, &behind);
         let mut tpl = TopicPartitionList::new();
         for (partition, offset) in positions {
             if self.driver.window(&partition).is_some() {
@@ -714,12 +743,13 @@ impl Engine {
             return;
         }
         let positions: Vec<(i32, i64)> = std::mem::take(&mut self.unstored).into_iter().collect();
+        let with_floors = self.with_floors(&positions);
         match self
             .store
-            .record_applied(&self.settings.topic, &positions)
+            .record_applied(&self.settings.topic, &with_floors)
             .await
         {
-            Ok(()) => self.applied_recorded(positions, true),
+            Ok(behind) => self.applied_recorded(positions, Some(behind)),
             Err(e) => {
                 tracing::warn!(error = %e, "the store's record of what it holds could not be written at shutdown: the last offsets stay uncommitted and are read again")
             }

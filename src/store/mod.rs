@@ -188,13 +188,18 @@ pub trait MailboxStore: Send + Sync {
         false
     }
 
-    /// Records that the store holds every write of `topic`'s partitions below these offsets.
+    /// Records that the store holds every write of `topic`'s partitions below these offsets:
+    /// `(partition, offset, floor)`, the floor being the caller's own last record of the
+    /// partition that the store acknowledged, if any. A record found below its floor means the
+    /// store went back in time since (a failover to a replica that missed the last writes): it
+    /// is left as it is (the evidence the next assignment's check reads) and answered, per
+    /// partition, with what it holds; the others are written.
     async fn record_applied(
         &self,
         _topic: &str,
-        _positions: &[(i32, i64)],
-    ) -> Result<(), StoreError> {
-        Ok(())
+        _positions: &[(i32, i64, Option<i64>)],
+    ) -> Result<std::collections::BTreeMap<i32, i64>, StoreError> {
+        Ok(std::collections::BTreeMap::new())
     }
 
     /// The offsets below which the store holds every write of `partitions` (those recorded).

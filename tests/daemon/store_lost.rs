@@ -784,3 +784,193 @@ fn resp_id(reply: &str) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The same failover under a daemon that keeps running (its assignment never changes). Users u
+/// and w lose 6..10 with the master; after the failover only u gets a record (11). The daemon
+/// applies it, and its next record write finds the store's record of partition 0 (5, on the
+/// promoted replica) below what it recorded itself (10): a WARN, the metric, the record left as
+/// evidence, and the partition read again from 5. w heals by itself (`[1..10]`); u already
+/// holds 11 above its lost seqs, so the re-read of its 6 finds seq 6 below the mailbox's
+/// largest seq without an identity and fails closed (`corrupt`, blocked, loud) until
+/// `replay --reset-mailboxes` rebuilds it: `[1..11]`. Before, both mailboxes kept their gap
+/// silently (`w` = `[1..5]`, `u` = `[1..5, 11]`) until the next rebalance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_replica_promoted_behind_under_a_running_daemon_is_found_at_its_next_record()
+{
+    use support::redis_server::RedisCluster;
+    let mut cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
+            .await
+            .expect("cluster");
+    let mut setup = DaemonSetup::new("went-back-running", None);
+    setup.redis_cluster = Some(cluster.seed_urls());
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    // u and w in the same slot (one hash tag each, chosen to share a master is not needed:
+    // both are checked on whichever masters hold them).
+    let both = |seqs: std::ops::RangeInclusive<u64>| -> Vec<(i32, Vec<u8>)> {
+        seqs.flat_map(|s| {
+            [
+                (0, group_record("u", s, "b")),
+                (0, group_record("w", s, "b")),
+            ]
+        })
+        .collect()
+    };
+    produce(&setup.topic, &both(1..=5)).await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "seqs 1..5 committed",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![10],
+        || daemon.log(),
+    );
+    // Every master's replica is cut off: whichever masters hold u, w and the records, they lose
+    // 6..10 with them.
+    let masters = cluster.masters(None);
+    let mut replicas = Vec::new();
+    for master in &masters {
+        let port = cluster.nodes[*master].port().expect("tcp").to_string();
+        let replica = (0..cluster.nodes.len())
+            .find(|i| {
+                let role = cluster.nodes[*i].raw("ROLE");
+                role.contains("slave") && role.contains(&port)
+            })
+            .expect("each master's replica");
+        let offset = |i: usize| {
+            cluster.nodes[i]
+                .raw("INFO replication")
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("master_repl_offset:")
+                        .map(|v| v.trim().to_owned())
+                })
+        };
+        wait_for(
+            "the replica caught up",
+            Duration::from_secs(20),
+            || offset(*master) == offset(replica),
+            || daemon.log(),
+        );
+        replicas.push((*master, replica));
+    }
+    let signal = |sig: &str, pid: u32| {
+        assert!(Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success());
+    };
+    for (master, replica) in &replicas {
+        signal("-STOP", cluster.nodes[*replica].pid());
+        assert!(cluster.nodes[*master]
+            .raw("CLIENT KILL TYPE replica")
+            .starts_with(':'));
+    }
+    produce(&setup.topic, &both(6..=10)).await;
+    wait_for(
+        "seqs 6..10 committed on the masters alone",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![20],
+        || daemon.log(),
+    );
+    // Every master dies; every stale replica takes over.
+    for (master, _) in &replicas {
+        std::sync::Arc::get_mut(&mut cluster.nodes[*master])
+            .expect("the node is not shared")
+            .stop();
+    }
+    for (_, replica) in &replicas {
+        signal("-CONT", cluster.nodes[*replica].pid());
+    }
+    let started = std::time::Instant::now();
+    for (_, replica) in &replicas {
+        while !cluster.nodes[*replica].raw("ROLE").contains("master") {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "a replica never took over"
+            );
+            let _ = cluster.nodes[*replica].raw("CLUSTER FAILOVER TAKEOVER");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let killed: Vec<usize> = replicas.iter().map(|(m, _)| *m).collect();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !(0..cluster.nodes.len())
+            .filter(|i| !killed.contains(i))
+            .all(|i| {
+                let info = cluster.nodes[i].raw("CLUSTER INFO");
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            })
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster never became ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    })
+    .await
+    .expect("failover");
+    let store = cluster.store().await;
+
+    produce(&setup.topic, &records("u", 11..=11)).await;
+    let store_ref = &store;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while scan_seqs(store_ref, "w").await != (1..=10).collect::<Vec<_>>() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "w never healed: {:?}\n{}",
+            scan_seqs(store_ref, "w").await,
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        daemon.log().contains("the store went back in time"),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        daemon
+            .metrics()
+            .get("materializer_store_went_back_total{partition=\"0\"}")
+            >= 1.0
+    );
+    wait_for(
+        "u fails closed",
+        Duration::from_secs(60),
+        || daemon.log().contains("corrupt mailbox") && daemon.log().contains("user=u"),
+        || daemon.log(),
+    );
+    assert!(
+        committed(&setup.group, &setup.topic, 1)[0] < 21,
+        "nothing committed past u's gap"
+    );
+
+    // The operator rebuilds u from the log while the daemon runs: it then reads on.
+    let (out, summary) = support::cli::replay(
+        &setup.config_file(free_port()),
+        &[
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            "u",
+            "--reset-mailboxes",
+        ],
+    );
+    assert!(out.status.success(), "{summary}");
+    wait_for(
+        "everything committed",
+        Duration::from_secs(90),
+        || committed(&setup.group, &setup.topic, 1) == vec![21],
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(&store, "u").await, (1..=11).collect::<Vec<_>>());
+    assert_eq!(scan_seqs(&store, "w").await, (1..=10).collect::<Vec<_>>());
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}

@@ -128,11 +128,22 @@ impl Engine {
             for (partition, _) in &watermarks {
                 self.unstored.remove(partition);
             }
+            let with_floors = self.with_floors(&watermarks);
+            for (partition, _) in &watermarks {
+                self.recorded.remove(partition);
+            }
             let store = self.store.clone();
             let topic = self.settings.topic.clone();
             tokio::spawn(async move {
-                if let Err(e) = store.record_applied(&topic, &watermarks).await {
-                    tracing::warn!(error = %e, "revoke: the store's record of what it holds could not be written; the next owner may read a few records again");
+                let mut watermarks = watermarks;
+                match store.record_applied(&topic, &with_floors).await {
+                    // A partition the store holds below this process's record went back in
+                    // time: its watermark is not committed, and the next owner's assignment
+                    // check reads it again from what the store holds (`went_back.rs`).
+                    Ok(behind) => watermarks.retain(|(p, _)| !behind.contains_key(p)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "revoke: the store's record of what it holds could not be written; the next owner may read a few records again")
+                    }
                 }
                 let _ = handover.done.try_send(watermarks);
             });

@@ -35,7 +35,9 @@ impl Engine {
                 if window.calls() == 0 && window.state.letters == 0 {
                     ready.push(*partition);
                 }
-            } else if !window.is_closing() && window.pipeline.reread_from().is_some() {
+            } else if !window.is_closing()
+                && (window.pipeline.reread_from().is_some() || window.state.rewind_to.is_some())
+            {
                 closing.push(*partition);
             }
         }
@@ -43,19 +45,26 @@ impl Engine {
             self.driver.begin_close(&partition);
             if let Some(window) = self.driver.window_mut(&partition) {
                 window.state.reread = true;
-                tracing::info!(
-                    partition,
-                    from = window.pipeline.watermark().unwrap_or_default(),
-                    "a blocked mailbox is healthy again: the partition is read again from its committed position, so its skipped deliveries are applied from the log"
-                );
+                if window.state.rewind_to.is_none() {
+                    tracing::info!(
+                        partition,
+                        from = window.pipeline.watermark().unwrap_or_default(),
+                        "a blocked mailbox is healthy again: the partition is read again from its committed position, so its skipped deliveries are applied from the log"
+                    );
+                }
             }
         }
         for partition in ready {
             let Some(window) = self.driver.close(&partition) else {
                 continue;
             };
-            let Some(from) = window.pipeline.watermark() else {
-                continue;
+            // A store that went back is read again from what it holds, below the watermark.
+            let from = match (window.state.rewind_to, window.pipeline.watermark()) {
+                (Some(rewind), Some(watermark)) => rewind.min(watermark),
+                (rewind, watermark) => match rewind.or(watermark) {
+                    Some(from) => from,
+                    None => continue,
+                },
             };
             self.rereads += 1;
             let token = self.rereads;

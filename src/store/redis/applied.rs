@@ -25,8 +25,14 @@
 //! `unchanged` or `superseded`, what it lost is written again). Where the log no longer holds
 //! them (retention passed the record), the records-lost rules apply (`kafka.on_records_lost`).
 //!
-//! Cost: 64 `HSET`s per write (one pipeline on a single server, sent side by side on a cluster;
-//! the daemon writes at most every 200 ms), 64 `HMGET`s per assignment.
+//! **While running.** Each write carries, per partition, the record this process wrote last and
+//! the store acknowledged (its floor). A key holding less than that lost writes since (a
+//! failover under the running daemon): the script leaves it as it is, as the evidence, and the
+//! daemon reads the partition again from it at once (the engine's `went_back`), instead of
+//! waiting for an assignment that a running group may never have.
+//!
+//! Cost: 64 script calls per write (side by side; the daemon writes at most every 200 ms), 64
+//! `HMGET`s per assignment.
 
 use std::collections::BTreeMap;
 
@@ -53,34 +59,63 @@ fn field(topic: &str, partition: i32) -> String {
 }
 
 impl RedisStore {
-    /// Records that the store holds every write of `topic`'s partitions below these offsets.
+    /// Records that the store holds every write of `topic`'s partitions below these offsets,
+    /// except where a key's record is below the caller's floor (the store went back): those are
+    /// left as they are and answered with the lowest record found
+    /// ([`MailboxStore::record_applied`]; `lua/applied_record.lua`, one call per key, side by
+    /// side).
     pub(crate) async fn write_applied(
         &self,
         topic: &str,
-        positions: &[(i32, i64)],
-    ) -> Result<(), StoreError> {
+        positions: &[(i32, i64, Option<i64>)],
+    ) -> Result<BTreeMap<i32, i64>, StoreError> {
+        let mut behind: BTreeMap<i32, i64> = BTreeMap::new();
         if positions.is_empty() {
-            return Ok(());
+            return Ok(behind);
         }
         self.check_markers_of_records().await?;
-        let commands = keys(&self.settings.key_prefix)
-            .into_iter()
-            .map(|key| {
-                let mut command = redis::cmd("HSET");
-                command.arg(key);
-                for (partition, offset) in positions {
-                    command.arg(field(topic, *partition)).arg(*offset);
-                }
-                command
-            })
+        let by_field: BTreeMap<String, i32> = positions
+            .iter()
+            .map(|(partition, _, _)| (field(topic, *partition), *partition))
             .collect();
-        let _: Vec<i64> = self.each(commands).await?;
+        let calls = keys(&self.settings.key_prefix).into_iter().map(|key| {
+            let mut invocation = self.scripts.applied_record.prepare_invoke();
+            invocation.key(key);
+            for (partition, offset, floor) in positions {
+                invocation
+                    .arg(field(topic, *partition))
+                    .arg(*offset)
+                    .arg(floor.map(|f| f.to_string()).unwrap_or_default());
+            }
+            async move { self.invoke(invocation).await }
+        });
+        for reply in futures::future::try_join_all(calls).await? {
+            for pair in reply.chunks(2) {
+                let [Value::BulkString(name), held] = pair else {
+                    continue;
+                };
+                let held = match held {
+                    Value::BulkString(bytes) => std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok()),
+                    Value::Int(n) => Some(*n),
+                    _ => None,
+                };
+                let partition = std::str::from_utf8(name)
+                    .ok()
+                    .and_then(|name| by_field.get(name));
+                if let (Some(partition), Some(held)) = (partition, held) {
+                    let lowest = behind.entry(*partition).or_insert(held);
+                    *lowest = (*lowest).min(held);
+                }
+            }
+        }
         // The records are data of their slots: a slot that loses them is a wiped slot too.
         for k in 0..KEYS {
             self.note_slot(k * 256);
         }
         self.write_markers().await;
-        Ok(())
+        Ok(behind)
     }
 
     /// A record is written only where the store still holds its data: the markers of the

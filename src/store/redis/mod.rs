@@ -334,8 +334,8 @@ impl MailboxStore for RedisStore {
     async fn record_applied(
         &self,
         topic: &str,
-        positions: &[(i32, i64)],
-    ) -> Result<(), StoreError> {
+        positions: &[(i32, i64, Option<i64>)],
+    ) -> Result<BTreeMap<i32, i64>, StoreError> {
         self.write_applied(topic, positions).await
     }
 

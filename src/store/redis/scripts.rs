@@ -25,6 +25,8 @@ pub struct Scripts {
     pub repair_abort: Script,
     pub repair_collect: Script,
     pub user_keys: Script,
+    /// `lua/applied_record.lua`: the record of how far the store holds each partition.
+    pub applied_record: Script,
 }
 
 const APPEND: &str = include_str!("../../../lua/append.lua");
@@ -112,6 +114,11 @@ impl Scripts {
                 include_str!("../../../lua/repair_collect.lua"),
             ),
             user_keys: repair_script(Memory::Shrinks, include_str!("../../../lua/user_keys.lua")),
+            applied_record: Script::new(&format!(
+                "{}\n{}",
+                Memory::Grows.shebang(),
+                include_str!("../../../lua/applied_record.lua")
+            )),
         }
     }
 
