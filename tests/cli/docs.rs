@@ -20,7 +20,6 @@ use crate::conformance;
 use crate::support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 
@@ -180,63 +179,25 @@ fn the_store_blocks_of_the_commands_reference_run_as_written() {
     let keyspace = format!("mm_docs_{}", std::process::id());
     let dir = std::env::temp_dir().join(format!("mm-docs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let mut script = String::from("set -euo pipefail\n");
-    let mut expected = Vec::new();
-    for line in blocks.join("\n").lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with("cargo build")
-            || trimmed.starts_with("M=")
-            || trimmed.contains("PASSWORD=...")
-        {
-            continue;
-        }
-        if let Some(shown) = trimmed.strip_prefix("# {") {
-            if !shown.contains("...") {
-                expected.push(format!("{{{shown}"));
-            }
-            continue;
-        }
-        script.push_str(
-            &line
-                .replace("redis://127.0.0.1:6379", &server.url())
-                .replace("10.0.0.5:9042,10.0.0.6:9042", &nodes)
-                .replace(
-                    "--scylla-keyspace mailbox",
-                    &format!("--scylla-keyspace {keyspace}"),
-                )
-                .replace(
-                    "/tmp/records.jsonl",
-                    &dir.join("records.jsonl").to_string_lossy(),
-                )
-                .replace("/tmp/mm.json", &dir.join("mm.json").to_string_lossy()),
-        );
-        script.push('\n');
-    }
-    assert!(!expected.is_empty(), "the blocks show outputs");
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .current_dir(ROOT)
-        .env("M", env!("CARGO_BIN_EXE_materializer"))
-        .env_remove("MATERIALIZER_CONFIG")
-        .output()
-        .expect("bash");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{script}\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (url, keyspace_flag) = (server.url(), format!("--scylla-keyspace {keyspace}"));
+    let (records, snapshot) = (dir.join("records.jsonl"), dir.join("mm.json"));
+    let walk = support::docs::Walk::new(
+        &blocks,
+        |line| {
+            line.starts_with("cargo build")
+                || line.starts_with("M=")
+                || line.contains("PASSWORD=...")
+        },
+        &[
+            ("redis://127.0.0.1:6379", &url),
+            ("10.0.0.5:9042,10.0.0.6:9042", &nodes),
+            ("--scylla-keyspace mailbox", &keyspace_flag),
+            ("/tmp/records.jsonl", &records.to_string_lossy()),
+            ("/tmp/mm.json", &snapshot.to_string_lossy()),
+        ],
     );
-    for shown in &expected {
-        let shown: serde_json::Value = serde_json::from_str(shown).expect("shown output is JSON");
-        assert!(
-            stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .any(|printed| printed == shown),
-            "{shown} is shown in docs/commands.md but was not printed:\n{stdout}"
-        );
-    }
+    assert!(!walk.shown.is_empty(), "the blocks show outputs");
+    let stdout = walk.run("docs/commands.md");
     // Each store holds what the blocks wrote: each one's scan page printed the group.
     let pages = stdout
         .lines()

@@ -38,58 +38,27 @@ fn the_readmes_five_minutes_on_redis_run_as_written() {
     let url = server.url();
     let dir = std::env::temp_dir().join(format!("mm-readme-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let mut script = String::from("set -euo pipefail\n");
-    let mut expected = Vec::new();
-    for block in &blocks {
-        for line in block.lines() {
-            let trimmed = line.trim();
-            // The test builds the binary and runs its own server; the daemon needs a broker.
-            if trimmed.starts_with("cargo build")
-                || trimmed.starts_with("M=")
-                || trimmed.starts_with("redis-server ")
-                || trimmed.contains(" run --config ")
-            {
-                continue;
-            }
-            if let Some(shown) = trimmed.strip_prefix("# {") {
-                if !shown.contains("...") {
-                    expected.push(format!("{{{shown}"));
-                }
-                continue;
-            }
-            script.push_str(&line.replace("redis://127.0.0.1:6379", &url).replace(
-                "/tmp/records.jsonl",
-                &dir.join("records.jsonl").to_string_lossy(),
-            ));
-            script.push('\n');
-        }
-    }
-    assert!(
-        expected.len() >= 2,
-        "the README shows outputs: {expected:?}"
+    let records = dir.join("records.jsonl");
+    let walk = support::docs::Walk::new(
+        &blocks,
+        // The test builds the binary and runs its own server; the daemon needs a broker.
+        |line| {
+            line.starts_with("cargo build")
+                || line.starts_with("M=")
+                || line.starts_with("redis-server ")
+                || line.contains(" run --config ")
+        },
+        &[
+            ("redis://127.0.0.1:6379", &url),
+            ("/tmp/records.jsonl", &records.to_string_lossy()),
+        ],
     );
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .env("M", env!("CARGO_BIN_EXE_materializer"))
-        .output()
-        .expect("bash");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success(),
-        "{script}\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        walk.shown.len() >= 2,
+        "the README shows outputs: {:?}",
+        walk.shown
     );
-    for line in &expected {
-        let shown: serde_json::Value = serde_json::from_str(line).expect("the README's JSON");
-        assert!(
-            stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .any(|printed| printed == shown),
-            "the README shows {line}, the command printed:\n{stdout}"
-        );
-    }
+    walk.run("the README");
     // The walk's claim: the same file again answers `unchanged`.
     let again = Command::new(env!("CARGO_BIN_EXE_materializer"))
         .args(["--store", "redis", "--redis-url", &url, "apply"])

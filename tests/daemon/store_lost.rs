@@ -19,6 +19,47 @@ fn records(user: &str, seqs: std::ops::RangeInclusive<u64>) -> Vec<(i32, Vec<u8>
     seqs.map(|s| (0, group_record(user, s, "b"))).collect()
 }
 
+/// Creates the setup's topics (one partition), produces `records`, starts a daemon and waits
+/// until its group committed `committed_to`.
+async fn running(setup: &DaemonSetup, records: &[(i32, Vec<u8>)], committed_to: i64) -> Daemon {
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(&setup.topic, records).await;
+    let daemon = Daemon::start(setup);
+    wait_for(
+        &format!("offset {committed_to} committed"),
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 1) == vec![committed_to],
+        || daemon.log(),
+    );
+    daemon
+}
+
+/// The store went back to u's seq 5 while 6..10 stay committed: 11 and 12 are produced and a
+/// daemon started. It finds the store's record below the committed offset, reads the lost
+/// 6..10 again, and the mailbox ends as the log says; the loss is a WARN, not a lost store.
+async fn heals_at_start(
+    setup: &DaemonSetup,
+    store: &dyn mailbox_materializer::store::MailboxStore,
+) {
+    produce(&setup.topic, &records("u", 11..=12)).await;
+    let mut daemon = Daemon::start(setup);
+    wait_for(
+        "seqs 11, 12 committed",
+        Duration::from_secs(90),
+        || committed(&setup.group, &setup.topic, 1) == vec![12],
+        || daemon.log(),
+    );
+    assert_eq!(scan_seqs(store, "u").await, (1..=12).collect::<Vec<_>>());
+    assert!(
+        daemon.log().contains("the store went back in time"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.metrics().get("materializer_store_lost"), 0.0);
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
 fn accept_store_loss(setup: &DaemonSetup) -> serde_json::Value {
     let out = support::cli::run_materializer(
         &[
@@ -86,16 +127,7 @@ fn assert_held(daemon: &Daemon, redis: &RedisServer) {
 async fn a_flushall_under_a_running_daemon_holds_every_write_until_the_loss_is_accepted() {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("wiped", Some(redis.url()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
     let store = redis_store(&redis.url()).await;
     assert_eq!(scan_seqs(&store, "u").await, vec![1, 2, 3, 4, 5]);
 
@@ -130,16 +162,7 @@ async fn a_flushall_under_a_running_daemon_holds_every_write_until_the_loss_is_a
 async fn a_redis_restarted_empty_under_a_running_daemon_is_found_before_a_write_lands() {
     let mut redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("restarted-empty", Some(redis.url()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
     redis.restart();
     produce(&setup.topic, &records("u", 6..=8)).await;
     assert_held(&daemon, &redis);
@@ -173,16 +196,7 @@ async fn a_redis_restarted_empty_under_a_running_daemon_is_found_before_a_write_
 async fn a_store_wiped_while_the_daemon_was_stopped_is_found_at_start() {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("wiped-stopped", Some(redis.url()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
     assert!(daemon.terminate(Duration::from_secs(30)).success());
     redis.raw("FLUSHALL");
     produce(&setup.topic, &records("u", 6..=8)).await;
@@ -197,16 +211,7 @@ async fn a_store_wiped_while_the_daemon_was_stopped_is_found_at_start() {
 async fn a_new_empty_store_is_not_a_wipe() {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("new-store", Some(redis.url()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=3)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..3 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![3],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=3), 3).await;
     let store = redis_store(&redis.url()).await;
     assert_eq!(scan_seqs(&store, "u").await, vec![1, 2, 3]);
     assert_eq!(daemon.metrics().get("materializer_store_lost"), 0.0);
@@ -254,16 +259,7 @@ async fn a_failover_to_a_replica_behind_applies_the_lost_writes_again() {
     .await
     .expect("servers");
     let setup = DaemonSetup::new("went-back", Some(master.url()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
     wait_for(
         "the replica caught up",
         Duration::from_secs(20),
@@ -358,18 +354,9 @@ async fn one_master_of_a_cluster_wiped_holds_only_its_slots_until_accepted() {
         .expect("cluster");
     let mut setup = DaemonSetup::new("wiped-master", None);
     setup.redis_cluster = Some(cluster.seed_urls());
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
     let users: Vec<String> = (0..30).map(|u| format!("c{u}")).collect();
     let first: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, group_record(u, 1, "b"))).collect();
-    produce(&setup.topic, &first).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seq 1 of every user committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![30],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &first, 30).await;
     let wiped = cluster.masters(None)[0];
     let node = &cluster.nodes[wiped];
     assert!(node.raw("FLUSHALL").starts_with("+OK"));
@@ -456,16 +443,7 @@ async fn a_scylla_keyspace_dropped_and_created_again_holds_every_write_until_acc
     let keyspace = format!("mmd_lost_{}", std::process::id());
     let mut setup = DaemonSetup::new("wiped-scylla", None);
     setup.scylla = Some((nodes.clone(), keyspace.clone()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(120),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
     let store = support::reference::scylla_store(&nodes, &keyspace).await;
     assert_eq!(scan_seqs(&store, "u").await, vec![1, 2, 3, 4, 5]);
 
@@ -539,16 +517,7 @@ async fn a_scylla_keyspace_dropped_and_created_again_holds_every_write_until_acc
 async fn an_older_snapshot_restored_under_a_stopped_daemon_heals_at_start() {
     let mut redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
     let setup = DaemonSetup::new("snapshot", Some(redis.url()));
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
     assert!(redis.raw("SAVE").starts_with("+OK"));
     let snapshot = redis.dir().join("at-seq-5.rdb");
     std::fs::copy(redis.dir().join("dump.rdb"), &snapshot).expect("keep the snapshot");
@@ -569,115 +538,34 @@ async fn an_older_snapshot_restored_under_a_stopped_daemon_heals_at_start() {
         vec![1, 2, 3, 4, 5],
         "the restore lost 6..10"
     );
-    produce(&setup.topic, &records("u", 11..=12)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 11, 12 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![12],
-        || daemon.log(),
-    );
-    assert_eq!(scan_seqs(&store, "u").await, (1..=12).collect::<Vec<_>>());
-    assert!(
-        daemon.log().contains("the store went back in time"),
-        "{}",
-        daemon.log()
-    );
-    assert_eq!(daemon.metrics().get("materializer_store_lost"), 0.0);
-    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    heals_at_start(&setup, &store).await;
 }
 
-/// Back in time on a 3-master Redis Cluster with replicas: the replica of the master holding
-/// user `u` is stopped (SIGSTOP), 6..10 are applied and committed on its master alone, the
-/// master dies and the stale replica takes over (`CLUSTER FAILOVER TAKEOVER`). The daemon,
+/// Back in time on a 3-master Redis Cluster with replicas: every master's replica is cut off
+/// (SIGSTOP, its link dropped), 6..10 are applied and committed on the masters alone, the
+/// masters die and the stale replicas take over (`CLUSTER FAILOVER TAKEOVER`). The daemon,
 /// started again, finds the store's record of partition 0 below the committed offset (the
 /// record's copy on that master went back with it), reads the partition again, and the mailbox
 /// ends as the log says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_replica_promoted_behind_heals_at_start() {
     use support::redis_server::RedisCluster;
-    let mut cluster =
-        tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
-            .await
-            .expect("cluster");
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
+        .await
+        .expect("cluster");
     let mut setup = DaemonSetup::new("went-back-cluster", None);
     setup.redis_cluster = Some(cluster.seed_urls());
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
-    produce(&setup.topic, &records("u", 1..=5)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 1..5 committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![5],
-        || daemon.log(),
-    );
-    // The master holding u, and its replica.
-    let masters = cluster.masters(None);
-    let master = *masters
-        .iter()
-        .find(|m| cluster.nodes[**m].raw("EXISTS mm:epoch:{u}").trim() == ":1")
-        .expect("a master holds u");
-    let master_port = cluster.nodes[master].port().expect("tcp").to_string();
-    let replica = (0..cluster.nodes.len())
-        .find(|i| {
-            let role = cluster.nodes[*i].raw("ROLE");
-            role.contains("slave") && role.contains(&master_port)
-        })
-        .expect("the master's replica");
-    let offset = |i: usize, field: &str| {
-        cluster.nodes[i]
-            .raw("INFO replication")
-            .lines()
-            .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_owned()))
-    };
-    wait_for(
-        "the replica caught up",
-        Duration::from_secs(20),
-        || offset(master, "master_repl_offset:") == offset(replica, "master_repl_offset:"),
-        || daemon.log(),
-    );
-    let signal = |sig: &str, pid: u32| {
-        assert!(Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .expect("kill")
-            .success());
-    };
-    // Cut off: the replica stopped, and its link dropped by the master, so nothing written from
-    // now on reaches it (not even through its socket's buffer when it wakes).
-    let replica_pid = cluster.nodes[replica].pid();
-    signal("-STOP", replica_pid);
-    assert!(cluster.nodes[master]
-        .raw("CLIENT KILL TYPE replica")
-        .starts_with(':'));
+    let mut daemon = running(&setup, &records("u", 1..=5), 5).await;
+    let pairs = cut_off_every_replica(&cluster, &daemon);
     produce(&setup.topic, &records("u", 6..=10)).await;
     wait_for(
-        "seqs 6..10 committed on the master alone",
+        "seqs 6..10 committed on the masters alone",
         Duration::from_secs(60),
         || committed(&setup.group, &setup.topic, 1) == vec![10],
         || daemon.log(),
     );
     assert!(daemon.terminate(Duration::from_secs(30)).success());
-    std::sync::Arc::get_mut(&mut cluster.nodes[master])
-        .expect("the node is not shared")
-        .stop();
-    signal("-CONT", replica_pid);
-    let started = std::time::Instant::now();
-    while !cluster.nodes[replica].raw("ROLE").contains("master") {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the replica never took over"
-        );
-        let _ = cluster.nodes[replica].raw("CLUSTER FAILOVER TAKEOVER");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let cluster = tokio::task::spawn_blocking(move || {
-        cluster.wait_ok(Some(master));
-        cluster
-    })
-    .await
-    .expect("failover");
+    let cluster = fail_over_to_the_stale_replicas(cluster, &pairs).await;
     let store = cluster.store().await;
     assert_eq!(
         scan_seqs(&store, "u").await,
@@ -685,21 +573,7 @@ async fn on_a_cluster_a_replica_promoted_behind_heals_at_start() {
         "the promoted replica missed 6..10"
     );
 
-    produce(&setup.topic, &records("u", 11..=12)).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seqs 11, 12 committed",
-        Duration::from_secs(90),
-        || committed(&setup.group, &setup.topic, 1) == vec![12],
-        || daemon.log(),
-    );
-    assert_eq!(scan_seqs(&store, "u").await, (1..=12).collect::<Vec<_>>());
-    assert!(
-        daemon.log().contains("the store went back in time"),
-        "{}",
-        daemon.log()
-    );
-    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    heals_at_start(&setup, &store).await;
 }
 
 /// One master of a 3-master cluster dies and is replaced by a new, empty node that takes over
@@ -715,18 +589,9 @@ async fn a_master_replaced_by_an_empty_node_holds_only_its_slots_until_accepted(
         .expect("cluster");
     let mut setup = DaemonSetup::new("replaced-master", None);
     setup.redis_cluster = Some(cluster.seed_urls());
-    create_topic(&setup.topic, 1).await;
-    create_topic(&setup.dlq_topic, 1).await;
     let users: Vec<String> = (0..30).map(|u| format!("c{u}")).collect();
     let first: Vec<(i32, Vec<u8>)> = users.iter().map(|u| (0, group_record(u, 1, "b"))).collect();
-    produce(&setup.topic, &first).await;
-    let mut daemon = Daemon::start(&setup);
-    wait_for(
-        "seq 1 of every user committed",
-        Duration::from_secs(60),
-        || committed(&setup.group, &setup.topic, 1) == vec![30],
-        || daemon.log(),
-    );
+    let mut daemon = running(&setup, &first, 30).await;
 
     let replaced = cluster.masters(None)[0];
     let id = resp_id(&cluster.nodes[replaced].raw("CLUSTER MYID"));
@@ -798,10 +663,9 @@ fn resp_id(reply: &str) -> String {
 async fn on_a_cluster_a_replica_promoted_behind_under_a_running_daemon_is_found_at_its_next_record()
 {
     use support::redis_server::RedisCluster;
-    let mut cluster =
-        tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
-            .await
-            .expect("cluster");
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(Clock::Real))
+        .await
+        .expect("cluster");
     let mut setup = DaemonSetup::new("went-back-running", None);
     setup.redis_cluster = Some(cluster.seed_urls());
     create_topic(&setup.topic, 1).await;
@@ -827,46 +691,7 @@ async fn on_a_cluster_a_replica_promoted_behind_under_a_running_daemon_is_found_
     );
     // Every master's replica is cut off: whichever masters hold u, w and the records, they lose
     // 6..10 with them.
-    let masters = cluster.masters(None);
-    let mut replicas = Vec::new();
-    for master in &masters {
-        let port = cluster.nodes[*master].port().expect("tcp").to_string();
-        let replica = (0..cluster.nodes.len())
-            .find(|i| {
-                let role = cluster.nodes[*i].raw("ROLE");
-                role.contains("slave") && role.contains(&port)
-            })
-            .expect("each master's replica");
-        let offset = |i: usize| {
-            cluster.nodes[i]
-                .raw("INFO replication")
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("master_repl_offset:")
-                        .map(|v| v.trim().to_owned())
-                })
-        };
-        wait_for(
-            "the replica caught up",
-            Duration::from_secs(20),
-            || offset(*master) == offset(replica),
-            || daemon.log(),
-        );
-        replicas.push((*master, replica));
-    }
-    let signal = |sig: &str, pid: u32| {
-        assert!(Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .expect("kill")
-            .success());
-    };
-    for (master, replica) in &replicas {
-        signal("-STOP", cluster.nodes[*replica].pid());
-        assert!(cluster.nodes[*master]
-            .raw("CLIENT KILL TYPE replica")
-            .starts_with(':'));
-    }
+    let pairs = cut_off_every_replica(&cluster, &daemon);
     produce(&setup.topic, &both(6..=10)).await;
     wait_for(
         "seqs 6..10 committed on the masters alone",
@@ -875,45 +700,7 @@ async fn on_a_cluster_a_replica_promoted_behind_under_a_running_daemon_is_found_
         || daemon.log(),
     );
     // Every master dies; every stale replica takes over.
-    for (master, _) in &replicas {
-        std::sync::Arc::get_mut(&mut cluster.nodes[*master])
-            .expect("the node is not shared")
-            .stop();
-    }
-    for (_, replica) in &replicas {
-        signal("-CONT", cluster.nodes[*replica].pid());
-    }
-    let started = std::time::Instant::now();
-    for (_, replica) in &replicas {
-        while !cluster.nodes[*replica].raw("ROLE").contains("master") {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "a replica never took over"
-            );
-            let _ = cluster.nodes[*replica].raw("CLUSTER FAILOVER TAKEOVER");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-    let killed: Vec<usize> = replicas.iter().map(|(m, _)| *m).collect();
-    let cluster = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !(0..cluster.nodes.len())
-            .filter(|i| !killed.contains(i))
-            .all(|i| {
-                let info = cluster.nodes[i].raw("CLUSTER INFO");
-                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
-            })
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the cluster never became ok"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        cluster
-    })
-    .await
-    .expect("failover");
+    let cluster = fail_over_to_the_stale_replicas(cluster, &pairs).await;
     let store = cluster.store().await;
 
     produce(&setup.topic, &records("u", 11..=11)).await;
@@ -973,4 +760,102 @@ async fn on_a_cluster_a_replica_promoted_behind_under_a_running_daemon_is_found_
     assert_eq!(scan_seqs(&store, "u").await, (1..=11).collect::<Vec<_>>());
     assert_eq!(scan_seqs(&store, "w").await, (1..=10).collect::<Vec<_>>());
     assert!(daemon.terminate(Duration::from_secs(30)).success());
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to a process.
+fn signal(sig: &str, pid: u32) {
+    assert!(Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success());
+}
+
+/// Cuts every master's replica off once it caught up: the replica stopped (SIGSTOP) and its link
+/// dropped by the master, so nothing written from now on reaches it, not even through its
+/// socket's buffer when it wakes. Answers `(master, replica)` pairs by node index.
+fn cut_off_every_replica(
+    cluster: &support::redis_server::RedisCluster,
+    daemon: &Daemon,
+) -> Vec<(usize, usize)> {
+    let offset = |i: usize| {
+        cluster.nodes[i]
+            .raw("INFO replication")
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("master_repl_offset:")
+                    .map(|v| v.trim().to_owned())
+            })
+    };
+    let mut pairs = Vec::new();
+    for master in cluster.masters(None) {
+        let port = cluster.nodes[master].port().expect("tcp").to_string();
+        let replica = (0..cluster.nodes.len())
+            .find(|i| {
+                let role = cluster.nodes[*i].raw("ROLE");
+                role.contains("slave") && role.contains(&port)
+            })
+            .expect("each master's replica");
+        wait_for(
+            "the replica caught up",
+            Duration::from_secs(20),
+            || offset(master) == offset(replica),
+            || daemon.log(),
+        );
+        pairs.push((master, replica));
+    }
+    for (master, replica) in &pairs {
+        signal("-STOP", cluster.nodes[*replica].pid());
+        assert!(cluster.nodes[*master]
+            .raw("CLIENT KILL TYPE replica")
+            .starts_with(':'));
+    }
+    pairs
+}
+
+/// Every master of `pairs` dies and its stale replica takes over (`CLUSTER FAILOVER TAKEOVER`);
+/// answers once every node left serves every slot.
+async fn fail_over_to_the_stale_replicas(
+    mut cluster: support::redis_server::RedisCluster,
+    pairs: &[(usize, usize)],
+) -> support::redis_server::RedisCluster {
+    for (master, _) in pairs {
+        std::sync::Arc::get_mut(&mut cluster.nodes[*master])
+            .expect("the node is not shared")
+            .stop();
+    }
+    for (_, replica) in pairs {
+        signal("-CONT", cluster.nodes[*replica].pid());
+    }
+    let started = std::time::Instant::now();
+    for (_, replica) in pairs {
+        while !cluster.nodes[*replica].raw("ROLE").contains("master") {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "a replica never took over"
+            );
+            let _ = cluster.nodes[*replica].raw("CLUSTER FAILOVER TAKEOVER");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let killed: Vec<usize> = pairs.iter().map(|(m, _)| *m).collect();
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !(0..cluster.nodes.len())
+            .filter(|i| !killed.contains(i))
+            .all(|i| {
+                let info = cluster.nodes[i].raw("CLUSTER INFO");
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            })
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster never became ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    })
+    .await
+    .expect("failover")
 }

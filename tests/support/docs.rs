@@ -87,3 +87,73 @@ pub fn run_line(line: &str) -> Output {
         .output()
         .expect("bash")
 }
+
+/// Blocks pasted in order into one shell, as a newcomer would, with `$M` the binary under test:
+/// the lines `skip` names left out (what the test does itself: the build, its own servers),
+/// `substitutions` applied, and the JSON outputs the blocks show (`# {...}` without `...`) kept
+/// to check against what was printed.
+pub struct Walk {
+    pub script: String,
+    pub shown: Vec<serde_json::Value>,
+}
+
+impl Walk {
+    pub fn new(
+        blocks: &[String],
+        skip: impl Fn(&str) -> bool,
+        substitutions: &[(&str, &str)],
+    ) -> Self {
+        let mut script = String::from("set -euo pipefail\n");
+        let mut shown = Vec::new();
+        for line in blocks.join("\n").lines() {
+            let trimmed = line.trim();
+            if skip(trimmed) {
+                continue;
+            }
+            if let Some(rest) = trimmed.strip_prefix("# {") {
+                if !rest.contains("...") {
+                    shown.push(
+                        serde_json::from_str(&format!("{{{rest}")).expect("a shown output is JSON"),
+                    );
+                }
+                continue;
+            }
+            let line = substitutions
+                .iter()
+                .fold(line.to_owned(), |line, (from, to)| line.replace(from, to));
+            script.push_str(&line);
+            script.push('\n');
+        }
+        Self { script, shown }
+    }
+
+    /// Runs the script from the project's root; it must succeed and print every shown output.
+    /// Answers its stdout.
+    pub fn run(&self, what: &str) -> String {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(&self.script)
+            .current_dir(ROOT)
+            .env("M", env!("CARGO_BIN_EXE_materializer"))
+            .env_remove("MATERIALIZER_CONFIG")
+            .output()
+            .expect("bash");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}\n{stdout}\n{}",
+            self.script,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for shown in &self.shown {
+            assert!(
+                stdout
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .any(|printed| &printed == shown),
+                "{what} shows {shown}, the commands printed:\n{stdout}"
+            );
+        }
+        stdout
+    }
+}
