@@ -864,12 +864,7 @@ async fn promote(store: &dyn MailboxStore, args: &PromoteArgs) -> ExitCode {
         Err(code) => return code,
     };
     if args.dry_run {
-        let now = crate::wall_clock::now_ms() / 1000;
-        return match store
-            .inspect(&mailbox)
-            .await
-            .and_then(|inspection| inspection.promote_preview(now))
-        {
+        return match store.promote_preview(&mailbox).await {
             Ok(outcome) => {
                 let mut report = serde_json::to_value(outcome).unwrap_or_default();
                 report["dry_run"] = true.into();

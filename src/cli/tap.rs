@@ -13,14 +13,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
+use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::top::scrape::authority;
+use super::top::scrape::{authority, send_get};
 use crate::config::Config;
 use crate::daemon::tap::percent_encode;
 use crate::model::Exit;
@@ -145,23 +143,9 @@ const MAX_LINE_BYTES: usize = 1 << 20;
 async fn stream(daemon: String, path: String, tx: mpsc::Sender<Line>) {
     let result = async {
         let host = authority(&daemon).to_owned();
-        let socket = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&host))
+        let (response, driver) = tokio::time::timeout(CONNECT_TIMEOUT, send_get(&host, &path))
             .await
-            .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
-            .map_err(|e| e.to_string())?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(socket))
-                .await
-                .map_err(|e| e.to_string())?;
-        let driver = tokio::spawn(connection);
-        let request = hyper::Request::get(path.as_str())
-            .header(hyper::header::HOST, host.as_str())
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| format!("no answer within {CONNECT_TIMEOUT:?}"))??;
         let status = response.status();
         let mut body = response.into_body();
         if status != hyper::StatusCode::OK {

@@ -303,6 +303,14 @@ pub trait MailboxStore: Send + Sync {
     /// Dumps the mailbox metadata as stored, without promoting first.
     async fn inspect(&self, mailbox: &MailboxId) -> Result<MailboxInspection, StoreError>;
 
+    /// What [`promote`](MailboxStore::promote) would compact now, by this machine's clock, from
+    /// the mailbox's inspection ([`MailboxInspection::promote_preview`]); changes nothing
+    /// (`promote --dry-run`, `patrol --dry-run`).
+    async fn promote_preview(&self, mailbox: &MailboxId) -> Result<PromoteOutcome, StoreError> {
+        let now = crate::wall_clock::now_ms() / 1000;
+        self.inspect(mailbox).await?.promote_preview(now)
+    }
+
     /// Takes the repair fence of `token.user` for `lease`, held by `token.holder` (SPEC 7.1).
     /// The caller makes the token first, so that after an error whose outcome is unknown (a
     /// timeout: the fence may be up) it can still lift it with

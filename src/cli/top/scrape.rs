@@ -84,6 +84,38 @@ pub(super) async fn scrape(address: &str, timeout: Duration) -> Result<Scrape, S
     })
 }
 
+/// Sends `GET path` to `host` over one HTTP/1 connection (hyper's client): the response, its
+/// body still to read, and the task driving the connection, to abort once the body is read.
+/// `top`, `explain`, `verify` and `tap` all reach replicas through it.
+pub(crate) async fn send_get(
+    host: &str,
+    path: &str,
+) -> Result<
+    (
+        hyper::Response<hyper::body::Incoming>,
+        tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    ),
+    String,
+> {
+    let stream = TcpStream::connect(host).await.map_err(|e| format!("{e}"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("{e}"))?;
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, host)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| format!("{path}: {e}"))?;
+    match sender.send_request(request).await {
+        Ok(response) => Ok((response, driver)),
+        Err(e) => {
+            driver.abort();
+            Err(format!("{path}: {e}"))
+        }
+    }
+}
+
 /// `GET path` on `host`: the status and the body (at most [`MAX_RESPONSE_BYTES`]).
 pub(crate) async fn get(
     host: &str,
@@ -91,21 +123,7 @@ pub(crate) async fn get(
     timeout: Duration,
 ) -> Result<(u16, String), String> {
     let exchange = async {
-        let stream = TcpStream::connect(host).await.map_err(|e| format!("{e}"))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| format!("{e}"))?;
-        // The connection is driven beside the request; it ends with the exchange.
-        let driver = tokio::spawn(connection);
-        let request = hyper::Request::get(path)
-            .header(hyper::header::HOST, host)
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| format!("{path}: {e}"))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| format!("{path}: {e}"))?;
+        let (response, driver) = send_get(host, path).await?;
         let status = response.status().as_u16();
         let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
             .collect()

@@ -59,12 +59,12 @@ impl Engine {
                 continue;
             };
             // A store that went back is read again from what it holds, below the watermark.
-            let from = match (window.state.rewind_to, window.pipeline.watermark()) {
-                (Some(rewind), Some(watermark)) => rewind.min(watermark),
-                (rewind, watermark) => match rewind.or(watermark) {
-                    Some(from) => from,
-                    None => continue,
-                },
+            let from = [window.state.rewind_to, window.pipeline.watermark()]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(from) = from else {
+                continue;
             };
             self.rereads += 1;
             let token = self.rereads;

@@ -56,14 +56,9 @@ pub(crate) fn db_error_class(error: &DbError, message: &str) -> Class {
     }
 }
 
-/// Whether an error's text names a missing table or keyspace (the store marker's check tells
-/// a dropped keyspace by it).
-pub(crate) fn names_missing_schema(message: &str) -> bool {
-    is_missing_schema(message)
-}
-
-/// Whether an invalid-request message names a missing table or keyspace.
-fn is_missing_schema(message: &str) -> bool {
+/// Whether an invalid-request message (or an error's text: the store marker's check tells a
+/// dropped keyspace by it) names a missing table or keyspace.
+pub(crate) fn is_missing_schema(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
     lower.contains("unconfigured table")
         || lower.contains("unconfigured columnfamily")

@@ -54,6 +54,15 @@ fn keys(prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// A record's offset as Redis answers it (a bulk string, or an integer).
+fn offset_of(value: &Value) -> Option<i64> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
 fn field(topic: &str, partition: i32) -> String {
     format!("{topic}|{partition}")
 }
@@ -94,13 +103,7 @@ impl RedisStore {
                 let [Value::BulkString(name), held] = pair else {
                     continue;
                 };
-                let held = match held {
-                    Value::BulkString(bytes) => std::str::from_utf8(bytes)
-                        .ok()
-                        .and_then(|s| s.parse::<i64>().ok()),
-                    Value::Int(n) => Some(*n),
-                    _ => None,
-                };
+                let held = offset_of(held);
                 let partition = std::str::from_utf8(name)
                     .ok()
                     .and_then(|name| by_field.get(name));
@@ -171,14 +174,7 @@ impl RedisStore {
         let replies: Vec<Vec<Value>> = self.each(commands).await?;
         for reply in replies {
             for (partition, value) in partitions.iter().zip(reply) {
-                let offset = match value {
-                    Value::BulkString(bytes) => std::str::from_utf8(&bytes)
-                        .ok()
-                        .and_then(|s| s.parse().ok()),
-                    Value::Int(n) => Some(n),
-                    _ => None,
-                };
-                if let Some(offset) = offset {
+                if let Some(offset) = offset_of(&value) {
                     let entry = out.entry(*partition).or_insert(offset);
                     *entry = (*entry).min(offset);
                 }

@@ -13,7 +13,7 @@ impl RedisStore {
     /// [`Self::patrol`], telling `on_visit` the report so far after each mailbox (the command's
     /// progress: a pass over millions of mailboxes runs for hours). With `dry_run` each mailbox
     /// is inspected and what its promote would compact at this machine's clock is counted
-    /// ([`MailboxInspection::promote_preview`]); nothing is changed.
+    /// ([`MailboxStore::promote_preview`]); nothing is changed.
     pub async fn patrol_with(
         &self,
         per_second: u32,
@@ -40,11 +40,7 @@ impl RedisStore {
                     ticker.tick().await;
                     report.visited += 1;
                     let promoted = if dry_run {
-                        let now = crate::wall_clock::now_ms() / 1000;
-                        match self.inspect(&mailbox).await {
-                            Ok(inspection) => inspection.promote_preview(now),
-                            Err(e) => Err(e),
-                        }
+                        self.promote_preview(&mailbox).await
                     } else {
                         self.promote(&mailbox).await
                     };

@@ -54,15 +54,23 @@ impl MarkerState {
 }
 
 impl ScyllaStore {
-    /// Whether the marker row exists (plain consistency).
-    async fn marker_present(&self) -> Result<bool, StoreError> {
+    /// Whether `statement` (no values) answers any row.
+    async fn any_row(
+        &self,
+        statement: &scylla::statement::prepared::PreparedStatement,
+    ) -> Result<bool, StoreError> {
         let result = self
             .session
-            .execute_unpaged(&self.statements.marker_read, ())
+            .execute_unpaged(statement, ())
             .await
             .map_err(cql::from)?;
         let rows = result.into_rows_result().map_err(cql::from)?;
         Ok(rows.rows_num() > 0)
+    }
+
+    /// Whether the marker row exists (plain consistency).
+    async fn marker_present(&self) -> Result<bool, StoreError> {
+        self.any_row(&self.statements.marker_read).await
     }
 
     /// Before a live write: `store_lost` when this process expects the marker and it is gone
@@ -92,7 +100,7 @@ impl ScyllaStore {
                 Ok(())
             }
             Ok(false) => Err(lost("the store marker is gone")),
-            Err(e) if cql::names_missing_schema(&e.to_string()) => Err(lost("the tables are gone")),
+            Err(e) if cql::is_missing_schema(&e.to_string()) => Err(lost("the tables are gone")),
             Err(e) => Err(e),
         }
     }
@@ -127,13 +135,7 @@ impl ScyllaStore {
             self.marker.verified();
             return Ok((1, true));
         }
-        let result = self
-            .session
-            .execute_unpaged(&self.statements.any_user, ())
-            .await
-            .map_err(cql::from)?;
-        let rows = result.into_rows_result().map_err(cql::from)?;
-        Ok((0, rows.rows_num() > 0))
+        Ok((0, self.any_row(&self.statements.any_user).await?))
     }
 
     /// The store was found wiped at start: every live write waits for the marker.
