@@ -55,6 +55,11 @@ pub struct ReplayArgs {
     /// Swap a named user even when the range holds no record of it (its mailboxes end up empty).
     #[arg(long, requires = "reset_mailboxes")]
     pub allow_empty: bool,
+    /// Go on although the users the replay writes have records on other partitions of the
+    /// topic (a growth of the topic moved them there): without it such a replay is refused,
+    /// naming the partitions and the order to replay them in, the lowest first.
+    #[arg(long)]
+    pub allow_other_partitions: bool,
     /// Lease of the repair fences, in seconds: if this process dies mid-repair, the daemon's
     /// writes to the named users wait at most this long. Renewed every third of it.
     #[arg(long, value_name = "SECS", default_value_t = crate::store::repair::REPAIR_LEASE.as_secs(), value_parser = clap::value_parser!(u64).range(3..=3600))]
@@ -308,6 +313,7 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         dry_run: args.dry_run,
         allow_partial_history: args.allow_partial_history,
         allow_empty: args.allow_empty,
+        allow_other_partitions: args.allow_other_partitions,
         progress: args.progress.mode(),
         lease: Duration::from_secs(args.fence_lease_secs),
         take_over: args.take_over_fence.clone(),

@@ -580,6 +580,7 @@ async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
         dry_run: false,
         allow_partial_history: false,
         allow_empty: false,
+        allow_other_partitions: false,
         progress: ProgressMode::Off,
         lease: Duration::from_secs(10),
         take_over: Vec::new(),

@@ -76,7 +76,9 @@ async fn the_daemon_block_runs_scrapes_and_stops_as_written() {
 
 /// The replay lines of docs/commands.md and docs/operations.md, with `F` the test's
 /// configuration: u-17's mailboxes rebuilt from partition 3 of a four-partition topic, and the
-/// dry run from a time. Each exits 0 with its JSON summary, and the rebuild holds the log.
+/// dry run from a time; then the topic grown to 8 partitions with u-17's next records on
+/// partition 7, and the order the growth block shows. Each exits 0 with its JSON summary, and
+/// the rebuild holds the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replay_lines_run_as_written() {
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
@@ -90,7 +92,7 @@ async fn the_replay_lines_run_as_written() {
     let config = setup.config_file(free_port());
     let config = format!("--config {}", config.to_str().expect("path"));
     let mut lines = support::docs::commands(
-        &support::docs::block_with("docs/commands.md", "--reset-mailboxes"),
+        &support::docs::block_with("docs/commands.md", "--from-time 2026-12-01T00:00:00Z"),
         &[("$M ", "materializer "), ("--config F", &config)],
     );
     lines.extend(support::docs::commands(
@@ -98,20 +100,36 @@ async fn the_replay_lines_run_as_written() {
         &[("--config F", &config)],
     ));
     assert_eq!(lines.len(), 3, "{lines:?}");
-    for line in &lines {
-        let out = support::docs::run_line(line);
-        assert!(
-            out.status.success(),
-            "{line}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let summary: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{line}: one JSON summary: {e}"));
-        assert!(summary.get("error").is_none(), "{line}: {summary}");
-    }
+    let run_each = |lines: &[String]| {
+        for line in lines {
+            let out = support::docs::run_line(line);
+            assert!(
+                out.status.success(),
+                "{line}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let summary: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{line}: one JSON summary: {e}"));
+            assert!(summary.get("error").is_none(), "{line}: {summary}");
+        }
+    };
+    run_each(&lines);
     let store = support::reference::redis_store(&redis.url()).await;
     assert_eq!(
         support::reference::scan_seqs(&store, "u-17").await,
         vec![1, 2, 3]
+    );
+
+    super::partition_growth::grow(&setup.topic, 8).await;
+    produce(&setup.topic, &[(7, group_record("u-17", 4, "b"))]).await;
+    let lines = support::docs::commands(
+        &support::docs::block_with("docs/commands.md", "--allow-other-partitions"),
+        &[("$M ", "materializer "), ("--config F", &config)],
+    );
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    run_each(&lines);
+    assert_eq!(
+        support::reference::scan_seqs(&store, "u-17").await,
+        vec![1, 2, 3, 4]
     );
 }

@@ -43,7 +43,7 @@ async fn body_of_x(store: &dyn MailboxStore) -> Vec<String> {
         .collect()
 }
 
-async fn grow(topic: &str, partitions: usize) {
+pub(crate) async fn grow(topic: &str, partitions: usize) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
@@ -406,4 +406,170 @@ async fn a_growth_from_4_to_8_under_every_rebalance_protocol_keeps_each_users_or
             assert!(daemon.terminate(Duration::from_secs(30)).success());
         }
     }
+}
+
+/// SPEC 7.2, "the same holds for `replay` over a range that spans a growth": partition 0 holds
+/// X's seq 1 = "old" and partition 1, after the growth, X's replace "new" and seq 2. A replay of
+/// partition 0 alone would put "old" over "new" (a write from another partition applies), and a
+/// rebuild of either partition alone would drop the other's share of X's history: each is
+/// refused before anything is touched, naming the partitions and the order. The order it names
+/// ends as the log says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_over_a_growth_refuses_and_the_order_it_names_ends_with_the_replace() {
+    use support::cli::replay;
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("growth-replay", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    produce(
+        &setup.topic,
+        &[
+            (0, group_record("stays", 1, "s")),
+            (0, group_record(X, 1, "old")),
+            (0, group_record("stays", 2, "s")),
+        ],
+    )
+    .await;
+    grow(&setup.topic, 2).await;
+    produce(
+        &setup.topic,
+        &[
+            (1, group_record(X, 1, "new")),
+            (1, group_record(X, 2, "two")),
+        ],
+    )
+    .await;
+    let mut daemon = Daemon::start(&setup);
+    wait_for(
+        "both partitions committed to their ends",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 2) == vec![3, 2],
+        || daemon.log(),
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
+    let store = redis_store(&redis.url()).await;
+    let as_the_log_says = vec![
+        "{\"body\":\"new\"}".to_owned(),
+        "{\"body\":\"two\"}".to_owned(),
+    ];
+    assert_eq!(body_of_x(&store).await, as_the_log_says);
+
+    let config = setup.config_file(support::redis_server::free_port());
+    let refused = |args: &[&str], names: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--progress", "off"]);
+        let (out, summary) = replay(&config, &all);
+        assert_eq!(out.status.code(), Some(1), "{args:?} is refused: {summary}");
+        assert_eq!(
+            summary["refused"]["reason"], "user_on_other_partition",
+            "{args:?}: {summary}"
+        );
+        let detail = summary["refused"]["detail"].as_str().unwrap_or_default();
+        for name in names {
+            assert!(
+                detail.contains(name),
+                "{args:?}: the refusal names {name}: {detail}"
+            );
+        }
+        summary
+    };
+    // Every delivery of partition 0 again: X's "old" would win over partition 1's "new".
+    refused(
+        &["--partition", "0", "--from-offset", "0"],
+        &[X, "partition 1 (offset 0)", "--allow-other-partitions"],
+    );
+    // A rebuild of X from either partition alone.
+    refused(
+        &[
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            X,
+            "--reset-mailboxes",
+        ],
+        &["partition 1 (offset 0)", "partitions 0, 1 in this order"],
+    );
+    refused(
+        &[
+            "--partition",
+            "1",
+            "--from-offset",
+            "0",
+            "--user",
+            X,
+            "--reset-mailboxes",
+        ],
+        &["partition 0 (offset 1)", "partitions 0, 1 in this order"],
+    );
+    assert_eq!(
+        body_of_x(&store).await,
+        as_the_log_says,
+        "refused: nothing touched"
+    );
+
+    // The newest partition replays alone: its records are the newest of their users.
+    let (out, summary) = replay(
+        &config,
+        &[
+            "--partition",
+            "1",
+            "--from-offset",
+            "0",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(out.status.success(), "{summary}");
+    // A user of partition 0 only is not held by X.
+    let (out, summary) = replay(
+        &config,
+        &[
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            "stays",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(out.status.success(), "{summary}");
+    assert_eq!(body_of_x(&store).await, as_the_log_says);
+
+    // The order the refusal names: the rebuild from the lowest partition, then the next one.
+    let (out, summary) = replay(
+        &config,
+        &[
+            "--partition",
+            "0",
+            "--from-offset",
+            "0",
+            "--user",
+            X,
+            "--reset-mailboxes",
+            "--allow-other-partitions",
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(out.status.success(), "{summary}");
+    assert_eq!(summary["swapped_users"][0], X);
+    let (out, summary) = replay(
+        &config,
+        &[
+            "--partition",
+            "1",
+            "--from-offset",
+            "0",
+            "--user",
+            X,
+            "--progress",
+            "off",
+        ],
+    );
+    assert!(out.status.success(), "{summary}");
+    assert_eq!(body_of_x(&store).await, as_the_log_says);
 }

@@ -46,6 +46,7 @@ use crate::store::{MailboxStore, RepairToken, StagingView};
 
 mod fence;
 pub(crate) use fence::holder_process_state;
+mod other_partitions;
 mod progress;
 pub(crate) mod range;
 mod rebuild;
@@ -88,6 +89,9 @@ pub struct ReplayRequest {
     pub allow_partial_history: bool,
     /// Swap a named user even when the range holds no record of it (its mailboxes become empty).
     pub allow_empty: bool,
+    /// Go on although the replayed users have records on other partitions of the topic (a
+    /// growth moved them): the operator replays the partitions in order.
+    pub allow_other_partitions: bool,
     pub progress: ProgressMode,
     /// Lease of the repair fences: how long the daemon's writes to a user stay fenced if this
     /// process dies mid-repair. Renewed every third of it.
@@ -101,7 +105,8 @@ pub struct ReplayRequest {
 pub struct Refusal {
     /// `empty_range`, `from_time_in_future`, `from_time_past_end`, `log_start_above_start`,
     /// `user_before_start`, `end_below_committed`, `end_below_log_end`, `user_not_in_range`,
-    /// `reset_without_user`, `compacted_topic`, `topic_policy_unknown`.
+    /// `reset_without_user`, `compacted_topic`, `topic_policy_unknown`,
+    /// `user_on_other_partition`, `other_partitions_unchecked`.
     pub reason: &'static str,
     pub detail: String,
 }
@@ -404,6 +409,15 @@ async fn refuse_or_resolve(
                 ),
             ));
         }
+    }
+
+    // A growth of the topic splits a user's history over partitions: one partition's range
+    // alone would revert or drop what another holds (SPEC 7.2).
+    if let Some(refusal) = other_partitions::check(&clients, config, request, &range)
+        .await
+        .map_err(|e| Stop::aborted(e, true))?
+    {
+        return Err(Stop::Refused(refusal));
     }
 
     // A rebuild of a named user the range never mentions would empty its mailboxes: read the

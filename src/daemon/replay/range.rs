@@ -274,29 +274,90 @@ impl Clients {
         end: i64,
         mut each: impl FnMut(i64, &[u8]) -> bool,
     ) -> Result<(), (String, bool)> {
+        self.read_partition(self.partition, low, end, |offset, _, payload| {
+            each(offset, payload)
+        })
+        .await
+    }
+
+    /// Reads `low..end` of any partition of the topic in offset order, calling
+    /// `each(offset, timestamp_ms, payload)` for every record until it returns true or the range
+    /// ends. `Err` carries whether a rerun may succeed.
+    pub(super) async fn read_partition(
+        &self,
+        partition: i32,
+        low: i64,
+        end: i64,
+        mut each: impl FnMut(i64, Option<i64>, &[u8]) -> bool,
+    ) -> Result<(), (String, bool)> {
         if low >= end {
             return Ok(());
         }
         let mut assignment = TopicPartitionList::new();
         assignment
-            .add_partition_offset(&self.topic, self.partition, Offset::Offset(low))
+            .add_partition_offset(&self.topic, partition, Offset::Offset(low))
             .map_err(|e| (format!("kafka: {e}"), true))?;
         self.reader
             .assign(&assignment)
             .map_err(|e| (format!("kafka: {e}"), true))?;
         let mut give_up = Instant::now() + STALL;
         loop {
-            let (offset, payload) =
-                match next_in_range(&self.reader, &self.topic, self.partition, end, give_up).await?
-                {
+            let record =
+                match next_in_range(&self.reader, &self.topic, partition, end, give_up).await? {
                     Next::Done => return Ok(()),
-                    Next::Record(offset, payload) => (offset, payload),
+                    Next::Record(record) => record,
                 };
             give_up = Instant::now() + STALL;
-            if each(offset, &payload) {
+            if each(record.offset, record.timestamp_ms, &record.payload) {
                 return Ok(());
             }
         }
+    }
+
+    /// The topic's partitions as the broker reports them now, in ascending order.
+    pub(super) fn partitions(&self) -> Result<Vec<i32>, String> {
+        let metadata = tokio::task::block_in_place(|| {
+            self.watcher
+                .fetch_metadata(Some(&self.topic), KAFKA_TIMEOUT)
+        })
+        .map_err(|e| format!("kafka: metadata of {}: {e}", self.topic))?;
+        let mut ids: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == self.topic)
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// (low, high) watermarks of any partition of the topic.
+    pub(super) fn watermarks(&self, partition: i32) -> Result<(i64, i64), String> {
+        tokio::task::block_in_place(|| {
+            self.watcher
+                .fetch_watermarks(&self.topic, partition, KAFKA_TIMEOUT)
+        })
+        .map_err(|e| format!("kafka: watermarks of partition {partition}: {e}"))
+    }
+
+    /// The offset of `partition`'s first record at or after `time_ms`; `None` when every record
+    /// is older.
+    pub(super) fn offset_at(&self, partition: i32, time_ms: i64) -> Result<Option<i64>, String> {
+        let mut query = TopicPartitionList::new();
+        query
+            .add_partition_offset(&self.topic, partition, Offset::Offset(time_ms))
+            .map_err(|e| format!("kafka: {e}"))?;
+        let found =
+            tokio::task::block_in_place(|| self.watcher.offsets_for_times(query, KAFKA_TIMEOUT))
+                .map_err(|e| {
+                    format!("kafka: offsets of partition {partition} at {time_ms} ms: {e}")
+                })?;
+        Ok(found
+            .find_partition(&self.topic, partition)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) if o >= 0 => Some(o),
+                _ => None,
+            }))
     }
 
     /// The identity of the log the replay reads (its topic ID, or cluster and topic name).
@@ -337,9 +398,17 @@ impl Clients {
     }
 }
 
+/// One record a replay read.
+pub(super) struct ReadRecord {
+    pub(super) offset: i64,
+    /// The record's timestamp, when it carries one.
+    pub(super) timestamp_ms: Option<i64>,
+    pub(super) payload: Vec<u8>,
+}
+
 /// How a read of `[.., end)` goes on.
 pub(super) enum Next {
-    Record(i64, Vec<u8>),
+    Record(ReadRecord),
     /// The reader's position reached `end`: the range is read.
     Done,
 }
@@ -364,7 +433,11 @@ pub(super) async fn next_in_range(
                     return Ok(Next::Done);
                 }
                 let payload = message.payload().map(<[u8]>::to_vec).unwrap_or_default();
-                return Ok(Next::Record(offset, payload));
+                return Ok(Next::Record(ReadRecord {
+                    offset,
+                    timestamp_ms: message.timestamp().to_millis(),
+                    payload,
+                }));
             }
             Ok(Err(e)) if position_lost(&e) => {
                 return Err((

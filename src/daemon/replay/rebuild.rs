@@ -12,7 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use super::progress::Progress;
-use super::range::{next_in_range, position_lost, Next, Range};
+use super::range::{next_in_range, position_lost, Next, Range, ReadRecord};
 use super::{pause_point, ReplayRequest, ReplaySummary, MAX_TRANSIENT_ATTEMPTS, STALL};
 use crate::config::Config;
 use crate::daemon::events::{Event, ReplayRecord};
@@ -92,7 +92,7 @@ impl Rebuild<'_> {
                 next = next_in_range(reader, topic, self.request.partition, range.end, give_up), if can_read => {
                     match next? {
                         Next::Done => source_done = true,
-                        Next::Record(offset, payload) => {
+                        Next::Record(ReadRecord { offset, payload, .. }) => {
                             give_up = Instant::now() + STALL;
                             if offset >= next_offset {
                                 next_offset = offset + 1;

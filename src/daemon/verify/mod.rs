@@ -176,6 +176,7 @@ pub async fn verify(
         dry_run: true,
         allow_partial_history: true,
         allow_empty: true,
+        allow_other_partitions: true,
         progress: ProgressMode::Off,
         lease: Duration::from_secs(30),
         take_over: Vec::new(),
