@@ -19,7 +19,8 @@
 //! record count; set `SCYLLA_NODES` to add the Scylla rows; `BENCH_ONLY=reshard` runs only the
 //! rows of a Redis Cluster resharded under load, `BENCH_ONLY=blocked` those of a corrupt hot
 //! mailbox beside healthy ones, `BENCH_ONLY=tap` those with a `/debug/tap` client attached, `BENCH_ONLY=verify` those of
-//! `verify` alone and beside the daemon). Prints a Markdown report.
+//! `verify` alone and beside the daemon, `BENCH_ONLY=applied` the daemon on Redis with and
+//! without the applied record). Prints a Markdown report.
 
 // Test harness items are shared between this crate's modules, not exported.
 #![allow(unreachable_pub)]
@@ -441,6 +442,64 @@ async fn tap_rows(bootstrap: &str, w: &Workload, pids: &[(&'static str, String)]
             &format!(
                 "daemon, memory store, {}{seen}",
                 if *tap { "tap attached" } else { "no tap" }
+            ),
+            rate,
+            base,
+        ));
+    }
+    lines
+}
+
+/// The daemon on Redis with and without the record of how far the store holds each partition
+/// (SPEC 7.3, `store::redis::applied`: 64 script calls at most every 200 ms), alternated four
+/// times over the same records (`BENCH_ONLY=applied`).
+async fn applied_rows(
+    bootstrap: &str,
+    w: &Workload,
+    pids: &[(&'static str, String)],
+) -> Vec<String> {
+    let mut lines = vec![
+        "| run | records/s | ratio to the mean without the record | CPU (cores: process) |"
+            .to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
+    let mut runs: Vec<(bool, Rate)> = Vec::new();
+    // Four rounds, the order swapped each round, so a drift of the machine falls on both.
+    for round in 0..4 {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for applied in order {
+            let server = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+            let mut redis_pids = pids.to_vec();
+            if let Some(pid) = redis_pid(&server) {
+                redis_pids.push(("redis-server", pid));
+            }
+            let mut settings = RedisSettings::new(server.url(), "mm");
+            settings.applied = applied;
+            let store = Arc::new(
+                RedisStore::connect(settings, RetentionPolicy::default())
+                    .await
+                    .expect("redis"),
+            );
+            let group = format!("{}-applied{round}{applied}", w.topic);
+            let rate = daemon_run(bootstrap, w, &group, store, &redis_pids).await;
+            runs.push((applied, rate));
+        }
+    }
+    let without: Vec<f64> = runs.iter().filter(|r| !r.0).map(|r| r.1.per_sec).collect();
+    let base = without.iter().sum::<f64>() / without.len() as f64;
+    for (applied, rate) in &runs {
+        lines.push(row(
+            &format!(
+                "daemon, Redis on a unix socket, {}",
+                if *applied {
+                    "the applied record kept (the product)"
+                } else {
+                    "no applied record"
+                }
             ),
             rate,
             base,
@@ -992,6 +1051,13 @@ async fn main() {
     if std::env::var("BENCH_ONLY").as_deref() == Ok("tap") {
         println!("## Daemon throughput with a tap attached");
         for line in tap_rows(&bootstrap, &warm, &pids).await {
+            println!("{line}");
+        }
+        return;
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("applied") {
+        println!("## Daemon throughput with and without the applied record");
+        for line in applied_rows(&bootstrap, &warm, &pids).await {
             println!("{line}");
         }
         return;

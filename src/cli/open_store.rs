@@ -64,6 +64,7 @@ fn redis_settings(redis: &crate::config::RedisConfig) -> RedisSettings {
         wait_replicas: redis.wait_replicas,
         wait_timeout: Duration::from_millis(redis.wait_timeout_ms),
         markers: !redis.allow_eviction,
+        applied: true,
     }
 }
 

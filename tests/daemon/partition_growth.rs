@@ -26,9 +26,13 @@ const X: &str = "grown-x";
 const BACKLOG: usize = 20_000;
 
 async fn body_of_x(store: &dyn MailboxStore) -> Vec<String> {
+    body_of(store, X).await
+}
+
+async fn body_of(store: &dyn MailboxStore, user: &str) -> Vec<String> {
     let page = store
         .range_scan(
-            &MailboxId::new(UserId::parse(X).expect("user"), 1),
+            &MailboxId::new(UserId::parse(user).expect("user"), 1),
             ScanRequest {
                 after_seq: 0,
                 until_seq: None,
@@ -572,4 +576,115 @@ async fn a_replay_over_a_growth_refuses_and_the_order_it_names_ends_with_the_rep
     );
     assert!(out.status.success(), "{summary}");
     assert_eq!(body_of_x(&store).await, as_the_log_says);
+}
+
+/// A growth under steady load with no backlog (SPEC 7.2: "bounded by the old partitions'
+/// backlog"): 40 users, each record a same-day replace of the user's seq 1, 100 records a
+/// second; after 3 s the topic grows to 2 partitions and half the users move to partition 1.
+/// Every user ends with its last record's content, and the old partition never stops. The
+/// pause is measured, not asserted: how long after it was produced partition 1's first record
+/// and partition 0's record produced beside it were committed, and the wait the daemon logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growth_under_steady_load_keeps_each_users_order_and_the_old_partition_flowing() {
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+    const USERS: usize = 40;
+    const TICKS: usize = 80;
+    const GROW_AT: usize = 30;
+    let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
+    let setup = DaemonSetup::new("growth-steady", Some(redis.url()));
+    create_topic(&setup.topic, 1).await;
+    create_topic(&setup.dlq_topic, 1).await;
+    let mut daemon = Daemon::start(&setup);
+    produce(&setup.topic, &[(0, group_record("steady-start", 1, "s"))]).await;
+    wait_for(
+        "the daemon consumes",
+        Duration::from_secs(60),
+        || committed(&setup.group, &setup.topic, 1) == vec![1],
+        || daemon.log(),
+    );
+
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    let mut ends = [1_i64, 0];
+    let mut watch: Option<tokio::task::JoinHandle<(Duration, Duration)>> = None;
+    for tick in 0..TICKS {
+        if tick == GROW_AT {
+            grow(&setup.topic, 2).await;
+        }
+        let grown = tick >= GROW_AT;
+        let batch: Vec<(i32, Vec<u8>)> = (0..10)
+            .map(|i| {
+                let u = (tick * 10 + i) % USERS;
+                let user = format!("steady-{u}");
+                let body = format!("t{tick}");
+                last.insert(user.clone(), format!("{{\"body\":\"{body}\"}}"));
+                let partition = i32::from(grown && u % 2 == 1);
+                (partition, group_record(&user, 1, &body))
+            })
+            .collect();
+        let produced_at = Instant::now();
+        let offsets = produce(&setup.topic, &batch).await;
+        let mut first = [None, None];
+        for ((partition, _), offset) in batch.iter().zip(&offsets) {
+            let p = usize::try_from(*partition).expect("partition");
+            first[p].get_or_insert(*offset);
+            ends[p] = ends[p].max(offset + 1);
+        }
+        if let (None, [Some(o0), Some(o1)]) = (&watch, first) {
+            // When each partition's record of this batch is committed.
+            let (group, topic) = (setup.group.clone(), setup.topic.clone());
+            watch = Some(tokio::task::spawn_blocking(move || {
+                let mut seen: [Option<Duration>; 2] = [None, None];
+                while seen.iter().any(Option::is_none)
+                    && produced_at.elapsed() < Duration::from_secs(120)
+                {
+                    let now = committed(&group, &topic, 2);
+                    for (p, offset) in [o0, o1].into_iter().enumerate() {
+                        if seen[p].is_none() && now[p] > offset {
+                            seen[p] = Some(produced_at.elapsed());
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                (
+                    seen[0].expect("partition 0 committed"),
+                    seen[1].expect("partition 1 committed"),
+                )
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for(
+        "both partitions committed to their ends",
+        Duration::from_secs(120),
+        || committed(&setup.group, &setup.topic, 2) == ends.to_vec(),
+        || daemon.log(),
+    );
+    let store = redis_store(&redis.url()).await;
+    for (user, body) in &last {
+        assert_eq!(
+            &body_of(&store, user).await,
+            &vec![body.clone()],
+            "{user} reads its last record"
+        );
+    }
+    let (old, new) = watch
+        .expect("a batch on both partitions")
+        .await
+        .expect("watch");
+    let log = daemon.log();
+    let waited = log.lines().find(|l| l.contains("its records flow")).map_or(
+        "no wait logged (the first check found the older partition committed)",
+        |l| l,
+    );
+    eprintln!(
+        "growth under steady load: produced to committed, partition 0 {old:?}, partition 1 (new) {new:?}; {waited}"
+    );
+    assert_eq!(
+        daemon
+            .metrics()
+            .get("materializer_partition_growth_waiting{partition=\"1\"}"),
+        0.0
+    );
+    assert!(daemon.terminate(Duration::from_secs(30)).success());
 }

@@ -25,6 +25,10 @@ pub struct RedisSettings {
     /// other key, which would hold writes as if the store were wiped; such a store accepts
     /// losing keys, and a lost mailbox key fails closed on its own.
     pub markers: bool,
+    /// Keep the record of how far the store holds each partition (`applied`: a store that went
+    /// back in time is found and healed). Always on in the product; off only where a bench
+    /// measures what it costs.
+    pub applied: bool,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -50,6 +54,7 @@ impl RedisSettings {
             wait_replicas: 0,
             wait_timeout: Duration::from_secs(1),
             markers: true,
+            applied: true,
         }
     }
 }

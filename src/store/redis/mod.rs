@@ -328,7 +328,7 @@ impl MailboxStore for RedisStore {
     }
 
     fn keeps_applied(&self) -> bool {
-        true
+        self.settings.applied
     }
 
     async fn record_applied(
