@@ -531,3 +531,6 @@ where
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod sim;
