@@ -7,7 +7,9 @@
 //! (every not-final answer retried), with windows of 1 to 8 records, reads interleaved at random
 //! with answers, and crashes that keep only the store and the offsets taken final (a crash
 //! waits for the calls already sent, as the hand-over does, then starts a new driver from those
-//! offsets and reads the rest again).
+//! offsets and reads the rest again). In histories whose records carry their log positions (as
+//! the daemon's do) a crashed driver may instead live on as a zombie beside its successor,
+//! retrying and writing what it had read, its last writes landing after everything else.
 //!
 //! Checked at every step, not only at the end:
 //! - a source's records leave the window final in source order, each once per driver, never
@@ -72,7 +74,21 @@ struct Record {
 }
 
 impl Record {
-    fn decoded(&self, created_ms: u64) -> Result<DispatchRecord, DecodeError> {
+    /// The record as the front end decodes it, at its place in the log when the history
+    /// carries positions (as the daemon's and `replay`'s records do).
+    fn decoded(
+        &self,
+        created_ms: u64,
+        at: Option<(i32, i64)>,
+    ) -> Result<DispatchRecord, DecodeError> {
+        let record = self.decoded_alone(created_ms)?;
+        Ok(match at {
+            Some((partition, offset)) => record.at_position(Some(&sim_log()), partition, offset),
+            None => record,
+        })
+    }
+
+    fn decoded_alone(&self, created_ms: u64) -> Result<DispatchRecord, DecodeError> {
         let Some(writes) = &self.writes else {
             return decode_record(b"{\"dispatch_id\": 7", DEFAULT_MAX_RECORD_BYTES);
         };
@@ -94,10 +110,28 @@ impl Record {
     }
 }
 
+fn sim_log() -> crate::model::LogId {
+    crate::model::LogId::topic_id("c2ltdWxhdGVkLWxvZw").expect("log id")
+}
+
 /// A generated log: each source's records in offset order (offset = index).
 struct History {
     sources: Vec<Vec<Record>>,
     users: Vec<String>,
+    /// The records carry their log positions (the daemon's), which fence a zombie's writes.
+    positions: bool,
+}
+
+impl History {
+    fn decoded(
+        &self,
+        source: usize,
+        offset: i64,
+        created_ms: u64,
+    ) -> Result<DispatchRecord, DecodeError> {
+        let at = self.positions.then_some((source as i32, offset));
+        self.sources[source][offset as usize].decoded(created_ms, at)
+    }
 }
 
 fn generate(rng: &mut Rng) -> History {
@@ -156,6 +190,7 @@ fn generate(rng: &mut Rng) -> History {
     History {
         sources: log,
         users,
+        positions: rng.chance(50),
     }
 }
 
@@ -294,8 +329,8 @@ async fn reference(
     let store = MemoryStore::new(RetentionPolicy::default(), Arc::new(SystemClock));
     let mut outcomes = HashMap::new();
     for (source, records) in history.sources.iter().enumerate() {
-        for (offset, record) in records.iter().enumerate() {
-            let Ok(decoded) = record.decoded(created_ms) else {
+        for offset in 0..records.len() {
+            let Ok(decoded) = history.decoded(source, offset as i64, created_ms) else {
                 continue;
             };
             let words = crate::ingest::apply::apply_record(&store, &decoded)
@@ -314,6 +349,7 @@ async fn reference(
 struct Seen {
     records: usize,
     crashes: u32,
+    zombies: u32,
     lost_answers: usize,
     read_again: usize,
 }
@@ -338,8 +374,16 @@ async fn run(seed: u64) -> Result<Seen, String> {
     // Records read before a crash and not taken final then: read again after it.
     let mut read_again: BTreeSet<(u8, i64)> = BTreeSet::new();
     let mut reported: HashMap<(u8, i64), Vec<&'static str>> = HashMap::new();
+    // How far any driver has read each source: a record read before a crash may have been
+    // written, and with positions a later write of its seq fences the earlier records' again.
+    let mut read_max = vec![0_i64; sources];
     let mut crashes = 0;
     let mut policy = Daemonlike;
+    // Drivers that lost their sources and go on writing what they had read (a replica frozen
+    // past its session, cut off from the broker but not from the store). Only with positions:
+    // without them nothing tells a zombie's write from a newer owner's.
+    let mut zombies: Vec<SimDriver> = Vec::new();
+    let mut zombie_count = 0_u32;
 
     'driver: loop {
         let mut driver: SimDriver = Driver::new(store.clone());
@@ -352,6 +396,13 @@ async fn run(seed: u64) -> Result<Seen, String> {
             steps += 1;
             if steps > 100_000 {
                 return Err(format!("no progress after {steps} steps"));
+            }
+            if !zombies.is_empty() && rng.chance(30) {
+                let z = rng.below(zombies.len() as u64) as usize;
+                if !step_zombie(&mut zombies[z], &mut policy).await? {
+                    zombies.swap_remove(z);
+                }
+                continue;
             }
             // Take what is final, in source order, and check it.
             for source in 0..sources {
@@ -373,7 +424,7 @@ async fn run(seed: u64) -> Result<Seen, String> {
                         .iter()
                         .map(|(_, r)| r.as_ref().map(|o| o.as_str()).unwrap_or("error"))
                         .collect();
-                    durable(&history, store.as_ref(), source, offset, &next).await?;
+                    durable(&history, store.as_ref(), source, offset, &read_max).await?;
                     reported.insert((source as u8, offset), words);
                 }
             }
@@ -398,34 +449,42 @@ async fn run(seed: u64) -> Result<Seen, String> {
             }
             if crashes < 3 && rng.chance(1) {
                 // A crash: the calls already sent land (or not), then only the store and the
-                // committed offsets are left.
+                // committed offsets are left. Or, with positions, the old driver lives on as a
+                // zombie beside its successor.
                 crashes += 1;
+                for source in 0..sources {
+                    for offset in committed[source]..next[source] {
+                        read_again.insert((source as u8, offset));
+                    }
+                }
+                if history.positions && rng.chance(50) {
+                    zombie_count += 1;
+                    zombies.push(driver);
+                    continue 'driver;
+                }
                 for source in 0..sources {
                     driver
                         .drain_after_stop(&(source as u8), &mut policy, Duration::from_secs(60))
                         .await;
-                    for offset in committed[source]..next[source] {
-                        read_again.insert((source as u8, offset));
-                    }
                 }
                 continue 'driver;
             }
             if !readable.is_empty() && (!in_flight || rng.chance(50)) {
                 let source = readable[rng.below(readable.len() as u64) as usize];
                 let offset = next[source];
-                let record = &history.sources[source][offset as usize];
                 if !driver.admit(
                     source as u8,
                     offset,
                     (),
                     1,
                     offset,
-                    record.decoded(created_ms),
+                    history.decoded(source, offset, created_ms),
                     &mut policy,
                 ) {
                     return Err(format!("source {source}: record {offset} not admitted"));
                 }
                 next[source] += 1;
+                read_max[source] = read_max[source].max(next[source]);
             } else {
                 let attempt = driver.next().await;
                 driver.handle(attempt, &mut policy)?;
@@ -433,6 +492,10 @@ async fn run(seed: u64) -> Result<Seen, String> {
         }
     }
 
+    // The zombies' last writes land after everything else.
+    for mut zombie in zombies {
+        while step_zombie(&mut zombie, &mut policy).await? {}
+    }
     let (truth, outcomes) = reference(&history, created_ms).await;
     let got = contents(store.as_ref(), &history.users).await;
     let want = contents(&truth, &history.users).await;
@@ -445,6 +508,7 @@ async fn run(seed: u64) -> Result<Seen, String> {
     let seen = Seen {
         records: history.sources.iter().map(Vec::len).sum(),
         crashes,
+        zombies: zombie_count,
         lost_answers: lost.len(),
         read_again: read_again.len(),
     };
@@ -469,9 +533,23 @@ async fn run(seed: u64) -> Result<Seen, String> {
     Ok(seen)
 }
 
+/// One answer of a zombie handled (its final records dropped: it commits nothing). `false` once
+/// it has nothing in flight: it stops.
+async fn step_zombie(zombie: &mut SimDriver, policy: &mut Daemonlike) -> Result<bool, String> {
+    for (_, window) in zombie.windows_mut() {
+        window.pipeline.pop_final();
+    }
+    if !zombie.windows().any(|(_, w)| w.calls() > 0) {
+        return Ok(false);
+    }
+    let attempt = zombie.next().await;
+    zombie.handle(attempt, policy)?;
+    Ok(true)
+}
+
 /// A record taken final is durable: each seq it wrote holds its content, or that of a later
-/// record of the log for the seq that has already been read (`read` is each source's next
-/// offset to read).
+/// record of the log for the seq that has already been read (`read` is how far each source has
+/// been read by any driver).
 async fn durable(
     history: &History,
     store: &dyn MailboxStore,
@@ -522,6 +600,7 @@ async fn thousands_of_seeded_histories_keep_every_invariant() {
             Ok(seen) => {
                 total.records += seen.records;
                 total.crashes += seen.crashes;
+                total.zombies += seen.zombies;
                 total.lost_answers += seen.lost_answers;
                 total.read_again += seen.read_again;
             }
@@ -534,7 +613,7 @@ async fn thousands_of_seeded_histories_keep_every_invariant() {
     // crashing or losing answers fails here rather than passing on easy histories.
     eprintln!("simulated: {total:?}");
     assert!(
-        total.crashes > 0 && total.lost_answers > 0 && total.read_again > 0,
+        total.crashes > 0 && total.zombies > 0 && total.lost_answers > 0 && total.read_again > 0,
         "{total:?}"
     );
 }
