@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::ingest::pipeline::DeadLetter;
@@ -195,7 +195,7 @@ pub(crate) fn is_too_large(error: &KafkaError) -> bool {
 }
 
 /// The reason, when `error` (or the producer's state) is fatal: the producer cannot send again.
-pub(crate) fn fatal(producer: &FutureProducer, error: &KafkaError) -> Option<String> {
+pub(crate) fn fatal(producer: &crate::daemon::DlqProducer, error: &KafkaError) -> Option<String> {
     if let Some((code, reason)) = producer.client().fatal_error() {
         return Some(format!("{code:?}: {reason}"));
     }
@@ -204,7 +204,7 @@ pub(crate) fn fatal(producer: &FutureProducer, error: &KafkaError) -> Option<Str
 
 /// Sends one dead letter and waits for the broker's acknowledgement.
 pub(crate) async fn send(
-    producer: &FutureProducer,
+    producer: &crate::daemon::DlqProducer,
     topic: &str,
     letter: &Letter,
 ) -> Result<(), KafkaError> {

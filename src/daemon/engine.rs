@@ -38,7 +38,6 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 
@@ -171,7 +170,7 @@ pub(crate) struct Engine {
     consumer: Arc<BaseConsumer<DaemonContext>>,
     /// Restarts librdkafka's fetcher after a resume (see `fetch_waker`).
     waker: FetchWaker,
-    producer: FutureProducer,
+    producer: crate::daemon::DlqProducer,
     telemetry: Telemetry,
     /// Every assigned partition's window (a revoked one is closing while it hands over) and the
     /// store calls in flight for them.
@@ -265,7 +264,7 @@ impl Engine {
     pub(crate) fn new(
         settings: EngineSettings,
         consumer: Arc<BaseConsumer<DaemonContext>>,
-        producer: FutureProducer,
+        producer: crate::daemon::DlqProducer,
         store: Arc<dyn MailboxStore>,
         telemetry: Telemetry,
     ) -> Self {

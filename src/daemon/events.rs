@@ -61,7 +61,11 @@ impl Event for ConsumerError<'_> {
             .rdkafka_error_code()
             .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
         metrics::consumer_error(&code);
-        tracing::warn!(error = %self.error, "consumer error");
+        if super::broker_link::is_transport(self.error.rdkafka_error_code()) {
+            super::broker_link::failed("consumer", &self.error.to_string());
+        } else {
+            tracing::warn!(error = %self.error, "consumer error");
+        }
     }
 }
 

@@ -474,6 +474,9 @@ impl ClientContext for DaemonContext {
             .values()
             .any(|b| b.nodeid >= 0 && b.state == "UP");
         self.health.set_broker(broker_up);
+        if broker_up {
+            super::broker_link::working();
+        }
         // The group's own word on whether this member holds its (possibly empty) assignment:
         // the rebalance callback is not called for an empty incremental assignment under every
         // protocol, the statistics' join state always says `steady` once the member is settled.
@@ -502,21 +505,11 @@ impl ClientContext for DaemonContext {
         ) {
             self.health.set_broker(false);
         }
-        tracing::error!(error = %error, reason, "kafka client error");
+        super::broker_link::client_error("consumer", &error, reason);
     }
 
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => tracing::error!(target: "librdkafka", fac, "{message}"),
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", fac, "{message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
-        }
+        super::broker_link::client_log("consumer", level, fac, message);
     }
 }
 

@@ -43,6 +43,7 @@
 //!   starts resumed.
 //! - **Shutdown.** SIGTERM/SIGINT: stop fetching, drain until the deadline, commit, leave.
 
+pub mod broker_link;
 pub(crate) mod dead_letter;
 pub(crate) mod dlq_reader;
 pub mod engine;
@@ -119,7 +120,10 @@ pub struct DaemonOptions {
 
 /// See [`DaemonOptions::on_producer`].
 #[cfg(feature = "failpoints")]
-pub type ProducerHook = Arc<dyn Fn(&FutureProducer) + Send + Sync>;
+pub type ProducerHook = Arc<dyn Fn(&DlqProducer) + Send + Sync>;
+
+/// The dead-letter producer: its connection failures are logged through [`broker_link`].
+pub type DlqProducer = FutureProducer<broker_link::LinkContext>;
 
 /// Runs the daemon until `options.shutdown` flips and the drain ends.
 pub async fn run(
@@ -158,7 +162,8 @@ pub async fn run(
         kafka::consumer_config(&config.kafka, options.commit_offsets)
             .create_with_context(context)?,
     );
-    let producer: FutureProducer = kafka::producer_config(&config.kafka).create()?;
+    let producer: DlqProducer =
+        kafka::producer_config(&config.kafka).create_with_context(broker_link::LinkContext)?;
     #[cfg(feature = "failpoints")]
     if let Some(hook) = &options.on_producer {
         hook(&producer);
