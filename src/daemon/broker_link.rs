@@ -10,7 +10,7 @@
 //!
 //! - **one WARN** when the first failure follows a working connection (what failed, and that
 //!   librdkafka reconnects by itself);
-//! - **one ERROR** if the failures go on for [`NEEDS_A_PERSON`] with no working connection
+//! - **one ERROR** if the failures go on for a minute ([`super::outage::NEEDS_A_PERSON`]) with no working connection
 //!   between them: a broker that stays away is for a person (readiness turned false earlier,
 //!   through the statistics: `health`);
 //! - **one INFO** when a working connection is seen again (the statistics name a broker `UP`),
@@ -21,12 +21,11 @@
 //! record that cannot be read) are not routine and are logged as before.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::types::RDKafkaErrorCode;
 
-/// How long the brokers may stay unreachable before it is for a person.
-pub(crate) const NEEDS_A_PERSON: Duration = Duration::from_secs(60);
+use super::outage::{Link, Say};
 
 /// Whether a client error is about the connection to the brokers (librdkafka reconnects).
 pub(crate) fn is_transport(code: Option<RDKafkaErrorCode>) -> bool {
@@ -47,66 +46,8 @@ pub(crate) fn is_transport_log(facility: &str) -> bool {
     matches!(facility, "FAIL" | "BROKERFAIL" | "ALLBROKERSDOWN")
 }
 
-/// What the log says about one event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Say {
-    /// The connection broke after working.
-    Lost,
-    /// It has stayed broken for [`NEEDS_A_PERSON`].
-    StillLost { down_for: Duration },
-    /// It works again.
-    Restored { down_for: Duration, held_back: u64 },
-    /// Nothing above DEBUG.
-    Nothing,
-}
-
-/// The state of the process's connection to the brokers, as the log tells it.
-#[derive(Debug, Default)]
-pub(crate) struct Link {
-    /// Since when failures have come with no working connection between them.
-    down_since: Option<Instant>,
-    /// The ERROR was said for this outage.
-    escalated: bool,
-    /// Failures logged at DEBUG in this outage.
-    held_back: u64,
-}
-
-impl Link {
-    /// A transport failure of any client at `now`.
-    pub(crate) fn failure(&mut self, now: Instant) -> Say {
-        let Some(since) = self.down_since else {
-            self.down_since = Some(now);
-            self.escalated = false;
-            self.held_back = 0;
-            return Say::Lost;
-        };
-        let down_for = now.saturating_duration_since(since);
-        if !self.escalated && down_for >= NEEDS_A_PERSON {
-            self.escalated = true;
-            return Say::StillLost { down_for };
-        }
-        self.held_back += 1;
-        Say::Nothing
-    }
-
-    /// A working connection seen at `now` (a broker `UP` in the statistics).
-    pub(crate) fn working(&mut self, now: Instant) -> Say {
-        match self.down_since.take() {
-            Some(since) => Say::Restored {
-                down_for: now.saturating_duration_since(since),
-                held_back: self.held_back,
-            },
-            None => Say::Nothing,
-        }
-    }
-}
-
 /// The one link of the process: every client's failures count against it.
-static LINK: Mutex<Link> = Mutex::new(Link {
-    down_since: None,
-    escalated: false,
-    held_back: 0,
-});
+static LINK: Mutex<Link> = Mutex::new(Link::new());
 
 /// A transport failure of `client` (`consumer`, `dead-letter producer`, ...), said once per
 /// change.
@@ -197,48 +138,6 @@ impl rdkafka::ClientContext for LinkContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_restart_is_one_warning_then_one_info_however_many_retries() {
-        let mut link = Link::default();
-        let t0 = Instant::now();
-        assert_eq!(link.failure(t0), Say::Lost);
-        for ms in (100..10_000).step_by(100) {
-            assert_eq!(link.failure(t0 + Duration::from_millis(ms)), Say::Nothing);
-        }
-        assert_eq!(
-            link.working(t0 + Duration::from_secs(12)),
-            Say::Restored {
-                down_for: Duration::from_secs(12),
-                held_back: 99
-            }
-        );
-        assert_eq!(link.working(t0 + Duration::from_secs(13)), Say::Nothing);
-        // The next outage is a change again.
-        assert_eq!(link.failure(t0 + Duration::from_secs(20)), Say::Lost);
-    }
-
-    #[test]
-    fn an_outage_of_a_minute_is_said_once_as_an_error() {
-        let mut link = Link::default();
-        let t0 = Instant::now();
-        assert_eq!(link.failure(t0), Say::Lost);
-        assert_eq!(
-            link.failure(t0 + NEEDS_A_PERSON - Duration::from_millis(1)),
-            Say::Nothing
-        );
-        assert_eq!(
-            link.failure(t0 + NEEDS_A_PERSON),
-            Say::StillLost {
-                down_for: NEEDS_A_PERSON
-            }
-        );
-        assert_eq!(
-            link.failure(t0 + NEEDS_A_PERSON * 2),
-            Say::Nothing,
-            "once per outage"
-        );
-    }
 
     #[test]
     fn only_connection_errors_are_routine() {

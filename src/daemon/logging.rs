@@ -25,7 +25,7 @@ pub(crate) fn init(config: &LogConfig) {
         .filter(|t| EnvFilter::try_new(t).is_ok())
         .unwrap_or_else(|| config.filter.clone());
     let mut filter = EnvFilter::try_new(&text).unwrap_or_else(|_| EnvFilter::new("info"));
-    if let Some(directive) = quiet_cluster_client(&text) {
+    for directive in quiet_cluster_clients(&text) {
         filter = filter.add_directive(directive);
     }
     let no_color = std::env::var("NO_COLOR").ok();
@@ -40,27 +40,48 @@ pub(crate) fn init(config: &LogConfig) {
     };
 }
 
-/// The redis crate's cluster client logs a WARN for every reconnect attempt to a node that is
-/// down (thousands in the seconds of a failover) and for every slot-map refresh: the daemon says
-/// what matters itself, once per change (slots that moved, redirections summed up every 10 s,
-/// readiness). Its lines are kept at ERROR unless the filter names the crate's targets.
-fn quiet_cluster_client(filter: &str) -> Option<tracing_subscriber::filter::Directive> {
-    if filter.contains("redis::") || filter.split(',').any(|d| d.starts_with("redis=")) {
-        return None;
+/// The store clients log their own reconnects: the redis crate's cluster client a WARN for every
+/// reconnect attempt to a node that is down (thousands in the seconds of a failover) and for
+/// every slot-map refresh; the scylla driver an ERROR and two WARN a second while a node is away
+/// (its control connection and topology fetch). The daemon says what matters itself, once per
+/// change (the store's outage and its end, slots that moved, redirections summed up every 10 s,
+/// readiness). So the redis cluster client's lines are kept at ERROR, and the scylla driver's
+/// control-connection lines off, unless the filter names the crate.
+fn quiet_cluster_clients(filter: &str) -> Vec<tracing_subscriber::filter::Directive> {
+    let names = |krate: &str| {
+        filter.contains(&format!("{krate}::"))
+            || filter
+                .split(',')
+                .any(|d| d.starts_with(&format!("{krate}=")))
+    };
+    let mut quiet = Vec::new();
+    if !names("redis") {
+        quiet.extend("redis::cluster_handling=error".parse().ok());
     }
-    "redis::cluster_handling=error".parse().ok()
+    if !names("scylla") {
+        quiet.extend("scylla::cluster::metadata=off".parse().ok());
+    }
+    quiet
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{colour, quiet_cluster_client};
+    use super::{colour, quiet_cluster_clients};
 
     #[test]
     fn the_cluster_clients_reconnect_lines_are_quiet_unless_asked_for() {
-        assert!(quiet_cluster_client("info").is_some());
-        assert!(quiet_cluster_client("debug,mailbox_materializer=trace").is_some());
-        assert!(quiet_cluster_client("info,redis::cluster_handling=warn").is_none());
-        assert!(quiet_cluster_client("info,redis=debug").is_none());
+        assert_eq!(quiet_cluster_clients("info").len(), 2);
+        assert_eq!(
+            quiet_cluster_clients("debug,mailbox_materializer=trace").len(),
+            2
+        );
+        assert_eq!(
+            quiet_cluster_clients("info,redis::cluster_handling=warn").len(),
+            1
+        );
+        assert_eq!(quiet_cluster_clients("info,redis=debug").len(), 1);
+        assert_eq!(quiet_cluster_clients("info,scylla=warn").len(), 1);
+        assert!(quiet_cluster_clients("redis=info,scylla::cluster=debug").is_empty());
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub(crate) mod log_identity;
 pub(crate) mod logging;
 pub mod memory_limit;
 pub mod metrics;
+pub(crate) mod outage;
 pub(crate) mod partition_growth;
 pub(crate) mod records_lost;
 pub mod replay;

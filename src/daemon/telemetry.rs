@@ -39,13 +39,18 @@ pub(crate) struct Telemetry {
     backend: &'static str,
     progress: Arc<Progress>,
     health: Arc<Health>,
-    /// When the last "store unavailable; retrying" line was written, and how many were held
-    /// back since (see [`Telemetry::attempt_failed`]).
-    retry_lines: Arc<Mutex<(Option<std::time::Instant>, u64)>>,
+    /// The store's outage as the log tells it: once per change ([`Telemetry::attempt_failed`]).
+    store_link: Arc<StoreLink>,
 }
 
-/// At most one "store unavailable; retrying" line per this long, for the whole process.
-const RETRY_LINE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// The store's outages, told once per change ([`super::outage`]): a store restarting or failing
+/// over fails every delivery in flight, each retried several times a second.
+#[derive(Default)]
+struct StoreLink {
+    /// Set while an outage is open: the success path reads only this.
+    down: std::sync::atomic::AtomicBool,
+    link: Mutex<super::outage::Link>,
+}
 
 impl Telemetry {
     pub(crate) fn new(backend: &'static str, progress: Arc<Progress>, health: Arc<Health>) -> Self {
@@ -53,7 +58,7 @@ impl Telemetry {
             backend,
             progress,
             health,
-            retry_lines: Arc::default(),
+            store_link: Arc::default(),
         }
     }
 
@@ -72,6 +77,28 @@ impl Telemetry {
     ) {
         metrics::group(word);
         *lock(&self.progress.0).groups.entry(word).or_default() += 1;
+        // The store answered: an open outage ends here (once quiet), said once.
+        if self
+            .store_link
+            .down
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            if let super::outage::Say::Restored {
+                down_for,
+                held_back,
+            } = lock(&self.store_link.link).working(std::time::Instant::now())
+            {
+                self.store_link
+                    .down
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(
+                    backend = self.backend,
+                    down_for = ?down_for,
+                    held_back,
+                    "the store answers again"
+                );
+            }
+        }
         if let Some(e) = error {
             tracing::info!(
                 partition,
@@ -133,23 +160,31 @@ impl Telemetry {
                 if error.is_store_lost() {
                     self.health.store_lost(&error.detail());
                 }
-                // Every attempt of a long outage would flood the log: the first and every 10th
-                // of each delivery, and of those at most one line a second for the process (a
-                // failover fails every delivery of a master at once), with how many were held
-                // back.
-                if attempt.is_multiple_of(10) {
-                    let held_back = {
-                        let mut lines = lock(&self.retry_lines);
-                        if lines.0.is_some_and(|at| at.elapsed() < RETRY_LINE_EVERY) {
-                            lines.1 += 1;
-                            None
-                        } else {
-                            lines.0 = Some(std::time::Instant::now());
-                            Some(std::mem::take(&mut lines.1))
-                        }
-                    };
-                    if let Some(held_back) = held_back {
-                        tracing::warn!(partition, offset, error = %error, attempt, held_back, "store unavailable; retrying");
+                // Every attempt of every delivery in flight fails during an outage, several
+                // times a second: the log says it once per change (the first failure after the
+                // store answered, an ERROR after a minute, and the answer again), the rest at
+                // DEBUG, each counted in `store_errors_total`.
+                self.store_link
+                    .down
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let say = lock(&self.store_link.link).failure(std::time::Instant::now());
+                match say {
+                    super::outage::Say::Lost => tracing::warn!(
+                        partition,
+                        offset,
+                        error = %error,
+                        attempt,
+                        "store unavailable; retrying (said once until the store answers again; the retries are at DEBUG)"
+                    ),
+                    super::outage::Say::StillLost { down_for } => tracing::error!(
+                        partition,
+                        offset,
+                        error = %error,
+                        down_for = ?down_for,
+                        "the store has failed writes for a minute with no quiet moment: check it (/readyz says why; the deliveries wait, nothing is dead-lettered)"
+                    ),
+                    _ => {
+                        tracing::debug!(partition, offset, error = %error, attempt, "store unavailable; retrying")
                     }
                 }
             }
