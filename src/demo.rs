@@ -30,22 +30,7 @@ pub struct Workload {
     pub records: Vec<Vec<u8>>,
 }
 
-/// splitmix64: a tiny deterministic generator, enough to vary a demo workload.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use crate::splitmix::Rng;
 
 fn dispatch(id: u64, committed_at: u64, deliveries: Vec<serde_json::Value>) -> Vec<u8> {
     json!({

@@ -2,7 +2,7 @@
 //!
 //! | layer | may use |
 //! |---|---|
-//! | leaves: `model`, `locks`, `wall_clock`, `url_redact`, `retry`, `allocator` | nothing else of the crate |
+//! | leaves: `model`, `locks`, `wall_clock`, `url_redact`, `retry`, `allocator`, `splitmix` | nothing else of the crate |
 //! | `demo` (the synthetic workload), `disposition` | `model` |
 //! | `store` | the leaves |
 //! | `ingest` | `store`, `disposition`, the leaves |
@@ -22,13 +22,14 @@ mod tests {
     use std::collections::BTreeMap;
     use std::path::Path;
 
-    const LEAVES: [&str; 6] = [
+    const LEAVES: [&str; 7] = [
         "model",
         "locks",
         "wall_clock",
         "url_redact",
         "retry",
         "allocator",
+        "splitmix",
     ];
 
     /// Which top-level modules each may use (besides itself).
@@ -37,7 +38,7 @@ mod tests {
         for leaf in LEAVES {
             rules.insert(leaf, vec![]);
         }
-        rules.insert("demo", vec!["model"]);
+        rules.insert("demo", vec!["model", "splitmix"]);
         rules.insert("disposition", vec!["model"]);
         rules.insert("store", LEAVES.to_vec());
         let mut ingest = LEAVES.to_vec();

@@ -39,6 +39,7 @@ mod layers;
 pub(crate) mod locks;
 pub mod model;
 pub mod retry;
+pub(crate) mod splitmix;
 pub mod store;
 pub(crate) mod url_redact;
 pub(crate) mod wall_clock;

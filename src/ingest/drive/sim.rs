@@ -40,31 +40,10 @@ use super::*;
 use crate::ingest::decode::{decode_record, DEFAULT_MAX_RECORD_BYTES};
 use crate::ingest::pipeline::FinalRecord;
 use crate::model::{AppendOutcome, EventGroup, MailboxId, RetentionPolicy, ScanRequest, UserId};
+use crate::splitmix::Rng;
 use crate::store::memory::MemoryStore;
 use crate::store::wrapper::Wrapper;
 use crate::store::SystemClock;
-
-/// SplitMix64: small, seeded, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    /// True with probability `percent`/100.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// One delivery of a generated record: the user, the seq, the content.
 #[derive(Debug, Clone, PartialEq, Eq)]
