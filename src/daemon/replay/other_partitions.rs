@@ -8,8 +8,9 @@
 //! - with it, rebuild the mailbox from one partition's share of the history and swap it in,
 //!   dropping what the other partitions hold.
 //!
-//! So, before anything is touched, the replay looks for the users it would write on the topic's
-//! other partitions and refuses (`user_on_other_partition`) when one is there, naming the
+//! So, before anything is touched, the replay looks on the topic's other partitions for what it
+//! would lose or revert — for a rebuild, any record of the named users; otherwise a later write
+//! of a seq its range writes — and refuses (`user_on_other_partition`) when one is there, naming the
 //! partitions and the order that is safe: the lowest partition holding the user first (rebuilt,
 //! or replayed, with `--allow-other-partitions`), then each higher one for the user without
 //! `--reset-mailboxes` — a write from another partition applies, so the newest record ends last,
@@ -17,9 +18,11 @@
 //!
 //! What it reads: nothing on a one-partition topic, in a dry run, or with
 //! `--allow-other-partitions`. For a rebuild, every other partition from its log start (the
-//! user's history anywhere in the log counts). Otherwise every higher partition from the time of
-//! the range's first record (a record older than the range cannot be newer than it), after the
-//! range itself once when no `--user` names the users (at most [`MAX_USERS`] of them are kept).
+//! user's history anywhere in the log counts). Otherwise the range itself once (its seqs, at
+//! most [`MAX_SEQS`] of them), then every higher partition from the time of the range's first
+//! record (a record older than the range cannot be newer than it). A user whose records merely
+//! spread over partitions (a producer without keys) is not refused unless the same seq is
+//! written twice.
 
 use std::collections::BTreeSet;
 
@@ -29,10 +32,10 @@ use crate::config::Config;
 use crate::ingest::decode;
 use crate::model::UserId;
 
-/// Bound on the users of a range kept to look for on the other partitions (about 100 bytes
-/// each: 10 MB at most). A range that delivers to more is refused with the way out (name the
-/// users, or pass `--allow-other-partitions`).
-pub(super) const MAX_USERS: usize = 100_000;
+/// Bound on the seqs of a range kept to look for on the other partitions (about 100 bytes
+/// each: 10 MB at most). A range that writes more is refused with the way out (name the users,
+/// or pass `--allow-other-partitions`).
+pub(super) const MAX_SEQS: usize = 100_000;
 
 /// Where the log holds a record of a replayed user outside the replayed partition.
 struct Elsewhere {
@@ -62,55 +65,80 @@ pub(super) async fn check(
         return Ok(None);
     }
     let options = config.decode_options();
-    let users_of = |payload: &[u8]| -> Vec<UserId> {
+    // Each delivery of a record: its user, epoch and seq (`None` for a `truncate_before`).
+    let writes_of = |payload: &[u8]| -> Vec<(UserId, u32, Option<u64>)> {
         decode(payload, &options)
             .map(|d| {
                 d.record
                     .deliveries()
                     .iter()
-                    .map(|delivery| delivery.mailbox().user_id.clone())
+                    .map(|delivery| {
+                        let mailbox = delivery.mailbox();
+                        (
+                            mailbox.user_id.clone(),
+                            mailbox.epoch,
+                            delivery.mailbox_seq(),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default()
     };
 
-    // The users the replay writes, and the time of its range's first record.
-    let mut wanted: BTreeSet<UserId> = request.users.iter().cloned().collect();
+    // What another partition may hold that the replay would lose or revert. A rebuild: any
+    // record of the named users (the whole history is rebuilt). Otherwise: a later write of a
+    // seq the range writes (writing the range again reverts only those), so the range is read
+    // once to learn its seqs, and with them the time of its first record.
+    let users: BTreeSet<UserId> = request.users.iter().cloned().collect();
+    let mut seqs: BTreeSet<(UserId, u32, u64)> = BTreeSet::new();
     let mut since_ms: Option<i64> = None;
     let mut too_many = false;
-    let learn_users = wanted.is_empty();
-    clients
-        .read_partition(
-            request.partition,
-            range.from,
-            range.end,
-            |_, ts, payload| {
-                if since_ms.is_none() {
-                    since_ms = Some(ts.unwrap_or(0));
-                }
-                if !learn_users {
-                    return true;
-                }
-                for user in users_of(payload) {
-                    wanted.insert(user);
-                }
-                too_many = wanted.len() > MAX_USERS;
-                too_many
-            },
-        )
-        .await
-        .map_err(|(reason, _)| reason)?;
-    if too_many {
-        return Ok(Some(Refusal {
-            reason: "other_partitions_unchecked",
-            detail: format!(
-                "the range delivers to more than {MAX_USERS} users, too many to look for on the topic's other partitions (a growth of the topic may have moved some of them there, SPEC 7.2); name the users with --user, or pass --allow-other-partitions when the topic did not grow during the range"
-            ),
-        }));
+    if !request.reset_mailboxes {
+        clients
+            .read_partition(
+                request.partition,
+                range.from,
+                range.end,
+                |_, ts, payload| {
+                    if since_ms.is_none() {
+                        since_ms = Some(ts.unwrap_or(0));
+                    }
+                    for (user, epoch, seq) in writes_of(payload) {
+                        if let Some(seq) = seq.filter(|_| users.is_empty() || users.contains(&user))
+                        {
+                            seqs.insert((user, epoch, seq));
+                        }
+                    }
+                    too_many = seqs.len() > MAX_SEQS;
+                    too_many
+                },
+            )
+            .await
+            .map_err(|(reason, _)| reason)?;
+        if too_many {
+            return Ok(Some(Refusal {
+                reason: "other_partitions_unchecked",
+                detail: format!(
+                    "the range writes more than {MAX_SEQS} seqs, too many to look for on the topic's other partitions (a growth of the topic may have moved some of its users there, SPEC 7.2); name the users with --user, or pass --allow-other-partitions when the topic did not grow during the range"
+                ),
+            }));
+        }
+        if seqs.is_empty() {
+            return Ok(None);
+        }
     }
-    if wanted.is_empty() {
-        return Ok(None);
-    }
+    let elsewhere = |payload: &[u8]| -> Option<UserId> {
+        writes_of(payload)
+            .into_iter()
+            .find(|(user, epoch, seq)| {
+                if request.reset_mailboxes {
+                    users.contains(user)
+                } else {
+                    seq.is_some_and(|seq| seqs.contains(&(user.clone(), *epoch, seq)))
+                }
+            })
+            .map(|(user, _, _)| user)
+    };
 
     let mut found: Vec<Elsewhere> = Vec::new();
     for partition in others {
@@ -126,14 +154,11 @@ pub(super) async fn check(
         let mut hit = None;
         clients
             .read_partition(partition, from, high, |offset, _, payload| {
-                hit = users_of(payload)
-                    .into_iter()
-                    .find(|u| wanted.contains(u))
-                    .map(|user| Elsewhere {
-                        partition,
-                        offset,
-                        user,
-                    });
+                hit = elsewhere(payload).map(|user| Elsewhere {
+                    partition,
+                    offset,
+                    user,
+                });
                 hit.is_some()
             })
             .await
