@@ -19,6 +19,14 @@
 //! Everything in between goes to DEBUG, and the metric of consumer errors still counts each.
 //! Errors that are not about the connection (an unknown topic, an authorization failure, a
 //! record that cannot be read) are not routine and are logged as before.
+//!
+//! Offset commits have a link of their own ([`commit_failed`], [`commit_succeeded`]): while the
+//! group coordinator's broker is down, or the coordinator moves to another broker, every commit
+//! fails until the group finds the new one (several a second, each `WaitingForCoordinator` or
+//! `NotCoordinator`), and each used to be a WARN: 58 of them for one coordinator killed -9 on
+//! three brokers. They are told the same way: one WARN, one INFO when a commit succeeds again,
+//! one ERROR after a minute (the group's progress is not being saved). A commit refused for
+//! any other reason (authorization, an unknown member after the group moved on) is a WARN each.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -41,9 +49,14 @@ pub(crate) fn is_transport(code: Option<RDKafkaErrorCode>) -> bool {
     )
 }
 
-/// Whether a librdkafka log line (its facility) is about a connection failing or closing.
+/// Whether a librdkafka log line (its facility) is about a broker being away: a connection
+/// failing or closing, requests timing out on it (`REQTMOUT`), the idempotent producer's ID
+/// asked again of a coordinator still loading (`GETPID`, "retrying").
 pub(crate) fn is_transport_log(facility: &str) -> bool {
-    matches!(facility, "FAIL" | "BROKERFAIL" | "ALLBROKERSDOWN")
+    matches!(
+        facility,
+        "FAIL" | "BROKERFAIL" | "ALLBROKERSDOWN" | "REQTMOUT" | "GETPID"
+    )
 }
 
 /// The one link of the process: every client's failures count against it.
@@ -82,6 +95,71 @@ pub(crate) fn working() {
             down_for = ?down_for,
             held_back,
             "the connection to the Kafka brokers works again"
+        );
+    }
+}
+
+/// The one link of the process's offset commits to the group coordinator: one server answers
+/// them, so the first acknowledged commit ends an outage (after the last records of a burst
+/// there may be no later commit to wait for).
+static COMMITS: Mutex<Link> = Mutex::new(Link::with_quiet(std::time::Duration::ZERO));
+
+/// Whether a failed commit is routine while the coordinator or the broker holding it moves or
+/// restarts (the group finds it again by itself and the next interval commits).
+pub(crate) fn is_coordinator_moving(code: Option<RDKafkaErrorCode>) -> bool {
+    is_transport(code)
+        || matches!(
+            code,
+            Some(
+                RDKafkaErrorCode::WaitingForCoordinator
+                    | RDKafkaErrorCode::NotCoordinator
+                    | RDKafkaErrorCode::CoordinatorNotAvailable
+                    | RDKafkaErrorCode::CoordinatorLoadInProgress
+                    | RDKafkaErrorCode::RequestTimedOut
+                    | RDKafkaErrorCode::OperationTimedOut
+                    | RDKafkaErrorCode::NotEnoughReplicas
+                    | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
+            )
+        )
+}
+
+/// A commit failed (the stored offsets are committed again at the next interval): routine
+/// failures said once per outage, any other each time.
+pub(crate) fn commit_failed(error: &rdkafka::error::KafkaError) {
+    if !is_coordinator_moving(error.rdkafka_error_code()) {
+        tracing::warn!(
+            error = %error,
+            "offset commit failed; the stored offsets are committed again at the next interval"
+        );
+        return;
+    }
+    match crate::locks::lock(&COMMITS).failure(Instant::now()) {
+        Say::Lost => tracing::warn!(
+            error = %error,
+            "offset commits fail while the group coordinator is unavailable (a broker restarting, the coordinator moving); the stored offsets are committed again at the next interval (said once until a commit succeeds; the retries are at DEBUG)"
+        ),
+        Say::StillLost { down_for } => tracing::error!(
+            error = %error,
+            down_for = ?down_for,
+            "no offset commit has succeeded for a minute: the group's progress is not being saved; check the brokers"
+        ),
+        Say::Restored { .. } | Say::Nothing => {
+            tracing::debug!(error = %error, "offset commit failed (held back)")
+        }
+    }
+}
+
+/// A commit the coordinator acknowledged: said once after an outage of commits.
+pub(crate) fn commit_succeeded() {
+    if let Say::Restored {
+        down_for,
+        held_back,
+    } = crate::locks::lock(&COMMITS).working(Instant::now())
+    {
+        tracing::info!(
+            down_for = ?down_for,
+            held_back,
+            "offset commits succeed again"
         );
     }
 }
@@ -151,6 +229,29 @@ mod tests {
         )));
         assert!(!is_transport(None));
         assert!(is_transport_log("FAIL"));
+        assert!(is_transport_log("REQTMOUT"));
         assert!(!is_transport_log("PROTOERR"));
+    }
+
+    #[test]
+    fn a_commit_failing_while_the_coordinator_moves_is_routine_and_nothing_else_is() {
+        for code in [
+            RDKafkaErrorCode::WaitingForCoordinator,
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::RequestTimedOut,
+        ] {
+            assert!(is_coordinator_moving(Some(code)), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::UnknownMemberId,
+            RDKafkaErrorCode::IllegalGeneration,
+            RDKafkaErrorCode::OffsetMetadataTooLarge,
+        ] {
+            assert!(!is_coordinator_moving(Some(code)), "{code:?}");
+        }
+        assert!(!is_coordinator_moving(None));
     }
 }

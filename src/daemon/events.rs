@@ -61,6 +61,7 @@ impl Event for ConsumerError<'_> {
             .rdkafka_error_code()
             .map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"));
         metrics::consumer_error(&code);
+        super::kafka_grants::GroupAnswers::error(self.error.rdkafka_error_code());
         if super::broker_link::is_transport(self.error.rdkafka_error_code()) {
             super::broker_link::failed("consumer", &self.error.to_string());
         } else {
@@ -228,20 +229,21 @@ pub(crate) struct OffsetCommitted {
 impl Event for OffsetCommitted {
     fn emit(self) {
         metrics::committed_offset(self.partition, self.offset);
+        super::kafka_grants::GroupAnswers::accepted();
+        super::broker_link::commit_succeeded();
     }
 }
 
-/// An offset commit failed (the stored offsets are sent again at the next interval).
+/// An offset commit failed (the stored offsets are sent again at the next interval); told
+/// through `broker_link`, once per outage of the coordinator.
 pub(crate) struct CommitFailed<'a> {
     pub error: &'a rdkafka::error::KafkaError,
 }
 
 impl Event for CommitFailed<'_> {
     fn emit(self) {
-        tracing::warn!(
-            error = %self.error,
-            "offset commit failed; the stored offsets are committed again at the next interval"
-        );
+        super::kafka_grants::GroupAnswers::error(self.error.rdkafka_error_code());
+        super::broker_link::commit_failed(self.error);
     }
 }
 

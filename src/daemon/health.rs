@@ -139,25 +139,18 @@ async fn missing_acls(
     consumer: &Arc<BaseConsumer<DaemonContext>>,
     settings: &ProbeSettings,
 ) -> Option<Option<String>> {
-    use super::kafka_grants::{authorized, verdicts, Operation, Verdict};
+    use super::kafka_grants::{authorized_topics, verdicts, GroupAnswers, Operation, Verdict};
     let consumer = consumer.clone();
-    let (topic, dlq, group) = (
-        settings.topic.clone(),
-        settings.dlq_topic.clone(),
-        settings.group.clone(),
-    );
-    let answer = tokio::task::spawn_blocking(move || {
-        authorized(
-            consumer.client(),
-            &[&topic, &dlq],
-            &group,
-            PROBE_INTERVAL * 5,
-        )
+    let (topic, dlq) = (settings.topic.clone(), settings.dlq_topic.clone());
+    // The topics from the broker; the group from the group's own answers (never a
+    // DescribeConsumerGroups from the daemon: `kafka_grants` says why).
+    let topics = tokio::task::spawn_blocking(move || {
+        authorized_topics(consumer.client(), &[&topic, &dlq], PROBE_INTERVAL * 5)
     })
     .await
     .ok()?
     .ok()?;
-    let (topics, group) = answer;
+    let group = GroupAnswers::authorized();
     let names = [settings.topic.as_str(), settings.dlq_topic.as_str()];
     let missing: Vec<String> = settings
         .acls

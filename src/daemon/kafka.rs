@@ -505,6 +505,7 @@ impl ClientContext for DaemonContext {
         ) {
             self.health.set_broker(false);
         }
+        super::kafka_grants::GroupAnswers::error(error.rdkafka_error_code());
         super::broker_link::client_error("consumer", &error, reason);
     }
 
@@ -631,6 +632,7 @@ impl ConsumerContext for DaemonContext {
                 tracing::warn!(error = %e, "resume of newly assigned partitions failed");
             }
             tracing::info!(partitions = ?assigned, "partitions assigned");
+            super::kafka_grants::GroupAnswers::accepted();
             lock(&self.assigned).extend(assigned.iter().copied());
             let generation = self
                 .generation

@@ -26,6 +26,17 @@
 //! A resource the principal may not even describe is refused as a whole
 //! (`TOPIC_AUTHORIZATION_FAILED`, `GROUP_AUTHORIZATION_FAILED`): then no operation implying
 //! `Describe` (`Read`, `Write`) is granted either, and the others cannot be told.
+//!
+//! **The running daemon never describes its group.** DescribeConsumerGroups goes to the group
+//! coordinator, and librdkafka 2.12 aborts the whole process when the connection to the
+//! coordinator drops during such a request (a use-after-free in `rd_kafka_admin_coord_request`'s
+//! error path, librdkafka issue #4605, fix proposed in PR #5397): the daemon, re-asking every
+//! 30 s, was killed by `Assertion 'eonce->refcnt > 0' failed` when two of three brokers went
+//! down (tests/daemon_broker_cluster.rs). So the daemon's probe asks only DescribeTopics (sent to
+//! any broker) and learns `Read` on the group from the group itself ([`GroupAnswers`]): a
+//! `GROUP_AUTHORIZATION_FAILED` from the consumer (joining, fetching offsets, committing) makes
+//! it missing, an assignment or an acknowledged commit makes it held again. `check-config`, a
+//! process of a few seconds, still asks both.
 
 #![allow(unsafe_code)] // the C bindings of DescribeTopics/DescribeConsumerGroups: each unsafe block says why it is sound
 
@@ -217,6 +228,52 @@ impl Authorized {
             Self::Error(e) => Verdict::Hidden(e.clone()),
         }
     }
+}
+
+/// `Read` on the group as the group's own answers to the daemon's consumer tell it (the module's
+/// doc says why the daemon does not describe its group). One per process, shared by the
+/// consumer's callbacks and the readiness probe.
+pub(crate) struct GroupAnswers;
+
+/// The last answer: `true` after a `GROUP_AUTHORIZATION_FAILED` not followed by an assignment
+/// or an acknowledged commit.
+static GROUP_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl GroupAnswers {
+    /// An error the consumer reported (a poll, the error callback, a commit).
+    pub(crate) fn error(code: Option<rdkafka::types::RDKafkaErrorCode>) {
+        if code == Some(rdkafka::types::RDKafkaErrorCode::GroupAuthorizationFailed) {
+            GROUP_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The group assigned partitions or acknowledged a commit: the principal reads it.
+    pub(crate) fn accepted() {
+        GROUP_REFUSED.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The group as [`verdicts`] takes it: refused, or nothing known against `Read` (and
+    /// `Describe`, which it implies).
+    pub(crate) fn authorized() -> Authorized {
+        if GROUP_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+            Authorized::Refused(
+                "GROUP_AUTHORIZATION_FAILED: the group refused the consumer".to_owned(),
+            )
+        } else {
+            Authorized::Operations(vec![Operation::Read, Operation::Describe])
+        }
+    }
+}
+
+/// Asks the broker which operations the principal of `client` may perform on each of `topics`
+/// (one DescribeTopics request, to any broker), bounded by `timeout`. Blocks (call it from a
+/// blocking context). `Err`: no answer at all.
+pub(crate) fn authorized_topics<C: ClientContext>(
+    client: &Client<C>,
+    topics: &[&str],
+    timeout: Duration,
+) -> Result<Vec<Authorized>, String> {
+    describe_topics(client, topics, timeout)
 }
 
 /// Asks the broker which operations the principal of `client` may perform on each of `topics`

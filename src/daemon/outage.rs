@@ -29,7 +29,7 @@ pub(crate) enum Say {
 }
 
 /// The state of the process's connection to the brokers, as the log tells it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Link {
     /// Since when failures have come with no working connection between them.
     down_since: Option<Instant>,
@@ -39,15 +39,30 @@ pub(crate) struct Link {
     held_back: u64,
     /// The last failure of this outage.
     last_failure: Option<Instant>,
+    /// How long without a failure before a success ends the outage ([`QUIET`] by default).
+    quiet: Duration,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Link {
     pub(crate) const fn new() -> Self {
+        Self::with_quiet(QUIET)
+    }
+
+    /// A link whose outage ends at the first success `quiet` after the last failure: zero where
+    /// one server answers (the group coordinator), so its first success says the outage ended.
+    pub(crate) const fn with_quiet(quiet: Duration) -> Self {
         Self {
             down_since: None,
             escalated: false,
             held_back: 0,
             last_failure: None,
+            quiet,
         }
     }
 
@@ -74,7 +89,7 @@ impl Link {
     pub(crate) fn working(&mut self, now: Instant) -> Say {
         let quiet = self
             .last_failure
-            .is_none_or(|last| now.saturating_duration_since(last) >= QUIET);
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.quiet);
         match self.down_since {
             Some(since) if quiet => {
                 self.down_since = None;
@@ -127,6 +142,22 @@ mod tests {
             assert_eq!(link.working(now), Say::Nothing);
             assert_eq!(link.failure(now), Say::Nothing);
         }
+    }
+
+    #[test]
+    fn a_link_without_quiet_ends_its_outage_at_the_first_success() {
+        let mut link = Link::with_quiet(Duration::ZERO);
+        let t0 = Instant::now();
+        assert_eq!(link.failure(t0), Say::Lost);
+        assert_eq!(link.failure(t0 + Duration::from_secs(1)), Say::Nothing);
+        assert_eq!(
+            link.working(t0 + Duration::from_secs(2)),
+            Say::Restored {
+                down_for: Duration::from_secs(2),
+                held_back: 1
+            }
+        );
+        assert_eq!(link.working(t0 + Duration::from_secs(3)), Say::Nothing);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos:x}", std::process::id())
 }
 
+/// Creates `name` with `partitions` partitions and the broker's default replication factor (1 on
+/// `scripts/kafka`, 3 on `scripts/kafka-cluster`).
 pub async fn create_topic(name: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -40,7 +42,7 @@ pub async fn create_topic(name: &str, partitions: i32) {
         .expect("admin client");
     let results = admin
         .create_topics(
-            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(-1))],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
         )
         .await
