@@ -34,6 +34,7 @@ mod support;
 
 mod blocked;
 mod cluster_changes;
+mod cql_cluster;
 mod dashboard_metrics;
 mod demo_serve;
 mod docs;

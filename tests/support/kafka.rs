@@ -186,6 +186,8 @@ pub struct DaemonSetup {
     pub redis_cluster: Option<Vec<String>>,
     /// `(contact points, keyspace)`: the Scylla store instead.
     pub scylla: Option<(String, String)>,
+    /// The keyspace's replication map on Scylla (SimpleStrategy with one replica when `None`).
+    pub scylla_replication: Option<String>,
     pub max_in_flight: usize,
     /// Extra lines for the `[kafka]` section (`key = value`).
     pub kafka_extra: Vec<String>,
@@ -215,6 +217,7 @@ impl DaemonSetup {
             redis_url,
             redis_cluster: None,
             scylla: None,
+            scylla_replication: None,
             max_in_flight: 64,
             kafka_extra: Vec::new(),
             group_properties: vec![
@@ -252,7 +255,8 @@ impl DaemonSetup {
                 format!("[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{}\"\ncluster = true\ncluster_nodes = [{}]\ncommand_timeout_ms = 1000\nconnect_timeout_ms = 1000\n", urls[0], rest.join(", "))
             }
             (Some((nodes, keyspace)), _) => format!(
-                "[store]\nbackend = \"scylla\"\n[store.scylla]\nnodes = [\"{nodes}\"]\nkeyspace = \"{keyspace}\"\nreplication = \"{{'class': 'SimpleStrategy', 'replication_factor': 1}}\"\n"
+                "[store]\nbackend = \"scylla\"\n[store.scylla]\nnodes = [\"{nodes}\"]\nkeyspace = \"{keyspace}\"\nreplication = \"{}\"\n",
+                self.scylla_replication.as_deref().unwrap_or("{'class': 'SimpleStrategy', 'replication_factor': 1}")
             ),
             (None, Some(url)) => format!("[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"{url}\"\ncommand_timeout_ms = 1000\nconnect_timeout_ms = 1000\n"),
             (None, None) => format!(

@@ -1,0 +1,206 @@
+//! The Scylla backend as production runs it: three CQL nodes (`scripts/cassandra-cluster`,
+//! Apache Cassandra 5.0), the keyspace with NetworkTopologyStrategy and three replicas, created
+//! by `materializer schema apply` and followed at once by the daemon's first writes (the daemon
+//! itself may not create schema). Under load one node is killed -9 and started again, one is
+//! paused for 8 s (the requests it coordinates time out), and two are killed together (no
+//! quorum: every write fails until they are back). The store ends as the log says with exactly
+//! the reference's dead letters and outcome counts, but for writes whose answer was lost.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use super::support::kafka::{
+    committed, create_topic, produce, unique, wait_for, Daemon, DaemonSetup,
+};
+use super::support::redis_server::free_port;
+use super::support::reference::{
+    assert_dead_letters_are_the_references, assert_same_state, end_offsets, reference,
+    scylla_store, stream, wait_committed, PARTITIONS,
+};
+
+/// Three Cassandra nodes of this test's own, stopped (and their data deleted) on drop.
+struct CqlCluster {
+    env: Vec<(&'static str, String)>,
+    contact_points: String,
+}
+
+impl CqlCluster {
+    fn script() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/cassandra-cluster")
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(Self::script())
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .expect("scripts/cassandra-cluster");
+        assert!(
+            out.status.success(),
+            "scripts/cassandra-cluster {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn start() -> Self {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("cql-cluster-{}", std::process::id()));
+        let mut cluster = Self {
+            env: vec![
+                ("CASSANDRA_CLUSTER_NATIVE_PORT", free_port().to_string()),
+                ("CASSANDRA_CLUSTER_STORAGE_PORT", free_port().to_string()),
+                (
+                    "CASSANDRA_CLUSTER_JMX_PORTS",
+                    format!("{},{},{}", free_port(), free_port(), free_port()),
+                ),
+                ("CASSANDRA_CLUSTER_DIR", dir.display().to_string()),
+            ],
+            contact_points: String::new(),
+        };
+        cluster.contact_points = cluster.run(&["start"]);
+        cluster
+    }
+
+    /// The first node's contact point (the driver finds the others).
+    fn contact_point(&self) -> String {
+        self.contact_points
+            .split(',')
+            .next()
+            .expect("a contact point")
+            .to_owned()
+    }
+
+    fn node(&self, verb: &str, node: u8) {
+        eprintln!("cassandra node {node}: {verb}");
+        self.run(&[verb, &node.to_string()]);
+    }
+}
+
+impl Drop for CqlCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(Self::script())
+            .arg("stop")
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_cql_nodes_crash_pause_and_lose_quorum_and_the_store_ends_as_the_log_says() {
+    let cluster = tokio::task::spawn_blocking(CqlCluster::start)
+        .await
+        .expect("start three cassandra nodes");
+    let keyspace = unique("mm_cql3").replace('-', "_");
+    let mut setup = DaemonSetup::new("cql3", None);
+    setup.scylla = Some((cluster.contact_point(), keyspace.clone()));
+    setup.scylla_replication =
+        Some("{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}".to_owned());
+    setup.store_extra = vec!["create_schema = false".to_owned()];
+    create_topic(&setup.topic, PARTITIONS).await;
+    create_topic(&setup.dlq_topic, 1).await;
+
+    // The schema as a step of its own, then the daemon's first writes at once.
+    let config = setup.config_file(free_port());
+    let applied = Command::new(env!("CARGO_BIN_EXE_materializer"))
+        .args(["schema", "apply", "--config"])
+        .arg(&config)
+        .output()
+        .expect("schema apply");
+    assert!(
+        applied.status.success(),
+        "schema apply: {}{}",
+        String::from_utf8_lossy(&applied.stdout),
+        String::from_utf8_lossy(&applied.stderr)
+    );
+
+    let records = stream(60, 4, 59);
+    let part = records.len() / 4;
+    let mut offsets = produce(&setup.topic, &records[..part]).await;
+    let daemon = Daemon::start(&setup);
+    wait_for(
+        "part of the stream committed",
+        Duration::from_secs(120),
+        || {
+            committed(&setup.group, &setup.topic, PARTITIONS)
+                .iter()
+                .any(|c| *c > 0)
+        },
+        || daemon.log(),
+    );
+
+    // One node crashes and comes back.
+    cluster.node("kill", 2);
+    offsets.extend(produce(&setup.topic, &records[part..2 * part]).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.node("start-node", 2);
+        cluster
+    })
+    .await
+    .expect("start node 2");
+
+    // One node stops answering for 8 s: what it coordinates times out.
+    cluster.node("pause", 3);
+    offsets.extend(produce(&setup.topic, &records[2 * part..3 * part]).await);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.node("resume", 3);
+
+    // Two nodes at once: no quorum until they are back.
+    cluster.node("kill", 2);
+    cluster.node("kill", 3);
+    offsets.extend(produce(&setup.topic, &records[3 * part..]).await);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.node("start-node", 2);
+        cluster.node("start-node", 3);
+        cluster
+    })
+    .await
+    .expect("start nodes 2 and 3");
+
+    let ends = end_offsets(&records, &offsets);
+    wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(240));
+    let metrics = daemon.metrics();
+    let expected = reference(&records, &offsets).await;
+    let store = scylla_store(&cluster.contact_point(), &keyspace).await;
+    assert_same_state(&expected, &store).await;
+    assert_dead_letters_are_the_references(&expected, &setup.dlq_topic);
+    // Outcomes: a write whose Paxos round timed out with an unknown outcome (a node paused or
+    // killed under it) is retried and, when the first round did apply, finds itself there:
+    // reported `unchanged`, not `inserted`/`replaced` (the exact outcome of such a retry is not
+    // known to the store yet). Every other count is the reference's.
+    let count =
+        |word: &str| metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}"));
+    let want = |word: &str| expected.groups.get(word).copied().unwrap_or(0) as f64;
+    let answered_again = count("unchanged") - want("unchanged");
+    eprintln!(
+        "three CQL nodes: {} records, {answered_again} answers of a write whose first answer was lost",
+        records.len()
+    );
+    assert!(answered_again >= 0.0, "fewer unchanged than the reference");
+    assert_eq!(
+        count("inserted") + count("replaced") + answered_again,
+        want("inserted") + want("replaced"),
+        "only written outcomes can have been answered again"
+    );
+    for word in [
+        "superseded",
+        "conflict",
+        "rejected",
+        "expired_merged",
+        "trimmed",
+        "stale_epoch",
+    ] {
+        assert_eq!(count(word), want(word), "{word}");
+    }
+    let log = daemon.log();
+    eprintln!(
+        "the daemon's log over four node failures: {} ERROR, {} WARN lines",
+        log.lines().filter(|l| l.contains(" ERROR ")).count(),
+        log.lines().filter(|l| l.contains(" WARN ")).count()
+    );
+    drop(daemon);
+    drop(cluster);
+}
