@@ -461,10 +461,18 @@ async fn a_replay_over_a_growth_refuses_and_the_order_it_names_ends_with_the_rep
     assert_eq!(body_of_x(&store).await, as_the_log_says);
 
     let config = setup.config_file(support::redis_server::free_port());
-    let refused = |args: &[&str], names: &[&str]| {
-        let mut all = args.to_vec();
+    // `replay --partition P --from-offset 0`, for `user` alone when given, with `flags`.
+    let args = |partition: &'static str, user: Option<&'static str>, flags: &[&'static str]| {
+        let mut all = vec!["--partition", partition, "--from-offset", "0"];
+        if let Some(user) = user {
+            all.extend(["--user", user]);
+        }
+        all.extend_from_slice(flags);
         all.extend(["--progress", "off"]);
-        let (out, summary) = replay(&config, &all);
+        all
+    };
+    let refused = |args: &[&str], names: &[&str]| {
+        let (out, summary) = replay(&config, args);
         assert_eq!(out.status.code(), Some(1), "{args:?} is refused: {summary}");
         assert_eq!(
             summary["refused"]["reason"], "user_on_other_partition",
@@ -481,32 +489,16 @@ async fn a_replay_over_a_growth_refuses_and_the_order_it_names_ends_with_the_rep
     };
     // Every delivery of partition 0 again: X's "old" would win over partition 1's "new".
     refused(
-        &["--partition", "0", "--from-offset", "0"],
+        &args("0", None, &[]),
         &[X, "partition 1 (offset 0)", "--allow-other-partitions"],
     );
     // A rebuild of X from either partition alone.
     refused(
-        &[
-            "--partition",
-            "0",
-            "--from-offset",
-            "0",
-            "--user",
-            X,
-            "--reset-mailboxes",
-        ],
+        &args("0", Some(X), &["--reset-mailboxes"]),
         &["partition 1 (offset 0)", "partitions 0, 1 in this order"],
     );
     refused(
-        &[
-            "--partition",
-            "1",
-            "--from-offset",
-            "0",
-            "--user",
-            X,
-            "--reset-mailboxes",
-        ],
+        &args("1", Some(X), &["--reset-mailboxes"]),
         &["partition 0 (offset 1)", "partitions 0, 1 in this order"],
     );
     assert_eq!(
@@ -516,34 +508,12 @@ async fn a_replay_over_a_growth_refuses_and_the_order_it_names_ends_with_the_rep
     );
 
     // The newest partition replays alone: its records are the newest of their users.
-    let (out, summary) = replay(
-        &config,
-        &[
-            "--partition",
-            "1",
-            "--from-offset",
-            "0",
-            "--progress",
-            "off",
-        ],
-    );
+    let (out, summary) = replay(&config, &args("1", None, &[]));
     assert!(out.status.success(), "{summary}");
     // A user of partition 0 only is not held by X, nor one whose seqs merely spread over both
     // partitions (nothing partition 0 writes is written again on partition 1).
     for user in ["stays", "spread"] {
-        let (out, summary) = replay(
-            &config,
-            &[
-                "--partition",
-                "0",
-                "--from-offset",
-                "0",
-                "--user",
-                user,
-                "--progress",
-                "off",
-            ],
-        );
+        let (out, summary) = replay(&config, &args("0", Some(user), &[]));
         assert!(out.status.success(), "{user}: {summary}");
     }
     assert_eq!(body_of_x(&store).await, as_the_log_says);
@@ -551,34 +521,15 @@ async fn a_replay_over_a_growth_refuses_and_the_order_it_names_ends_with_the_rep
     // The order the refusal names: the rebuild from the lowest partition, then the next one.
     let (out, summary) = replay(
         &config,
-        &[
-            "--partition",
+        &args(
             "0",
-            "--from-offset",
-            "0",
-            "--user",
-            X,
-            "--reset-mailboxes",
-            "--allow-other-partitions",
-            "--progress",
-            "off",
-        ],
+            Some(X),
+            &["--reset-mailboxes", "--allow-other-partitions"],
+        ),
     );
     assert!(out.status.success(), "{summary}");
     assert_eq!(summary["swapped_users"][0], X);
-    let (out, summary) = replay(
-        &config,
-        &[
-            "--partition",
-            "1",
-            "--from-offset",
-            "0",
-            "--user",
-            X,
-            "--progress",
-            "off",
-        ],
-    );
+    let (out, summary) = replay(&config, &args("1", Some(X), &[]));
     assert!(out.status.success(), "{summary}");
     assert_eq!(body_of_x(&store).await, as_the_log_says);
 }

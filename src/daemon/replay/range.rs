@@ -86,10 +86,7 @@ impl Clients {
 
     /// (low, high) watermarks and the daemon group's committed offset of the partition.
     pub(crate) fn offsets(&self) -> Result<(i64, i64, Option<i64>), String> {
-        let (low, high) = self
-            .watcher
-            .fetch_watermarks(&self.topic, self.partition, KAFKA_TIMEOUT)
-            .map_err(|e| format!("kafka: watermarks of partition {}: {e}", self.partition))?;
+        let (low, high) = self.fetch_watermarks(self.partition)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topic, self.partition);
         // The group's coordinator may be moving or still loading (a broker that just started, a
@@ -135,21 +132,10 @@ impl Clients {
                         format!("--from-time {ms} ms is in the future: there is nothing to replay"),
                     );
                 }
-                let mut query = TopicPartitionList::new();
-                query
-                    .add_partition_offset(&self.topic, self.partition, Offset::Offset(ms))
-                    .map_err(|e| format!("kafka: {e}"))?;
-                let found = tokio::task::block_in_place(|| {
-                    self.watcher.offsets_for_times(query, KAFKA_TIMEOUT)
-                })
-                .map_err(|e| format!("kafka: offsets for --from-time: {e}"))?;
-                match found
-                    .find_partition(&self.topic, self.partition)
-                    .map(|e| e.offset())
-                {
+                match self.offset_at(self.partition, ms)? {
                     // The first record at or after the time is the log start, and the log lost
                     // records before it: they may be newer than the time asked for.
-                    Some(Offset::Offset(offset))
+                    Some(offset)
                         if offset == low
                             && low > 0
                             && request.reset_mailboxes
@@ -162,7 +148,7 @@ impl Clients {
                             ),
                         );
                     }
-                    Some(Offset::Offset(offset)) if offset < high => offset,
+                    Some(offset) if offset < high => offset,
                     _ => {
                         return refuse(
                             "from_time_past_end",
@@ -331,17 +317,21 @@ impl Clients {
         Ok(ids)
     }
 
-    /// (low, high) watermarks of any partition of the topic.
+    /// (low, high) watermarks of any partition of the topic, from an async context.
     pub(super) fn watermarks(&self, partition: i32) -> Result<(i64, i64), String> {
-        tokio::task::block_in_place(|| {
-            self.watcher
-                .fetch_watermarks(&self.topic, partition, KAFKA_TIMEOUT)
-        })
-        .map_err(|e| format!("kafka: watermarks of partition {partition}: {e}"))
+        tokio::task::block_in_place(|| self.fetch_watermarks(partition))
+    }
+
+    /// (low, high) watermarks of `partition`: the one broker call behind [`Self::offsets`] and
+    /// [`Self::watermarks`] (blocks).
+    fn fetch_watermarks(&self, partition: i32) -> Result<(i64, i64), String> {
+        self.watcher
+            .fetch_watermarks(&self.topic, partition, KAFKA_TIMEOUT)
+            .map_err(|e| format!("kafka: watermarks of partition {partition}: {e}"))
     }
 
     /// The offset of `partition`'s first record at or after `time_ms`; `None` when every record
-    /// is older.
+    /// is older (`--from-time`, and the other partitions' check).
     pub(super) fn offset_at(&self, partition: i32, time_ms: i64) -> Result<Option<i64>, String> {
         let mut query = TopicPartitionList::new();
         query

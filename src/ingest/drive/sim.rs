@@ -26,12 +26,18 @@
 //!   an answer the store lost (the retry finds its own write: `unchanged`, or `replaced` where a
 //!   later write of the seq came in between), or a record read again after a crash.
 //!
-//! A failure names its seed: `SIM_SEED=<seed> cargo test --lib drive::sim` replays that history
-//! alone (`SIM_HISTORIES` sets how many are run; 2,000 by default; `SIM_TRACE` prints each wait
-//! for an answer). A history that waits on nothing that can wake it fails with its seed too:
-//! time is paused, so the deadline around each history passes at once.
+//! Which histories run: every seed of `sim_corpus.txt` (each seed that ever failed, with what it
+//! found), seeds 1 to 2,000 (`SIM_HISTORIES` sets how many), then random seeds for a fixed time
+//! (`SIM_BUDGET_SECS`, 5 s by default): the fixed seeds keep every run comparable, the random
+//! ones look somewhere new on every run.
+//!
+//! A failure names its seed, the one command that replays that history alone
+//! (`SIM_SEED=<seed> cargo test --lib drive::sim`) and the history's last 40 events (reads,
+//! answers taken final, crashes, zombies, a mailbox breaking or healing, re-reads); `SIM_TRACE`
+//! prints each wait for an answer too. A history that waits on nothing that can wake it fails
+//! with its seed as well: time is paused, so the deadline around each history passes at once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -357,7 +363,25 @@ struct Seen {
 
 /// Runs one history; `Err` says which invariant broke, and where.
 #[allow(clippy::needless_range_loop)] // sources index several per-source vectors at once
-async fn run(seed: u64) -> Result<Seen, String> {
+/// The last events of a history, printed with its failure: a shortened history to read instead
+/// of a trace of every step. Bound: [`Events::KEPT`] lines.
+#[derive(Default)]
+struct Events {
+    last: VecDeque<String>,
+}
+
+impl Events {
+    const KEPT: usize = 40;
+
+    fn note(&mut self, event: impl FnOnce() -> String) {
+        if self.last.len() == Self::KEPT {
+            self.last.pop_front();
+        }
+        self.last.push_back(event());
+    }
+}
+
+async fn run(seed: u64, events: &mut Events) -> Result<Seen, String> {
     let mut rng = Rng(seed);
     let history = generate(&mut rng);
     let created_ms = u64::try_from(crate::wall_clock::now_ms_signed()).unwrap_or(0);
@@ -418,12 +442,15 @@ async fn run(seed: u64) -> Result<Seen, String> {
                 if clock == *from {
                     *broken = Some(user.clone());
                     breaks += 1;
+                    events.note(|| format!("step {clock}: {user}'s mailbox fails closed"));
                 } else if clock == *until {
                     *broken = None;
+                    events.note(|| format!("step {clock}: {user}'s mailbox is repaired"));
                 }
             }
             if !zombies.is_empty() && rng.chance(30) {
                 let z = rng.below(zombies.len() as u64) as usize;
+                events.note(|| format!("step {clock}: zombie {z} handles an answer"));
                 if !step_zombie(&mut zombies[z], &mut policy).await? {
                     zombies.swap_remove(z);
                 }
@@ -468,6 +495,12 @@ async fn run(seed: u64) -> Result<Seen, String> {
                         &read_max,
                     )
                     .await?;
+                    events.note(|| {
+                        format!(
+                            "step {clock}: source {source} offset {offset} final{}: {words:?}",
+                            if record.skipped { " (skipped)" } else { "" }
+                        )
+                    });
                     if !record.skipped {
                         final_ever.insert((source as u8, offset));
                         reported.insert((source as u8, offset), words);
@@ -512,6 +545,7 @@ async fn run(seed: u64) -> Result<Seen, String> {
                     for offset in from..next[source] {
                         read_again.insert((key, offset));
                     }
+                    events.note(|| format!("step {clock}: source {source} read again from {from}"));
                     rereads += 1;
                     next[source] = from;
                     popped[source].clear();
@@ -547,7 +581,18 @@ async fn run(seed: u64) -> Result<Seen, String> {
                         read_again.insert((source as u8, offset));
                     }
                 }
-                if history.positions && rng.chance(50) {
+                let zombie = history.positions && rng.chance(50);
+                events.note(|| {
+                    format!(
+                        "step {clock}: crash{}; a new driver reads from {committed:?}",
+                        if zombie {
+                            ", the old driver lives on as a zombie"
+                        } else {
+                            ""
+                        }
+                    )
+                });
+                if zombie {
                     zombie_count += 1;
                     zombies.push(driver);
                     continue 'driver;
@@ -562,6 +607,12 @@ async fn run(seed: u64) -> Result<Seen, String> {
             if !readable.is_empty() && (!in_flight || rng.chance(50)) {
                 let source = readable[rng.below(readable.len() as u64) as usize];
                 let offset = next[source];
+                events.note(|| {
+                    format!(
+                        "step {clock}: read source {source} offset {offset}: {:?}",
+                        history.sources[source][offset as usize].writes
+                    )
+                });
                 if !driver.admit(
                     source as u8,
                     offset,
@@ -689,41 +740,69 @@ async fn durable(
     Ok(())
 }
 
+/// Every seed that ever failed, one per line with what it found after a `#`.
+const CORPUS: &str = include_str!("sim_corpus.txt");
+
+fn corpus() -> Vec<u64> {
+    CORPUS
+        .lines()
+        .filter_map(|line| line.split('#').next())
+        .filter_map(|seed| seed.trim().parse().ok())
+        .collect()
+}
+
+/// One history, its failure told with its seed, the command that replays it and its last events.
+async fn check(seed: u64, total: &mut Seen) {
+    let mut events = Events::default();
+    // Time is paused: a history that waits on nothing the runtime can wake jumps to this
+    // deadline at once, and names its seed instead of hanging the test.
+    let outcome = tokio::time::timeout(Duration::from_secs(3_600), run(seed, &mut events))
+        .await
+        .unwrap_or_else(|_| Err("waits for ever: nothing in flight can wake it".to_owned()));
+    match outcome {
+        Ok(seen) => {
+            total.records += seen.records;
+            total.crashes += seen.crashes;
+            total.zombies += seen.zombies;
+            total.breaks += seen.breaks;
+            total.rereads += seen.rereads;
+            total.lost_answers += seen.lost_answers;
+            total.read_again += seen.read_again;
+        }
+        Err(broken) => {
+            let last: Vec<&str> = events.last.iter().map(String::as_str).collect();
+            panic!(
+                "seed {seed}: {broken}\nreplay it: SIM_SEED={seed} cargo test --lib drive::sim\n\
+                 (add the seed to src/ingest/drive/sim_corpus.txt with what it found)\n\
+                 its last {} events:\n  {}",
+                last.len(),
+                last.join("\n  ")
+            )
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn thousands_of_seeded_histories_keep_every_invariant() {
+    let mut total = Seen::default();
+    if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        check(seed, &mut total).await;
+        eprintln!("simulated seed {seed}: {total:?}");
+        return;
+    }
     let histories: u64 = std::env::var("SIM_HISTORIES")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(2_000);
-    let seeds: Vec<u64> = match std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        Some(seed) => vec![seed],
-        None => (1..=histories).collect(),
-    };
-    let mut total = Seen::default();
-    for seed in seeds {
-        // Time is paused: a history that waits on nothing the runtime can wake jumps to this
-        // deadline at once, and names its seed instead of hanging the test.
-        let outcome = tokio::time::timeout(Duration::from_secs(3_600), run(seed))
-            .await
-            .unwrap_or_else(|_| Err("waits for ever: nothing in flight can wake it".to_owned()));
-        match outcome {
-            Ok(seen) => {
-                total.records += seen.records;
-                total.crashes += seen.crashes;
-                total.zombies += seen.zombies;
-                total.breaks += seen.breaks;
-                total.rereads += seen.rereads;
-                total.lost_answers += seen.lost_answers;
-                total.read_again += seen.read_again;
-            }
-            Err(broken) => panic!(
-                "seed {seed}: {broken}\nreplay it: SIM_SEED={seed} cargo test --lib drive::sim"
-            ),
-        }
+    let fixed_started = std::time::Instant::now();
+    let corpus = corpus();
+    let fixed = corpus.len() as u64 + histories;
+    for seed in corpus.into_iter().chain(1..=histories) {
+        check(seed, &mut total).await;
     }
+    let fixed_took = fixed_started.elapsed();
     // The histories must reach what they are for: a change to the generator that stops them
     // crashing or losing answers fails here rather than passing on easy histories.
-    eprintln!("simulated: {total:?}");
     assert!(
         total.crashes > 0
             && total.zombies > 0
@@ -732,5 +811,27 @@ async fn thousands_of_seeded_histories_keep_every_invariant() {
             && total.lost_answers > 0
             && total.read_again > 0,
         "{total:?}"
+    );
+    // Random seeds for a fixed time (the wall clock: tokio's is paused).
+    let budget = Duration::from_secs(
+        std::env::var("SIM_BUDGET_SECS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(5),
+    );
+    let started = std::time::Instant::now();
+    let mut random = Rng(u64::try_from(crate::wall_clock::now_ms_signed()).unwrap_or(1) | 1);
+    let mut more = 0_u64;
+    while started.elapsed() < budget {
+        // Above the fixed range, so a random seed never repeats a fixed one.
+        check(histories + 1 + random.below(u64::MAX / 2), &mut total).await;
+        more += 1;
+    }
+    let took = fixed_took + started.elapsed();
+    eprintln!(
+        "simulated {fixed} fixed histories in {:.1} s and {more} random ones in {:.1} s ({:.0} a minute): {total:?}",
+        fixed_took.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        (fixed + more) as f64 * 60.0 / took.as_secs_f64().max(1e-3)
     );
 }
