@@ -1,6 +1,7 @@
 //! Reaching Redis: the settings, the standalone or cluster connection, and the connections a
 //! SCAN must walk (every master of a cluster).
 
+use super::node_url::node_url;
 use super::*;
 
 /// How to reach Redis.
@@ -237,36 +238,4 @@ pub(super) async fn scan_batch(
         .query_async(node)
         .await
         .map_err(classified)
-}
-
-/// The URL of one cluster node: the configured URL with its host and port replaced, so scheme
-/// and credentials carry over.
-pub(super) fn node_url(configured: &str, address: &str) -> String {
-    let (scheme, rest) = configured
-        .split_once("://")
-        .unwrap_or(("redis", configured));
-    let credentials = rest
-        .split_once('/')
-        .map_or(rest, |(authority, _)| authority)
-        .rsplit_once('@')
-        .map(|(c, _)| format!("{c}@"))
-        .unwrap_or_default();
-    format!("{scheme}://{credentials}{address}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::node_url;
-
-    #[test]
-    fn node_urls_keep_scheme_and_credentials() {
-        assert_eq!(
-            node_url("rediss://u:pw@10.0.0.1:7000/0", "127.0.0.1:7001"),
-            "rediss://u:pw@127.0.0.1:7001"
-        );
-        assert_eq!(
-            node_url("redis://h:1", "127.0.0.1:7001"),
-            "redis://127.0.0.1:7001"
-        );
-    }
 }

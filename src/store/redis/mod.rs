@@ -31,6 +31,7 @@ pub mod eviction;
 pub mod grants;
 mod invoke;
 pub mod keys;
+mod node_url;
 pub mod open_slots;
 mod patrol;
 mod repair;

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::connection::node_url;
+use super::node_url::node_url;
 use super::RedisSettings;
 use crate::retry::Backoff;
 
