@@ -16,8 +16,9 @@
 //! resource when a describe asks for them (KIP-430, "include authorized operations"): the
 //! authorizer itself answers, with every implication, DENY rule and host restriction applied,
 //! so nothing has to be tried. rdkafka 0.38 does not wrap DescribeTopics or
-//! DescribeConsumerGroups with that option, so this module calls librdkafka 2.12's C functions
-//! on the client's own handle, with a queue of its own, and waits for the one result. Every
+//! DescribeConsumerGroups with that option, so librdkafka 2.12's C functions are called on the
+//! client's own handle, with a queue of their own, waiting for the one result (DescribeTopics by
+//! `kafka_ffi::describe_topics`, which the log's identity shares; DescribeConsumerGroups here). Every
 //! object it creates is destroyed by an [`Owned`] guard on every path out; what a result holds
 //! (descriptions, operation lists, error strings) belongs to its event and is copied out before
 //! the event is destroyed. The operation lists are read as the C enum's integer values, never as
@@ -38,16 +39,15 @@
 //! it missing, an assignment or an acknowledged commit makes it held again. `check-config`, a
 //! process of a few seconds, still asks both.
 
-#![allow(unsafe_code)] // the C bindings of DescribeTopics/DescribeConsumerGroups: each unsafe block says why it is sound
+#![allow(unsafe_code)] // the C bindings of DescribeConsumerGroups (DescribeTopics is kafka_ffi's): each unsafe block says why it is sound
 
 use std::ffi::CString;
-use std::os::raw::c_char;
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 
-use super::kafka_ffi::{text, Owned};
+use super::kafka_ffi::{operation_values, options, resource_error, wait, AdminError, Owned};
 
 use crate::config::KafkaConfig;
 
@@ -315,17 +315,21 @@ pub(crate) fn verdicts(
         .collect()
 }
 
-/// The operations of a list librdkafka returned (`ops` null: the broker reported none).
-///
-/// # Safety
-/// `ops` is null or points to `count` values of `rd_kafka_AclOperation_t` valid for the call.
-unsafe fn operations(ops: *const rd::rd_kafka_AclOperation_t, count: usize) -> Authorized {
-    if ops.is_null() {
-        return Authorized::NotReported;
+/// What the broker said of a resource, from its error and its operations
+/// (`kafka_ffi::describe_topics`, `describe_group`): refused (no Describe), another error, the
+/// operations granted, or none reported.
+fn authorized_of(error: Option<(String, String)>, operations: Option<Vec<u32>>) -> Authorized {
+    if let Some((name, text)) = error {
+        let detail = format!("{name}: {text}");
+        return if name.ends_with("AUTHORIZATION_FAILED") {
+            Authorized::Refused(detail)
+        } else {
+            Authorized::Error(detail)
+        };
     }
-    // Read as the C enum's integers: a value this build does not know is skipped, never a Rust
-    // enum out of range.
-    let values = std::slice::from_raw_parts(ops.cast::<u32>(), count);
+    let Some(values) = operations else {
+        return Authorized::NotReported;
+    };
     let mut granted: Vec<Operation> = values
         .iter()
         .filter_map(|v| Operation::from_c(*v))
@@ -335,87 +339,12 @@ unsafe fn operations(ops: *const rd::rd_kafka_AclOperation_t, count: usize) -> A
     Authorized::Operations(granted)
 }
 
-/// What a per-resource error means: refused (no Describe) or another error.
-///
-/// # Safety
-/// `error` is null or an `rd_kafka_error_t` valid for the call.
-unsafe fn resource_error(error: *const rd::rd_kafka_error_t) -> Option<Authorized> {
-    if error.is_null() {
-        return None;
+/// An admin request's failure as the ACL check words it.
+fn failed(what: &str, timeout: Duration, error: AdminError) -> String {
+    match error {
+        AdminError::TimedOut => format!("{what}: no answer within {} ms", timeout.as_millis()),
+        AdminError::Failed(detail) => format!("{what}: {detail}"),
     }
-    let name = text(rd::rd_kafka_error_name(error));
-    if name.is_empty() || name == "NO_ERROR" {
-        return None;
-    }
-    let detail = format!("{name}: {}", text(rd::rd_kafka_error_string(error)));
-    Some(if name.ends_with("AUTHORIZATION_FAILED") {
-        Authorized::Refused(detail)
-    } else {
-        Authorized::Error(detail)
-    })
-}
-
-/// Admin options of `op` with the request timeout and authorized operations asked for.
-///
-/// # Safety
-/// `rk` is a live client handle.
-unsafe fn options(
-    rk: *mut rd::rd_kafka_t,
-    op: rd::rd_kafka_admin_op_t,
-    timeout_ms: i32,
-) -> Result<Owned<rd::rd_kafka_AdminOptions_t>, String> {
-    let options = Owned {
-        ptr: rd::rd_kafka_AdminOptions_new(rk, op),
-        destroy: rd::rd_kafka_AdminOptions_destroy,
-    };
-    if options.ptr.is_null() {
-        return Err("librdkafka could not build the request".to_owned());
-    }
-    let mut errstr = [0 as c_char; 256];
-    rd::rd_kafka_AdminOptions_set_request_timeout(
-        options.ptr,
-        timeout_ms,
-        errstr.as_mut_ptr(),
-        errstr.len(),
-    );
-    let error = Owned {
-        ptr: rd::rd_kafka_AdminOptions_set_include_authorized_operations(options.ptr, 1),
-        destroy: rd::rd_kafka_error_destroy,
-    };
-    if !error.ptr.is_null() {
-        return Err(format!(
-            "librdkafka refused to ask for authorized operations: {}",
-            text(rd::rd_kafka_error_string(error.ptr))
-        ));
-    }
-    Ok(options)
-}
-
-/// Waits for the request's one event on `queue`; `Err` when none came or it carries an error
-/// for the whole request.
-///
-/// # Safety
-/// `queue` is a live queue of a live client.
-unsafe fn wait(
-    queue: *mut rd::rd_kafka_queue_t,
-    timeout_ms: i32,
-    what: &str,
-) -> Result<Owned<rd::rd_kafka_event_t>, String> {
-    // The request times out on its own after `timeout`; wait a little longer for its answer.
-    let event = Owned {
-        ptr: rd::rd_kafka_queue_poll(queue, timeout_ms.saturating_add(1_000)),
-        destroy: rd::rd_kafka_event_destroy,
-    };
-    if event.ptr.is_null() {
-        return Err(format!("{what}: no answer within {timeout_ms} ms"));
-    }
-    if rd::rd_kafka_event_error(event.ptr) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-        return Err(format!(
-            "{what}: {}",
-            text(rd::rd_kafka_event_error_string(event.ptr))
-        ));
-    }
-    Ok(event)
 }
 
 /// DescribeTopics with authorized operations, one answer per topic in the order asked.
@@ -424,70 +353,17 @@ fn describe_topics<C: ClientContext>(
     topics: &[&str],
     timeout: Duration,
 ) -> Result<Vec<Authorized>, String> {
-    let names = topics
+    let answers = super::kafka_ffi::describe_topics(client, topics, timeout, true)
+        .map_err(|e| failed("DescribeTopics", timeout, e))?;
+    Ok(topics
         .iter()
-        .map(|t| CString::new(*t).map_err(|_| format!("the topic name {t:?} holds a NUL")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut pointers: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    let rk = client.native_ptr();
-    // SAFETY: every pointer below comes from librdkafka for the client's live handle `rk` (or
-    // from `names`, alive until the end), is checked for null before use, and is destroyed by
-    // its `Owned` guard after the last use; the descriptions belong to the event and are read
-    // before it is destroyed.
-    unsafe {
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            destroy: rd::rd_kafka_queue_destroy,
-        };
-        let collection = Owned {
-            ptr: rd::rd_kafka_TopicCollection_of_topic_names(pointers.as_mut_ptr(), pointers.len()),
-            destroy: rd::rd_kafka_TopicCollection_destroy,
-        };
-        if queue.ptr.is_null() || collection.ptr.is_null() {
-            return Err("DescribeTopics: librdkafka could not build the request".to_owned());
-        }
-        let options = options(
-            rk,
-            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
-            timeout_ms,
-        )?;
-        rd::rd_kafka_DescribeTopics(rk, collection.ptr, options.ptr, queue.ptr);
-        let event = wait(queue.ptr, timeout_ms, "DescribeTopics")?;
-        let result = rd::rd_kafka_event_DescribeTopics_result(event.ptr);
-        if result.is_null() {
-            return Err("DescribeTopics: the answer is not a DescribeTopics result".to_owned());
-        }
-        let mut count = 0usize;
-        let described = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
-        let mut answers: Vec<(String, Authorized)> = Vec::with_capacity(count);
-        for i in 0..count {
-            let description = *described.add(i);
-            if description.is_null() {
-                continue;
-            }
-            let name = text(rd::rd_kafka_TopicDescription_name(description));
-            let answer = match resource_error(rd::rd_kafka_TopicDescription_error(description)) {
-                Some(error) => error,
-                None => {
-                    let mut n = 0usize;
-                    let ops =
-                        rd::rd_kafka_TopicDescription_authorized_operations(description, &mut n);
-                    operations(ops, n)
-                }
-            };
-            answers.push((name, answer));
-        }
-        Ok(topics
-            .iter()
-            .map(|topic| {
-                answers.iter().find(|(name, _)| name == topic).map_or_else(
-                    || Authorized::Error("the answer does not describe it".to_owned()),
-                    |(_, answer)| answer.clone(),
-                )
-            })
-            .collect())
-    }
+        .map(|topic| {
+            answers.iter().find(|a| a.name == *topic).map_or_else(
+                || Authorized::Error("the answer does not describe it".to_owned()),
+                |a| authorized_of(a.error.clone(), a.operations.clone()),
+            )
+        })
+        .collect())
 }
 
 /// DescribeConsumerGroups of one group with authorized operations.
@@ -500,7 +376,7 @@ fn describe_group<C: ClientContext>(
     let mut names = [name.as_ptr()];
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     let rk = client.native_ptr();
-    // SAFETY: as in `describe_topics`: librdkafka objects of the live handle `rk`, checked for
+    // SAFETY: as in `kafka_ffi::describe_topics`: librdkafka objects of the live handle `rk`, checked for
     // null, destroyed by their guards after the last use; the group name outlives the call that
     // copies it; the description belongs to the event and is read before it is destroyed.
     unsafe {
@@ -517,7 +393,9 @@ fn describe_group<C: ClientContext>(
             rk,
             rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
             timeout_ms,
-        )?;
+            true,
+        )
+        .map_err(|e| failed("DescribeConsumerGroups", timeout, e))?;
         rd::rd_kafka_DescribeConsumerGroups(
             rk,
             names.as_mut_ptr(),
@@ -525,7 +403,8 @@ fn describe_group<C: ClientContext>(
             options.ptr,
             queue.ptr,
         );
-        let event = wait(queue.ptr, timeout_ms, "DescribeConsumerGroups")?;
+        let event = wait(queue.ptr, timeout_ms)
+            .map_err(|e| failed("DescribeConsumerGroups", timeout, e))?;
         let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.ptr);
         if result.is_null() {
             return Err(
@@ -540,15 +419,14 @@ fn describe_group<C: ClientContext>(
             if description.is_null() {
                 continue;
             }
-            if let Some(error) =
-                resource_error(rd::rd_kafka_ConsumerGroupDescription_error(description))
-            {
-                return Ok(error);
+            let error = resource_error(rd::rd_kafka_ConsumerGroupDescription_error(description));
+            if error.is_some() {
+                return Ok(authorized_of(error, None));
             }
             let mut n = 0usize;
             let ops =
                 rd::rd_kafka_ConsumerGroupDescription_authorized_operations(description, &mut n);
-            return Ok(operations(ops, n));
+            return Ok(authorized_of(None, operation_values(ops, n)));
         }
         Err("DescribeConsumerGroups: the answer describes no group".to_owned())
     }

@@ -4,8 +4,7 @@
 //! A source position names its log so that offsets of two logs are never compared: a topic
 //! deleted and recreated, a cut-over to a new topic or to a mirror on another cluster starts its
 //! offsets again, and the old log's offsets say nothing about the new one's. rdkafka 0.38 does not
-//! wrap DescribeTopics (librdkafka 2.3+), so this module calls it through the C bindings on the
-//! client's own handle, with a queue of its own, and waits for the one result.
+//! wrap DescribeTopics (librdkafka 2.3+): `kafka_ffi::describe_topics` calls it.
 //!
 //! Every front end that reads the log asks here before it tags records with positions: the
 //! daemon's poll thread on each assignment, `replay` once per run. When the identity cannot be
@@ -13,16 +12,11 @@
 //! records apply as `apply`'s do and fence nothing, which can never make a new log's record lose
 //! to an old log's.
 
-#![allow(unsafe_code)] // the C bindings of DescribeTopics: each unsafe block says why it is sound
-
-use std::ffi::CString;
-use std::os::raw::c_char;
 use std::time::Duration;
 
-use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 
-use super::kafka_ffi::{text, Owned};
+use super::kafka_ffi::{describe_topics, AdminError};
 
 use crate::model::LogId;
 
@@ -64,8 +58,8 @@ pub(crate) fn read<C: ClientContext>(
     }
 }
 
-/// DescribeTopics for one topic: its ID as base64 text, `None` when the broker reports the
-/// zero UUID (no topic IDs).
+/// DescribeTopics for one topic (`kafka_ffi::describe_topics`): its ID as base64 text, `None`
+/// when the broker reports the zero UUID (no topic IDs).
 fn describe_topic_id<C: ClientContext>(
     client: &Client<C>,
     topic: &str,
@@ -75,92 +69,18 @@ fn describe_topic_id<C: ClientContext>(
         topic: topic.to_owned(),
         detail,
     };
-    let name = CString::new(topic).map_err(|_| refused("the topic name holds a NUL".to_owned()))?;
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    let rk = client.native_ptr();
-    // SAFETY: every pointer below comes from librdkafka for the client's live handle `rk`, is
-    // checked for null before use, and is destroyed by its `Owned` guard after the last use; the
-    // result's descriptions are owned by the event and read before it is destroyed.
-    unsafe {
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            destroy: rd::rd_kafka_queue_destroy,
-        };
-        let mut names = [name.as_ptr()];
-        let topics = Owned {
-            ptr: rd::rd_kafka_TopicCollection_of_topic_names(names.as_mut_ptr(), 1),
-            destroy: rd::rd_kafka_TopicCollection_destroy,
-        };
-        let options = Owned {
-            ptr: rd::rd_kafka_AdminOptions_new(
-                rk,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
-            ),
-            destroy: rd::rd_kafka_AdminOptions_destroy,
-        };
-        if queue.ptr.is_null() || topics.ptr.is_null() || options.ptr.is_null() {
-            return Err(refused("librdkafka could not build the request".to_owned()));
-        }
-        let mut errstr = [0 as c_char; 256];
-        rd::rd_kafka_AdminOptions_set_request_timeout(
-            options.ptr,
-            timeout_ms,
-            errstr.as_mut_ptr(),
-            errstr.len(),
-        );
-        rd::rd_kafka_DescribeTopics(rk, topics.ptr, options.ptr, queue.ptr);
-        // The request times out on its own after `timeout`; wait a little longer for its answer.
-        let event = Owned {
-            ptr: rd::rd_kafka_queue_poll(queue.ptr, timeout_ms.saturating_add(1_000)),
-            destroy: rd::rd_kafka_event_destroy,
-        };
-        if event.ptr.is_null() {
-            return Err(LogIdentityError::TimedOut {
-                topic: topic.to_owned(),
-                timeout,
-            });
-        }
-        let code = rd::rd_kafka_event_error(event.ptr);
-        if code != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-            let detail = text(rd::rd_kafka_event_error_string(event.ptr));
-            if code == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__TIMED_OUT {
-                return Err(LogIdentityError::TimedOut {
-                    topic: topic.to_owned(),
-                    timeout,
-                });
-            }
-            return Err(refused(detail));
-        }
-        let result = rd::rd_kafka_event_DescribeTopics_result(event.ptr);
-        if result.is_null() {
-            return Err(refused(
-                "the answer is not a DescribeTopics result".to_owned(),
-            ));
-        }
-        let mut count = 0usize;
-        let described = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
-        for i in 0..count {
-            let description = *described.add(i);
-            if description.is_null() {
-                continue;
-            }
-            let error = rd::rd_kafka_TopicDescription_error(description);
-            if !error.is_null()
-                && rd::rd_kafka_error_code(error)
-                    != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-            {
-                return Err(refused(text(rd::rd_kafka_error_string(error))));
-            }
-            let id = rd::rd_kafka_TopicDescription_topic_id(description);
-            if id.is_null()
-                || (rd::rd_kafka_Uuid_most_significant_bits(id) == 0
-                    && rd::rd_kafka_Uuid_least_significant_bits(id) == 0)
-            {
-                return Ok(None);
-            }
-            let id = text(rd::rd_kafka_Uuid_base64str(id));
-            return Ok((!id.is_empty()).then_some(id));
-        }
-        Err(refused("the answer describes no topic".to_owned()))
+    let described = describe_topics(client, &[topic], timeout, false).map_err(|e| match e {
+        AdminError::TimedOut => LogIdentityError::TimedOut {
+            topic: topic.to_owned(),
+            timeout,
+        },
+        AdminError::Failed(detail) => refused(detail),
+    })?;
+    let Some(first) = described.into_iter().next() else {
+        return Err(refused("the answer describes no topic".to_owned()));
+    };
+    match first.error {
+        Some((_, detail)) => Err(refused(detail)),
+        None => Ok(first.id),
     }
 }
