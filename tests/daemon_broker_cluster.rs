@@ -16,13 +16,13 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use support::kafka::{bootstrap, create_topic, produce, wait_for, Daemon, DaemonSetup};
+use support::own_servers::OwnServers;
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::{
     assert_counters_match, assert_dead_letters_are_the_references, assert_same_state, end_offsets,
@@ -31,29 +31,9 @@ use support::reference::{
 
 /// Three brokers started by `scripts/kafka-cluster` on private ports, stopped (and their data
 /// deleted) on drop.
-struct OwnCluster {
-    env: Vec<(&'static str, String)>,
-}
+struct OwnCluster(OwnServers);
 
 impl OwnCluster {
-    fn script() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka-cluster")
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(Self::script())
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output()
-            .expect("scripts/kafka-cluster");
-        assert!(
-            out.status.success(),
-            "scripts/kafka-cluster {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
     fn start() -> (Self, String) {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("kafka-cluster-{}", std::process::id()));
@@ -63,34 +43,26 @@ impl OwnCluster {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let cluster = Self {
-            env: vec![
+        let cluster = OwnServers::new(
+            "kafka-cluster",
+            vec![
                 ("KAFKA_CLUSTER_PORTS", ports(3)),
                 ("KAFKA_CLUSTER_CONTROLLER_PORTS", ports(3)),
                 ("KAFKA_CLUSTER_DIR", dir.display().to_string()),
             ],
-        };
+        );
         let bootstrap = cluster.run(&["start"]);
-        (cluster, bootstrap)
+        (Self(cluster), bootstrap)
     }
 
     fn kill(&self, node: i32) {
         eprintln!("kill -9 broker {node}");
-        self.run(&["kill", &node.to_string()]);
+        self.0.run(&["kill", &node.to_string()]);
     }
 
     fn start_node(&self, node: i32) {
         eprintln!("start broker {node}");
-        self.run(&["start-node", &node.to_string()]);
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        let _ = Command::new(Self::script())
-            .arg("stop")
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output();
+        self.0.run(&["start-node", &node.to_string()]);
     }
 }
 

@@ -8,10 +8,10 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use support::kafka::{create_topic, produce, wait_for, Daemon, DaemonSetup};
+use support::own_servers::OwnServers;
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::{
     assert_dead_letters_are_the_references, assert_same_state, end_offsets, redis_store, reference,
@@ -19,58 +19,26 @@ use support::reference::{
 };
 
 /// A broker started by `scripts/kafka` on private ports, stopped (and its data deleted) on drop.
-struct OwnBroker {
-    env: Vec<(&'static str, String)>,
-}
-
-impl OwnBroker {
-    fn script() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka")
-    }
-
-    fn run(&self, verb: &str) -> String {
-        let out = Command::new(Self::script())
-            .arg(verb)
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output()
-            .expect("scripts/kafka");
-        assert!(
-            out.status.success(),
-            "scripts/kafka {verb}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    fn start() -> (Self, String) {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("kafka-restart-{}", std::process::id()));
-        let broker = Self {
-            env: vec![
-                ("KAFKA_PORT", free_port().to_string()),
-                ("KAFKA_CONTROLLER_PORT", free_port().to_string()),
-                // Its authenticated listener too: the shared broker holds the default port.
-                ("KAFKA_SASL_PORT", free_port().to_string()),
-                ("KAFKA_DIR", dir.display().to_string()),
-            ],
-        };
-        let bootstrap = broker.run("start");
-        (broker, bootstrap)
-    }
-}
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        let _ = Command::new(Self::script())
-            .arg("stop")
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output();
-    }
+fn own_broker() -> (OwnServers, String) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kafka-restart-{}", std::process::id()));
+    let broker = OwnServers::new(
+        "kafka",
+        vec![
+            ("KAFKA_PORT", free_port().to_string()),
+            ("KAFKA_CONTROLLER_PORT", free_port().to_string()),
+            // Its authenticated listener too: the shared broker holds the default port.
+            ("KAFKA_SASL_PORT", free_port().to_string()),
+            ("KAFKA_DIR", dir.display().to_string()),
+        ],
+    );
+    let bootstrap = broker.run(&["start"]);
+    (broker, bootstrap)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_crash_mid_stream_loses_nothing() {
-    let (broker, bootstrap) = OwnBroker::start();
+    let (broker, bootstrap) = own_broker();
     // The only test of this binary: every helper now talks to the private broker.
     std::env::set_var("KAFKA_BOOTSTRAP", &bootstrap);
     let redis = RedisServer::start(Clock::Real, Listen::Unix, &[]);
@@ -92,7 +60,7 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
         || daemon.log(),
     );
 
-    broker.run("restart");
+    broker.run(&["restart"]);
     offsets.extend(produce(&setup.topic, &records[half..]).await);
     let ends = end_offsets(&records, &offsets);
     wait_committed(&setup, &ends, &[&daemon], Duration::from_secs(180));

@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::support::kafka::{
     committed, create_topic, produce, unique, wait_for, Daemon, DaemonSetup,
 };
+use super::support::own_servers::OwnServers;
 use super::support::redis_server::free_port;
 use super::support::reference::{
     assert_dead_letters_are_the_references, assert_same_state, end_offsets, reference,
@@ -21,34 +22,17 @@ use super::support::reference::{
 
 /// Three Cassandra nodes of this test's own, stopped (and their data deleted) on drop.
 struct CqlCluster {
-    env: Vec<(&'static str, String)>,
+    servers: OwnServers,
     contact_points: String,
 }
 
 impl CqlCluster {
-    fn script() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/cassandra-cluster")
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(Self::script())
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output()
-            .expect("scripts/cassandra-cluster");
-        assert!(
-            out.status.success(),
-            "scripts/cassandra-cluster {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
     fn start() -> Self {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("cql-cluster-{}", std::process::id()));
-        let mut cluster = Self {
-            env: vec![
+        let servers = OwnServers::new(
+            "cassandra-cluster",
+            vec![
                 ("CASSANDRA_CLUSTER_NATIVE_PORT", free_port().to_string()),
                 ("CASSANDRA_CLUSTER_STORAGE_PORT", free_port().to_string()),
                 (
@@ -57,10 +41,12 @@ impl CqlCluster {
                 ),
                 ("CASSANDRA_CLUSTER_DIR", dir.display().to_string()),
             ],
-            contact_points: String::new(),
-        };
-        cluster.contact_points = cluster.run(&["start"]);
-        cluster
+        );
+        let contact_points = servers.run(&["start"]);
+        Self {
+            servers,
+            contact_points,
+        }
     }
 
     /// The first node's contact point (the driver finds the others).
@@ -74,16 +60,7 @@ impl CqlCluster {
 
     fn node(&self, verb: &str, node: u8) {
         eprintln!("cassandra node {node}: {verb}");
-        self.run(&[verb, &node.to_string()]);
-    }
-}
-
-impl Drop for CqlCluster {
-    fn drop(&mut self) {
-        let _ = Command::new(Self::script())
-            .arg("stop")
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output();
+        self.servers.run(&[verb, &node.to_string()]);
     }
 }
 

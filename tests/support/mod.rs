@@ -6,5 +6,6 @@ pub mod cli;
 pub mod docs;
 pub mod in_process;
 pub mod kafka;
+pub mod own_servers;
 pub mod redis_server;
 pub mod reference;
