@@ -172,6 +172,10 @@ struct Slot<R, M> {
     /// Deliveries of a parked (blocked) user, skipped: neither applied nor kept waiting (see
     /// [`PartitionPipeline::park`]).
     skipped: Vec<bool>,
+    /// Deliveries sent in a call that came back without their answer (the call failed at an
+    /// earlier delivery of its run, and may still have applied the whole run): see
+    /// [`PartitionPipeline::sent_unanswered`].
+    unanswered: Vec<bool>,
     pending: usize,
     malformed: Option<DecodeError>,
     dispatch_id: Option<String>,
@@ -466,6 +470,7 @@ impl<R, M> PartitionPipeline<R, M> {
             deliveries: Vec::new(),
             results: Vec::new(),
             skipped: Vec::new(),
+            unanswered: Vec::new(),
             pending: 0,
             malformed: None,
             dispatch_id: None,
@@ -499,6 +504,7 @@ impl<R, M> PartitionPipeline<R, M> {
                 }
                 slot.pending = slot.skipped.iter().filter(|s| !**s).count();
                 slot.results = vec![None; deliveries.len()];
+                slot.unanswered = vec![false; deliveries.len()];
                 slot.deliveries = deliveries;
             }
         }
@@ -508,6 +514,37 @@ impl<R, M> PartitionPipeline<R, M> {
         }
         self.slots.insert(offset, slot);
         Some(Admission { settled })
+    }
+
+    /// Whether a later delivery still in `at`'s lane appends the same seq of the same mailbox
+    /// (a same-day replace further on in the log, not yet answered).
+    pub(crate) fn rewritten_later_in_lane(&self, at: DeliveryRef) -> bool {
+        let Some(delivery) = self.delivery(at) else {
+            return false;
+        };
+        let (Delivery::Append(group), Some(lane)) =
+            (&**delivery, self.lanes.get(&delivery.mailbox().user_id))
+        else {
+            return false;
+        };
+        lane.queue
+            .iter()
+            .filter(|r| (r.offset, r.index) > (at.offset, at.index))
+            .filter_map(|r| self.delivery(*r))
+            .any(|later| {
+                matches!(&**later, Delivery::Append(g)
+                    if g.mailbox == group.mailbox && g.mailbox_seq == group.mailbox_seq)
+            })
+    }
+
+    /// Whether the delivery at `at` was sent before in a call that came back without its
+    /// answer ([`Self::not_reached`]): that call may have applied it.
+    pub(crate) fn sent_unanswered(&self, at: DeliveryRef) -> bool {
+        self.slots
+            .get(&at.offset)
+            .and_then(|slot| slot.unanswered.get(at.index))
+            .copied()
+            .unwrap_or(false)
     }
 
     /// The delivery at `at`, while its record is in the window.
@@ -618,6 +655,13 @@ impl<R, M> PartitionPipeline<R, M> {
         let Some(user) = self.delivery(at).map(|d| d.mailbox().user_id.clone()) else {
             return;
         };
+        if let Some(flag) = self
+            .slots
+            .get_mut(&at.offset)
+            .and_then(|slot| slot.unanswered.get_mut(at.index))
+        {
+            *flag = true;
+        }
         let Some(lane) = self.lanes.get_mut(&user) else {
             return;
         };

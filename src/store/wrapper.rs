@@ -5,11 +5,11 @@
 //! A [`Wrapper`] names its inner store and overrides only what it watches: one group's
 //! append, the appends in flight, taking and lifting a repair fence. Every other call goes to the
 //! inner store unchanged, and a run is answered group by group through the wrapper's own
-//! [`Wrapper::append`] ([`append_one_by_one`]), so it sees each group.
+//! [`Wrapper::append`] unless the wrapper takes the run whole ([`Wrapper::append_run`]).
 
 use async_trait::async_trait;
 
-use super::{append_one_by_one, FenceView, MailboxStore, RepairToken, SeqPosition, SwapReport};
+use super::{FenceView, MailboxStore, RepairToken, SeqPosition, SwapReport};
 use crate::model::{
     AppendOutcome, EventGroup, MailboxId, MailboxInspection, PromoteOutcome, ScanPage, ScanRequest,
     StoreError, TruncateOutcome, UserId,
@@ -25,6 +25,13 @@ pub trait Wrapper: Send + Sync {
     /// One group's append (a run's groups come here one by one).
     async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
         self.inner().append(group).await
+    }
+
+    /// A run of one mailbox: by default its groups one by one through [`Wrapper::append`], so
+    /// the wrapper sees each group; a wrapper that must see the run as the one call a backend
+    /// makes of it (a fault that loses a whole call's answers) overrides it.
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        super::each_in_order(run, |group| Wrapper::append(self, group)).await
     }
 
     fn max_appends_in_flight(&self) -> Option<usize> {
@@ -63,7 +70,7 @@ impl<W: Wrapper> MailboxStore for W {
     }
 
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        append_one_by_one(self, run).await
+        Wrapper::append_run(self, run).await
     }
 
     async fn truncate_before(

@@ -3,7 +3,8 @@
 //! Each history is a log of a few sources (partitions), each user on one of them, of records
 //! that append, replace or replay a seq, deliver to one or two users, or fail to decode. The
 //! store is the memory reference behind a fault layer that, chosen by the seed, answers late,
-//! fails before it writes, or writes and loses the answer. The front end is the daemon's rule
+//! fails before it writes, or writes and loses the answer, group by group or, in half the
+//! histories, a mailbox's whole run at once as a backend answers one call. The front end is the daemon's rule
 //! (every not-final answer retried), with windows of 1 to 8 records, reads interleaved at random
 //! with answers, and crashes that keep only the store and the offsets taken final (a crash
 //! waits for the calls already sent, as the hand-over does, then starts a new driver from those
@@ -205,6 +206,9 @@ struct Faulty {
     lose_answer: u64,
     /// (user, seq, body) whose answer was lost at least once.
     lost: Mutex<BTreeSet<(String, u64, String)>>,
+    /// Faults hit a mailbox's run as the one call a backend makes of it (a Redis script, a
+    /// Paxos round): a lost answer loses every answer of the run. Otherwise group by group.
+    whole_calls: bool,
     /// The user whose mailbox fails closed now (answers `corrupt`, writes nothing) until an
     /// operator's repair.
     broken: Mutex<Option<String>>,
@@ -216,19 +220,45 @@ impl Wrapper for Faulty {
         &self.inner
     }
 
-    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
-        let (fault, yields) = {
-            let mut rng = self.rng.lock().expect("rng");
-            let roll = rng.below(100);
-            let fault = if roll < self.fail_before {
-                Fault::Before
-            } else if roll < self.fail_before + self.lose_answer {
-                Fault::LostAnswer
-            } else {
-                Fault::None
-            };
-            (fault, rng.below(4))
+    async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
+        if !self.whole_calls {
+            return crate::store::each_in_order(run, |group| Wrapper::append(self, group)).await;
+        }
+        let (fault, yields) = self.roll();
+        for _ in 0..yields {
+            tokio::task::yield_now().await;
+        }
+        let Some(first) = run.first() else {
+            return Vec::new();
         };
+        let broken = self.broken.lock().expect("broken").clone();
+        if broken.as_deref() == Some(first.mailbox.user_id.as_str()) {
+            return vec![Err(StoreError::Corrupt {
+                kind: crate::model::CorruptKind::IndexLost,
+            })];
+        }
+        match fault {
+            Fault::Before => vec![Err(injected())],
+            Fault::LostAnswer => {
+                let answers = self.inner.append_run(run).await;
+                let mut lost = self.lost.lock().expect("lost");
+                for (group, answer) in run.iter().zip(&answers) {
+                    if answer.is_ok() {
+                        lost.insert((
+                            group.mailbox.user_id.as_str().to_owned(),
+                            group.mailbox_seq,
+                            body_of(&group.events),
+                        ));
+                    }
+                }
+                vec![Err(injected())]
+            }
+            Fault::None => self.inner.append_run(run).await,
+        }
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        let (fault, yields) = self.roll();
         // Answers late: other calls may overtake this one.
         for _ in 0..yields {
             tokio::task::yield_now().await;
@@ -239,10 +269,6 @@ impl Wrapper for Faulty {
                 kind: crate::model::CorruptKind::IndexLost,
             });
         }
-        let injected = || StoreError::Unavailable {
-            backend: "memory",
-            detail: "injected".to_owned(),
-        };
         match fault {
             Fault::Before => Err(injected()),
             Fault::LostAnswer => {
@@ -258,6 +284,30 @@ impl Wrapper for Faulty {
             }
             Fault::None => self.inner.append(group).await,
         }
+    }
+}
+
+impl Faulty {
+    /// The fault of one call and how many times it yields first (answers late).
+    fn roll(&self) -> (Fault, u64) {
+        let mut rng = self.rng.lock().expect("rng");
+        let roll = rng.below(100);
+        let fault = if roll < self.fail_before {
+            Fault::Before
+        } else if roll < self.fail_before + self.lose_answer {
+            Fault::LostAnswer
+        } else {
+            Fault::None
+        };
+        (fault, rng.below(4))
+    }
+}
+
+/// The error of a call that failed (before or after it wrote).
+fn injected() -> StoreError {
+    StoreError::Unavailable {
+        backend: "memory",
+        detail: "injected".to_owned(),
     }
 }
 
@@ -392,6 +442,7 @@ async fn run(seed: u64, events: &mut Events) -> Result<Seen, String> {
         lose_answer: rng.below(15),
         lost: Mutex::new(BTreeSet::new()),
         broken: Mutex::new(None),
+        whole_calls: rng.chance(50),
     });
     // One user's mailbox may fail closed from one step to a later one (an operator's repair).
     let break_at = rng.chance(40).then(|| {
