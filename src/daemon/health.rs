@@ -53,24 +53,31 @@ pub fn spawn(
         let mut last_line: Option<(bool, Option<String>)> = None;
         let mut last_grants: Option<Option<String>> = None;
         let mut grants_checked: Option<std::time::Instant> = None;
+        // The topics' ACLs as the broker last answered (asked every `GRANTS_RECHECK`); the
+        // group's are read from the group's own answers at every probe.
+        let mut topics_answer: Option<Vec<super::kafka_grants::Authorized>> = None;
         loop {
             // No ACL to ask about (the demo's mock cluster, which answers no DescribeAcls).
             let asks = !settings.acls.is_empty();
             if asks && grants_checked.is_none_or(|at| at.elapsed() >= GRANTS_RECHECK) {
                 grants_checked = Some(std::time::Instant::now());
-                if let Some(missing) = missing_acls(&consumer, &settings).await {
-                    if last_grants.as_ref() != Some(&missing) {
-                        match &missing {
-                            Some(line) => tracing::error!("not ready: {line}"),
-                            None if last_grants.is_some() => {
-                                tracing::info!("every Kafka ACL the daemon needs is granted again")
-                            }
-                            None => {}
-                        }
-                        last_grants = Some(missing.clone());
-                    }
-                    health.set_kafka_grants(missing.is_some(), missing);
+                if let Some(answer) = topics_acls(&consumer, &settings).await {
+                    topics_answer = Some(answer);
                 }
+            }
+            if let Some(topics) = topics_answer.as_deref().filter(|_| asks) {
+                let missing = missing_acls(&settings, topics);
+                if last_grants.as_ref() != Some(&missing) {
+                    match &missing {
+                        Some(line) => tracing::error!("not ready: {line}"),
+                        None if last_grants.is_some() => {
+                            tracing::info!("every Kafka ACL the daemon needs is granted again")
+                        }
+                        None => {}
+                    }
+                    last_grants = Some(missing.clone());
+                }
+                health.set_kafka_grants(missing.is_some(), missing);
             }
             let store_ok = matches!(
                 tokio::time::timeout(PROBE_INTERVAL, store.ping()).await,
@@ -131,31 +138,23 @@ pub fn spawn(
 /// How often the daemon asks the broker again which of its ACLs it holds.
 const GRANTS_RECHECK: Duration = Duration::from_secs(30);
 
-/// The `/readyz` line naming the Kafka ACLs the daemon lacks (`None`: none lacking), or `None`
-/// outright when the broker did not answer (the broker probe reports that). Only the ACLs without
+/// The `/readyz` line naming the Kafka ACLs the daemon lacks (`None`: none lacking), from the
+/// topics' last answer and the group's own answers. Only the ACLs without
 /// which records cannot flow count: `Read` on the topic and the group, `Write` on the dead-letter
 /// topic; a missing `DescribeConfigs` only refuses repairs, which the compaction watch reports.
-async fn missing_acls(
-    consumer: &Arc<BaseConsumer<DaemonContext>>,
+fn missing_acls(
     settings: &ProbeSettings,
-) -> Option<Option<String>> {
-    use super::kafka_grants::{authorized_topics, verdicts, GroupAnswers, Operation, Verdict};
-    let consumer = consumer.clone();
-    let (topic, dlq) = (settings.topic.clone(), settings.dlq_topic.clone());
-    // The topics from the broker; the group from the group's own answers (never a
-    // DescribeConsumerGroups from the daemon: `kafka_grants` says why).
-    let topics = tokio::task::spawn_blocking(move || {
-        authorized_topics(consumer.client(), &[&topic, &dlq], PROBE_INTERVAL * 5)
-    })
-    .await
-    .ok()?
-    .ok()?;
+    topics: &[super::kafka_grants::Authorized],
+) -> Option<String> {
+    use super::kafka_grants::{verdicts, GroupAnswers, Operation, Verdict};
+    // The group from the group's own answers (never a DescribeConsumerGroups from the daemon:
+    // `kafka_grants` says why).
     let group = GroupAnswers::authorized();
     let names = [settings.topic.as_str(), settings.dlq_topic.as_str()];
     let missing: Vec<String> = settings
         .acls
         .iter()
-        .zip(verdicts(&settings.acls, &names, &topics, &group))
+        .zip(verdicts(&settings.acls, &names, topics, &group))
         .filter(|(acl, verdict)| {
             *verdict == Verdict::Missing && acl.operation != Operation::DescribeConfigs
         })
@@ -168,7 +167,27 @@ async fn missing_acls(
             )
         })
         .collect();
-    Some((!missing.is_empty()).then(|| missing.join("; ")))
+    (!missing.is_empty()).then(|| missing.join("; "))
+}
+
+/// The topics' ACLs as the broker answers DescribeTopics (`None`: no answer; the broker probe
+/// reports that).
+async fn topics_acls(
+    consumer: &Arc<BaseConsumer<DaemonContext>>,
+    settings: &ProbeSettings,
+) -> Option<Vec<super::kafka_grants::Authorized>> {
+    let consumer = consumer.clone();
+    let (topic, dlq) = (settings.topic.clone(), settings.dlq_topic.clone());
+    tokio::task::spawn_blocking(move || {
+        super::kafka_grants::authorized_topics(
+            consumer.client(),
+            &[&topic, &dlq],
+            PROBE_INTERVAL * 5,
+        )
+    })
+    .await
+    .ok()?
+    .ok()
 }
 
 /// How often the daemon reads every Redis master again ([`watch_redis_masters`]).
