@@ -221,10 +221,27 @@ impl Wrapper for Faulty {
     }
 
     async fn append_run(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
-        if !self.whole_calls {
-            return crate::store::each_in_order(run, |group| Wrapper::append(self, group)).await;
+        if self.whole_calls {
+            self.call(run).await
+        } else {
+            crate::store::each_in_order(run, |group| Wrapper::append(self, group)).await
         }
+    }
+
+    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
+        self.call(&[group])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(injected()))
+    }
+}
+
+impl Faulty {
+    /// One call to the store (a group, or a mailbox's whole run): one fault for all of it, as a
+    /// backend answers one call. A lost answer loses every answer of the call.
+    async fn call(&self, run: &[&EventGroup]) -> Vec<Result<AppendOutcome, StoreError>> {
         let (fault, yields) = self.roll();
+        // Answers late: other calls may overtake this one.
         for _ in 0..yields {
             tokio::task::yield_now().await;
         }
@@ -257,37 +274,6 @@ impl Wrapper for Faulty {
         }
     }
 
-    async fn append(&self, group: &EventGroup) -> Result<AppendOutcome, StoreError> {
-        let (fault, yields) = self.roll();
-        // Answers late: other calls may overtake this one.
-        for _ in 0..yields {
-            tokio::task::yield_now().await;
-        }
-        let broken = self.broken.lock().expect("broken").clone();
-        if broken.as_deref() == Some(group.mailbox.user_id.as_str()) {
-            return Err(StoreError::Corrupt {
-                kind: crate::model::CorruptKind::IndexLost,
-            });
-        }
-        match fault {
-            Fault::Before => Err(injected()),
-            Fault::LostAnswer => {
-                let applied = self.inner.append(group).await;
-                if applied.is_ok() {
-                    self.lost.lock().expect("lost").insert((
-                        group.mailbox.user_id.as_str().to_owned(),
-                        group.mailbox_seq,
-                        body_of(&group.events),
-                    ));
-                }
-                Err(injected())
-            }
-            Fault::None => self.inner.append(group).await,
-        }
-    }
-}
-
-impl Faulty {
     /// The fault of one call and how many times it yields first (answers late).
     fn roll(&self) -> (Fault, u64) {
         let mut rng = self.rng.lock().expect("rng");
