@@ -21,12 +21,12 @@ use std::time::Duration;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use support::kafka::{bootstrap, create_topic, produce, wait_for, Daemon, DaemonSetup};
+use support::kafka::{bootstrap, create_topic, produce, Daemon, DaemonSetup};
 use support::own_servers::OwnServers;
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::{
     assert_counters_match, assert_dead_letters_are_the_references, assert_same_state, end_offsets,
-    redis_store, reference, stream, wait_committed, PARTITIONS,
+    redis_store, reference, stream, wait_committed, wait_first_commit, PARTITIONS,
 };
 
 /// Three brokers started by `scripts/kafka-cluster` on private ports, stopped (and their data
@@ -118,16 +118,7 @@ async fn three_brokers_fail_one_after_another_and_the_store_ends_as_the_log_says
     let part = records.len() / 4;
     let mut offsets = produce(&setup.topic, &records[..part]).await;
     let daemon = Daemon::start(&setup);
-    wait_for(
-        "the daemon to commit part of the stream",
-        Duration::from_secs(60),
-        || {
-            support::kafka::committed(&setup.group, &setup.topic, PARTITIONS)
-                .iter()
-                .any(|c| *c > 0)
-        },
-        || daemon.log(),
-    );
+    wait_first_commit(&setup, &daemon, Duration::from_secs(60));
 
     // The group coordinator's broker.
     let node = coordinator(&setup.group);

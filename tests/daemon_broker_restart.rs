@@ -10,12 +10,12 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use support::kafka::{create_topic, produce, wait_for, Daemon, DaemonSetup};
+use support::kafka::{create_topic, produce, Daemon, DaemonSetup};
 use support::own_servers::OwnServers;
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 use support::reference::{
     assert_dead_letters_are_the_references, assert_same_state, end_offsets, redis_store, reference,
-    stream, wait_committed, PARTITIONS,
+    stream, wait_committed, wait_first_commit, PARTITIONS,
 };
 
 /// A broker started by `scripts/kafka` on private ports, stopped (and its data deleted) on drop.
@@ -49,16 +49,7 @@ async fn a_broker_crash_mid_stream_loses_nothing() {
     let half = records.len() / 2;
     let mut offsets = produce(&setup.topic, &records[..half]).await;
     let daemon = Daemon::start(&setup);
-    wait_for(
-        "the daemon to commit part of the stream",
-        Duration::from_secs(60),
-        || {
-            support::kafka::committed(&setup.group, &setup.topic, PARTITIONS)
-                .iter()
-                .any(|c| *c > 0)
-        },
-        || daemon.log(),
-    );
+    wait_first_commit(&setup, &daemon, Duration::from_secs(60));
 
     broker.run(&["restart"]);
     offsets.extend(produce(&setup.topic, &records[half..]).await);

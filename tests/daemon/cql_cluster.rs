@@ -10,14 +10,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use super::support::kafka::{
-    committed, create_topic, produce, unique, wait_for, Daemon, DaemonSetup,
-};
+use super::support::kafka::{create_topic, produce, unique, Daemon, DaemonSetup};
 use super::support::own_servers::OwnServers;
 use super::support::redis_server::free_port;
 use super::support::reference::{
     assert_dead_letters_are_the_references, assert_same_state, end_offsets, reference,
-    scylla_store, stream, wait_committed, PARTITIONS,
+    scylla_store, stream, wait_committed, wait_first_commit, PARTITIONS,
 };
 
 /// Three Cassandra nodes of this test's own, stopped (and their data deleted) on drop.
@@ -96,16 +94,7 @@ async fn three_cql_nodes_crash_pause_and_lose_quorum_and_the_store_ends_as_the_l
     let part = records.len() / 4;
     let mut offsets = produce(&setup.topic, &records[..part]).await;
     let daemon = Daemon::start(&setup);
-    wait_for(
-        "part of the stream committed",
-        Duration::from_secs(120),
-        || {
-            committed(&setup.group, &setup.topic, PARTITIONS)
-                .iter()
-                .any(|c| *c > 0)
-        },
-        || daemon.log(),
-    );
+    wait_first_commit(&setup, &daemon, Duration::from_secs(120));
 
     // One node crashes and comes back.
     cluster.node("kill", 2);

@@ -13,7 +13,7 @@ use support::redis_server::free_port;
 use support::reference::{
     assert_dead_letters_are_the_references, assert_same_state, drop_scylla_keyspace, end_offsets,
     group_record, lose_scylla_identity_rows, now_ms, reference, scan_seqs, scylla_store, stream,
-    wait_committed, PARTITIONS,
+    wait_committed, wait_first_commit, PARTITIONS,
 };
 
 fn shared_nodes() -> String {
@@ -46,16 +46,7 @@ async fn a_cql_server_restart_mid_stream_loses_nothing() {
     let half = records.len() / 2;
     let mut offsets = produce(&setup.topic, &records[..half]).await;
     let daemon = Daemon::start(&setup);
-    wait_for(
-        "part of the stream committed",
-        Duration::from_secs(120),
-        || {
-            committed(&setup.group, &setup.topic, PARTITIONS)
-                .iter()
-                .any(|c| *c > 0)
-        },
-        || daemon.log(),
-    );
+    wait_first_commit(&setup, &daemon, Duration::from_secs(120));
 
     let restarting = tokio::task::spawn_blocking(move || {
         cassandra.restart();

@@ -192,6 +192,21 @@ pub fn end_offsets(records: &[(i32, Vec<u8>)], offsets: &[i64]) -> Vec<i64> {
     ends
 }
 
+/// Waits until the group has committed part of the stream on some partition: the daemon runs
+/// and has written, before a test breaks something under it.
+pub fn wait_first_commit(setup: &DaemonSetup, daemon: &Daemon, timeout: Duration) {
+    wait_for(
+        "part of the stream committed",
+        timeout,
+        || {
+            committed(&setup.group, &setup.topic, PARTITIONS)
+                .iter()
+                .any(|c| *c > 0)
+        },
+        || daemon.log(),
+    );
+}
+
 pub fn wait_committed(setup: &DaemonSetup, ends: &[i64], daemons: &[&Daemon], timeout: Duration) {
     wait_for(
         "every record committed",
