@@ -23,7 +23,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use support::kafka::{bootstrap, create_topic, produce, Daemon, DaemonSetup};
 use support::own_servers::OwnServers;
-use support::redis_server::{free_port, Clock, Listen, RedisServer};
+use support::redis_server::{Clock, Listen, RedisServer};
 use support::reference::{
     assert_counters_match, assert_dead_letters_are_the_references, assert_same_state, end_offsets,
     redis_store, reference, stream, wait_committed, wait_first_commit, PARTITIONS,
@@ -37,19 +37,13 @@ impl OwnCluster {
     fn start() -> (Self, String) {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("kafka-cluster-{}", std::process::id()));
-        let ports = |n| {
-            (0..n)
-                .map(|_| free_port().to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        // The script's fixed ports (19192-19197), below the kernel's ephemeral range: a broker
+        // killed and started again binds its ports anew, and a port picked by `free_port` (an
+        // ephemeral one) could meanwhile have gone to another test's server. Only this test
+        // runs the cluster.
         let cluster = OwnServers::new(
             "kafka-cluster",
-            vec![
-                ("KAFKA_CLUSTER_PORTS", ports(3)),
-                ("KAFKA_CLUSTER_CONTROLLER_PORTS", ports(3)),
-                ("KAFKA_CLUSTER_DIR", dir.display().to_string()),
-            ],
+            vec![("KAFKA_CLUSTER_DIR", dir.display().to_string())],
         );
         let bootstrap = cluster.run(&["start"]);
         (Self(cluster), bootstrap)
