@@ -52,6 +52,7 @@ fn group(mb: &MailboxId, seq: u64, events: &[Event]) -> EventGroup {
         created_at: day * DAY_MS + 1,
         events: events.to_vec(),
         source: None,
+        token: None,
     }
 }
 

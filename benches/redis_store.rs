@@ -203,6 +203,7 @@ fn group(user: UserId, seq: u64, day: u64, n: u32) -> EventGroup {
         created_at: day * DAY_MS + 1,
         events: events(n),
         source: None,
+        token: None,
     }
 }
 /// CPU seconds (user + system) a process has used so far.
@@ -613,6 +614,7 @@ fn redis_benchmark_appends(server: &RedisServer, policy: &RetentionPolicy) -> f6
         created_at: day * DAY_MS + 1,
         events: events(3),
         source: None,
+        token: None,
     };
     args.extend(append_argv(&keys, &fresh, policy));
     let out = Command::new("redis-benchmark")

@@ -199,6 +199,7 @@ async fn run_round(
                 created_at: day * DAY_MS + 1,
                 events: events.to_vec(),
                 source: None,
+                token: None,
             }
         })
     };
@@ -254,6 +255,7 @@ async fn run_round(
                                 0,
                                 (i * RUN + seq) as i64,
                             )),
+                            token: None,
                         }
                     })
                     .collect();
@@ -376,6 +378,7 @@ async fn run_round(
                     created_at: (today - 1 + seq * 2 / GROUPS_PER_MAILBOX) * DAY_MS + 1,
                     events: events.to_vec(),
                     source: None,
+                    token: None,
                 };
                 store.append(&group).await.expect("append");
             }

@@ -24,7 +24,8 @@
   ARGV[12] '1' when the caller follows with WAIT (see `propagate_for_wait`), else '0'
   ARGV[13] the number of members plus one (bounds the read of a same-day replay)
   ARGV[14] the group's place in the dispatch log, `partition:offset@log`, or '' (zombie fencing)
-  ARGV[15..] the group's bucket members, sorted by ordinal:
+  ARGV[15] the delivery's write token, 16 hex digits, or '' (model/written.rs)
+  ARGV[16..] the group's bucket members, sorted by ordinal:
              seq16 '|' ordinal10 '|' created_at '|' canonical payload
   Numbers travel as the caller's decimal strings (see common.lua).
 
@@ -47,6 +48,12 @@
   insert makes anyway, and by one HSET (or HDEL) on a replace. The mailbox-level
   `source_position` an older release kept is read in the same HMGET and deleted by the next
   write that changes the mailbox: nothing decides with it.
+
+  A lost answer keeps its outcome (src/model/written.rs): a write with a token stores
+  `position|i<token>` (insert) or `position|r<token>` (replace) in `pos:<seq>`; an identical
+  same-day write that brings the token stored there is a retry of the very write that made the
+  version (its answer was lost) and answers as that write did (`model::rules::identical_answer`);
+  any other identical write is unchanged. The suffix is never part of the position compared.
 
   Within a run (`append_run.lua`) the groups share `known`: what this script call has already
   read or written of the mailbox, so each is read once per run, not once per group: the fence
@@ -74,15 +81,34 @@
 local epoch_key, meta_key, seqbucket_key, days_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local seq, seq16, day_text, expires_text = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local day_key = KEYS[5] .. day_text
-local members_from = 15
+local members_from = 16
 local incoming_position = ARGV[14]
+local incoming_token = ARGV[15]
 
 local position_key = position_field(seq)
 
--- `partition`, `offset`, `log` of a `partition:offset@log` position (nils for anything else: an
--- older release's bare `partition:offset` names no log and fences nothing).
+-- `partition`, `offset`, `log` of a stored `partition:offset@log[|mark]` position (nils for
+-- anything else: an older release's bare `partition:offset` names no log and fences nothing).
+-- A log never holds `|` (model::LogId), so the mark after it is never part of the position.
 local function position_parts(position)
-  return string.match(position or '', '^(%-?%d+):(%d+)@(.+)$')
+  return string.match(position or '', '^(%-?%d+):(%d+)@([^|]+)')
+end
+
+-- What `pos:<seq>` holds for a version this write makes: its position, with the write's mark
+-- (`i` inserted, `r` replaced) and token when it has one; '' for a write without a position.
+local function stored_position(mark)
+  if incoming_position == '' or incoming_token == '' then return incoming_position end
+  return incoming_position .. '|' .. mark .. incoming_token
+end
+
+-- `model::rules::identical_answer`: unchanged (2), unless the stored version was written by
+-- this very delivery (its token), whose answer was lost: then what that write answered.
+local function identical_answer(held)
+  if incoming_token ~= '' and held then
+    local mark = string.match(held, '|([ir])' .. incoming_token .. '$')
+    if mark == 'i' then return 1 elseif mark == 'r' then return 3 end
+  end
+  return 2
 end
 
 -- `model::rules::superseded`: the seq's stored version came from a later offset of the same log
@@ -266,11 +292,13 @@ if existing then
       end
     end
   end
-  if same then return {2, promoted} end
-  if m.seq_position == nil then
-    m.seq_position = redis.call('HGET', meta_key, position_key)
-    if known and known.meta then known.meta[position_key] = m.seq_position end
+  if (same and incoming_token ~= '') or not same then
+    if m.seq_position == nil then
+      m.seq_position = redis.call('HGET', meta_key, position_key)
+      if known and known.meta then known.meta[position_key] = m.seq_position end
+    end
   end
+  if same then return {identical_answer(m.seq_position), promoted} end
   -- Different content from an older offset of the log and partition that wrote this version.
   if superseded(m.seq_position, incoming_position) then return {8, promoted, m.seq_position} end
   -- Different content: the whole old group goes, the new one comes, atomically.
@@ -283,8 +311,9 @@ if existing then
   redis.call('EXPIREAT', day_key, expires_text)
   if known then known.bucket_expiry[day_key] = expires_text end
   -- The new version's position replaces the old one's (or the old one goes).
-  if incoming_position ~= '' and incoming_position ~= m.seq_position then
-    hset_known(meta_key, {position_key, incoming_position}, known and known.meta)
+  local replacing = stored_position('r')
+  if replacing ~= '' and replacing ~= m.seq_position then
+    hset_known(meta_key, {position_key, replacing}, known and known.meta)
   end
   hdel_known(meta_key, stale_position_fields(m, incoming_position), known and known.meta)
   return {3, promoted}
@@ -378,7 +407,7 @@ fields[#fields + 1] = 'seqbucket_max_seq'
 fields[#fields + 1] = seq_max(m.seqbucket_max, seq)
 if incoming_position ~= '' then
   fields[#fields + 1] = position_key
-  fields[#fields + 1] = incoming_position
+  fields[#fields + 1] = stored_position('i')
 end
 if had_proof then
   fields[#fields + 1] = 'bucket_max_seq:' .. day_text

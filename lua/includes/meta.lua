@@ -45,7 +45,9 @@ end
 
 --[[
   Source positions (SPEC 7.2, zombie fencing): the meta field `pos:<seq>` (canonical seq) holds
-  `partition:offset@log`, the log position the seq's stored version was written from. It lives
+  `partition:offset@log`, the log position the seq's stored version was written from, followed
+  by `|i<token>` or `|r<token>` when the write had a token (the answer a retry of that very
+  write gets, src/model/written.rs). It lives
   and dies with that version: written by the insert or replace that wrote it, deleted by a
   replace without a position, by promote with the seq's expired identity, by truncate with the
   trimmed identity, and with the whole meta by an epoch move. So the meta holds at most one

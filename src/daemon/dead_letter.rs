@@ -254,6 +254,7 @@ mod tests {
                             payload: Payload::from_value(&serde_json::json!({"i": i})),
                         }],
                         source: None,
+                        token: None,
                     })),
                     error: StoreError::rejected(RejectKind::FutureCreatedAt, "x".repeat(300)),
                 })

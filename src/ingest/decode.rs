@@ -115,6 +115,7 @@ impl DispatchRecord {
             let source = crate::model::SourcePosition::new(log.clone(), partition, offset);
             for group in &mut dispatch.deliveries {
                 group.source = Some(source.clone());
+                group.token = Some(crate::model::WriteToken::next());
             }
         }
         self
@@ -401,6 +402,7 @@ fn decode_delivery(
         created_at: committed_at,
         events,
         source: None,
+        token: None,
     })
 }
 

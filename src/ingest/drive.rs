@@ -394,7 +394,6 @@ where
                 Verdict::Stop(stop) => return Err(stop),
             }
         }
-        let result = own_call_rewrote(&window.pipeline, key.at, attempt, result);
         policy.delivery_final(step, &mut window.state, &result);
         let settled = window.pipeline.complete(key.at, result);
         for settled in held.into_iter().chain(settled) {
@@ -527,37 +526,6 @@ where
         let target = policy.target(first).unwrap_or_else(|| store.clone());
         window.calls += run.len();
         runner.start_run(target, run, attempt, delay, window.cancel.clone());
-    }
-}
-
-/// The answer of a retry whose own earlier call the store applied although its answer was lost
-/// (a failover, a client time-out): a run of one mailbox is one call (a script, a Paxos round),
-/// so when it held two writes of one seq (a record and a same-day replace later in the log) and
-/// its answer was lost, the retry of the first finds the second's version stored, from a later
-/// offset of its own partition, and the store answers `superseded` (SPEC 7.2's zombie rule).
-/// No zombie wrote it: this process did, in the call that lost its answer, so it is reported as
-/// every other retry that finds its own write, `unchanged` (what the earlier call answered,
-/// `inserted` or `replaced`, is not known to the store). Only a delivery sent before without
-/// its answer (a retry, `attempt > 0`, or one of the run behind the failed one, sent again in
-/// the lane's next run) whose seq a later delivery still waiting in its lane writes again is
-/// read this way: a delivery sent for the first time cannot meet its own later write, which is
-/// never sent before it is answered.
-fn own_call_rewrote<R, M>(
-    pipeline: &crate::ingest::pipeline::PartitionPipeline<R, M>,
-    at: DeliveryRef,
-    attempt: u32,
-    result: Result<DeliveryOutcome, StoreError>,
-) -> Result<DeliveryOutcome, StoreError> {
-    match result {
-        Ok(DeliveryOutcome::Append(crate::model::AppendOutcome::Superseded))
-            if (attempt > 0 || pipeline.sent_unanswered(at))
-                && pipeline.rewritten_later_in_lane(at) =>
-        {
-            Ok(DeliveryOutcome::Append(
-                crate::model::AppendOutcome::Unchanged,
-            ))
-        }
-        other => other,
     }
 }
 

@@ -9,7 +9,7 @@
 //! 2. Its **deliveries** join the **lane** of their user: all epochs of a user share one lane (so an
 //!    epoch move stays ordered with the older epoch's records), lanes run concurrently. A lane
 //!    hands out one **run** at a time, from its front in source order: the appends waiting there
-//!    for one mailbox (at most [`RUN_MAX_GROUPS`] and [`RUN_MAX_BYTES`] of payload), or one
+//!    for one mailbox, each seq once (at most [`RUN_MAX_GROUPS`] and [`RUN_MAX_BYTES`] of payload), or one
 //!    truncate; the next run only once every delivery of the last one is back. A lane with
 //!    something to run joins the window's **ready** queue, and its run is formed only when the
 //!    caller takes it ([`PartitionPipeline::take_run`]), as late as the store's capacity allows:
@@ -172,10 +172,6 @@ struct Slot<R, M> {
     /// Deliveries of a parked (blocked) user, skipped: neither applied nor kept waiting (see
     /// [`PartitionPipeline::park`]).
     skipped: Vec<bool>,
-    /// Deliveries sent in a call that came back without their answer (the call failed at an
-    /// earlier delivery of its run, and may still have applied the whole run): see
-    /// [`PartitionPipeline::sent_unanswered`].
-    unanswered: Vec<bool>,
     pending: usize,
     malformed: Option<DecodeError>,
     dispatch_id: Option<String>,
@@ -470,7 +466,6 @@ impl<R, M> PartitionPipeline<R, M> {
             deliveries: Vec::new(),
             results: Vec::new(),
             skipped: Vec::new(),
-            unanswered: Vec::new(),
             pending: 0,
             malformed: None,
             dispatch_id: None,
@@ -504,7 +499,6 @@ impl<R, M> PartitionPipeline<R, M> {
                 }
                 slot.pending = slot.skipped.iter().filter(|s| !**s).count();
                 slot.results = vec![None; deliveries.len()];
-                slot.unanswered = vec![false; deliveries.len()];
                 slot.deliveries = deliveries;
             }
         }
@@ -514,37 +508,6 @@ impl<R, M> PartitionPipeline<R, M> {
         }
         self.slots.insert(offset, slot);
         Some(Admission { settled })
-    }
-
-    /// Whether a later delivery still in `at`'s lane appends the same seq of the same mailbox
-    /// (a same-day replace further on in the log, not yet answered).
-    pub(crate) fn rewritten_later_in_lane(&self, at: DeliveryRef) -> bool {
-        let Some(delivery) = self.delivery(at) else {
-            return false;
-        };
-        let (Delivery::Append(group), Some(lane)) =
-            (&**delivery, self.lanes.get(&delivery.mailbox().user_id))
-        else {
-            return false;
-        };
-        lane.queue
-            .iter()
-            .filter(|r| (r.offset, r.index) > (at.offset, at.index))
-            .filter_map(|r| self.delivery(*r))
-            .any(|later| {
-                matches!(&**later, Delivery::Append(g)
-                    if g.mailbox == group.mailbox && g.mailbox_seq == group.mailbox_seq)
-            })
-    }
-
-    /// Whether the delivery at `at` was sent before in a call that came back without its
-    /// answer ([`Self::not_reached`]): that call may have applied it.
-    pub(crate) fn sent_unanswered(&self, at: DeliveryRef) -> bool {
-        self.slots
-            .get(&at.offset)
-            .and_then(|slot| slot.unanswered.get(at.index))
-            .copied()
-            .unwrap_or(false)
     }
 
     /// The delivery at `at`, while its record is in the window.
@@ -655,13 +618,6 @@ impl<R, M> PartitionPipeline<R, M> {
         let Some(user) = self.delivery(at).map(|d| d.mailbox().user_id.clone()) else {
             return;
         };
-        if let Some(flag) = self
-            .slots
-            .get_mut(&at.offset)
-            .and_then(|slot| slot.unanswered.get_mut(at.index))
-        {
-            *flag = true;
-        }
         let Some(lane) = self.lanes.get_mut(&user) else {
             return;
         };
@@ -680,6 +636,8 @@ impl<R, M> PartitionPipeline<R, M> {
         let mut run = Vec::new();
         let mut bytes = 0;
         let mut mailbox = None;
+        // The seqs of `run` (at most RUN_MAX_GROUPS).
+        let mut seqs: Vec<u64> = Vec::new();
         for at in &lane.queue {
             let Some(delivery) = self
                 .slots
@@ -696,14 +654,21 @@ impl<R, M> PartitionPipeline<R, M> {
                 break;
             };
             let size: usize = group.events.iter().map(|e| e.payload.as_str().len()).sum();
+            // A seq at most once per run: a run is one store call, and when its answer is lost
+            // and it is sent again, each write must find the store as that write left it, or
+            // a later write of the same seq in the same call would answer the retry of the
+            // first (`superseded`, its own call's later version) instead of its own outcome
+            // (`model::written`). A same-day replace of a seq of this run starts the next run.
             let joins = mailbox.is_none_or(|m| m == &group.mailbox)
                 && run.len() < RUN_MAX_GROUPS
-                && (run.is_empty() || bytes + size <= RUN_MAX_BYTES);
+                && (run.is_empty() || bytes + size <= RUN_MAX_BYTES)
+                && !seqs.contains(&group.mailbox_seq);
             if !joins {
                 break;
             }
             mailbox = Some(&group.mailbox);
             bytes += size;
+            seqs.push(group.mailbox_seq);
             run.push(*at);
         }
         if let Some(lane) = self.lanes.get_mut(user) {

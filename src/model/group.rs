@@ -93,6 +93,10 @@ pub struct EventGroup {
     /// Where in the dispatch log the group was read (the daemon and `replay`); `None` for
     /// input without a log position (`apply`). Not part of the content: it fences zombies.
     pub source: Option<SourcePosition>,
+    /// Names this reading of the record (`model::written`): the store keeps it with the
+    /// version the group writes, so a retry whose earlier attempt applied although its answer
+    /// was lost is answered as that attempt was. `None` without a position.
+    pub token: Option<super::WriteToken>,
 }
 
 /// The identity of a dispatch log (SPEC 7.2): the topic's ID as the broker reports it (KIP-516),
@@ -174,6 +178,8 @@ impl SourcePosition {
     /// The inverse of [`encode`](Self::encode); `None` for anything else (a position an older
     /// release kept as a bare `partition:offset` names no log and fences nothing).
     pub fn decode(text: &str) -> Option<Self> {
+        // A stored position may carry its write's mark after a `|` (`model::written`).
+        let text = text.split_once('|').map_or(text, |(position, _)| position);
         let (numbers, log) = text.split_once('@')?;
         let (partition, offset) = numbers.split_once(':')?;
         Some(Self {

@@ -11,6 +11,7 @@ pub mod outcome;
 pub mod retention;
 pub mod rules;
 pub mod validate;
+pub mod written;
 
 pub use error::{ConflictKind, CorruptKind, CursorExpired, ErrorClass, RejectKind, StoreError};
 pub use exit::Exit;
@@ -21,3 +22,4 @@ pub use outcome::{
     ScanRequest, ScannedGroup, TruncateOutcome,
 };
 pub use retention::{RetentionPolicy, RetentionPolicyError, DAY_MS, DAY_SECS};
+pub use written::{WriteMark, WriteToken};

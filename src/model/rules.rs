@@ -331,6 +331,30 @@ pub(crate) fn superseded(held: Option<&SourcePosition>, incoming: Option<&Source
         if h.log == i.log && h.partition == i.partition && i.offset < h.offset)
 }
 
+/// The answer to a same-day write identical to the stored version (SPEC 4.2 step 8):
+/// `unchanged`, unless the stored version was written by an earlier attempt of this very
+/// delivery (the same [`WriteToken`](super::WriteToken)), whose answer was lost on the way (a
+/// failover, a client time-out, a Paxos round with an unknown outcome): then what that attempt
+/// answered, `inserted` or `replaced` (`model::written`). A token is new at each reading of a
+/// record, so another replica, a re-read after a rebalance or a crash, and `replay` are
+/// `unchanged`, as a replay of the log always is.
+#[inline]
+pub(crate) fn identical_answer(
+    held: Option<super::WriteMark>,
+    incoming: Option<super::WriteToken>,
+) -> super::AppendOutcome {
+    match (held, incoming) {
+        (Some(held), Some(token)) if held.token == token => {
+            if held.replaced {
+                super::AppendOutcome::Replaced
+            } else {
+                super::AppendOutcome::Inserted
+            }
+        }
+        _ => super::AppendOutcome::Unchanged,
+    }
+}
+
 /// The one log line of a superseded write (SPEC 7.2), with both positions: what the write came
 /// from and what wrote the stored version. Every backend calls it where it decided `superseded`.
 pub(crate) fn note_superseded(group: &super::EventGroup, held: Option<&SourcePosition>) {

@@ -147,6 +147,7 @@ fn patrol_collects_the_staging_copy_of_a_crashed_repair() {
                 payload: Payload::from_value(&json!({"staged": true})),
             }],
             source: None,
+            token: None,
         };
         store.repair_append(&token, &staged).await.expect("staged");
         // The process dies here: no swap, no abort; the lease lapses by itself.

@@ -1262,6 +1262,99 @@ pub async fn late_write_of_an_older_position_is_superseded(h: &H) {
     assert_eq!(store.append(&fresh).await, Ok(AppendOutcome::Inserted));
 }
 
+/// A write whose answer was lost keeps its outcome (docs/decisions.md, `model::written`): the
+/// retry of the very delivery that wrote a version (its write token) finds the version
+/// identical and answers what the lost attempt answered, `inserted` or `replaced`, alone and in
+/// a run; another reading of the same record (a new token: another replica, a re-read, a
+/// replay), a write without a token, and a version an older release wrote (no mark) are
+/// `unchanged`. The mark never changes the position compared: a zombie is still fenced.
+pub async fn a_retry_whose_answer_was_lost_answers_as_the_lost_attempt_did(h: &H) {
+    use mailbox_materializer::model::WriteToken;
+    let f = h.fixture(policy(), NOW0).await;
+    let store = f.store();
+    let mb = mailbox("lost-answer", 1);
+    let version = |tag: &str, offset: i64, token: Option<u64>| {
+        let mut g = group(&mb, 5, TODAY0, 2, tag);
+        g.source = position("log-a", 0, offset);
+        g.token = token.map(WriteToken::from_raw);
+        g
+    };
+
+    // Offset 10 inserts seq 5 (its answer lost): the retry brings the same token.
+    assert_eq!(
+        store.append(&version("v1", 10, Some(1))).await,
+        Ok(AppendOutcome::Inserted)
+    );
+    assert_eq!(
+        store.append(&version("v1", 10, Some(1))).await,
+        Ok(AppendOutcome::Inserted),
+        "the retry of the write that inserted the version"
+    );
+    assert_eq!(
+        store.append(&version("v1", 10, Some(2))).await,
+        Ok(AppendOutcome::Unchanged),
+        "another reading of the same record"
+    );
+    assert_eq!(
+        store.append(&version("v1", 10, None)).await,
+        Ok(AppendOutcome::Unchanged),
+        "a write without a token"
+    );
+
+    // Offset 20 replaces it; its retry, alone and in a run, answers replaced.
+    assert_eq!(
+        store.append(&version("v2", 20, Some(3))).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    let retry = version("v2", 20, Some(3));
+    let other_seq = {
+        let mut g = group(&mb, 6, TODAY0, 1, "w");
+        g.source = position("log-a", 0, 21);
+        g.token = Some(WriteToken::from_raw(4));
+        g
+    };
+    assert_eq!(
+        store.append_run(&[&retry, &other_seq]).await,
+        vec![Ok(AppendOutcome::Replaced), Ok(AppendOutcome::Inserted)]
+    );
+    assert_eq!(
+        store.append_run(&[&retry, &other_seq]).await,
+        vec![Ok(AppendOutcome::Replaced), Ok(AppendOutcome::Inserted)],
+        "a whole run sent again after its answer was lost"
+    );
+    // The stored mark is not part of the position: the late write of offset 10 is still fenced.
+    assert_eq!(
+        store.append(&version("v1", 10, Some(1))).await,
+        Ok(AppendOutcome::Superseded)
+    );
+    assert_eq!(
+        store.seq_positions(&mb).await.map(|seqs| seqs
+            .into_iter()
+            .map(|s| (s.seq, s.position))
+            .collect::<Vec<_>>()),
+        Ok(vec![
+            (5, position("log-a", 0, 20)),
+            (6, position("log-a", 0, 21))
+        ])
+    );
+
+    // A version written without a mark (a delivery without a token, as an older release wrote
+    // every version): a retry can never claim it.
+    assert_eq!(
+        store.append(&version("v3", 30, None)).await,
+        Ok(AppendOutcome::Replaced)
+    );
+    assert_eq!(
+        store.append(&version("v3", 30, Some(5))).await,
+        Ok(AppendOutcome::Unchanged)
+    );
+    // And a later version's retry token never answers for an earlier one.
+    assert_eq!(
+        store.append(&version("v2", 20, Some(3))).await,
+        Ok(AppendOutcome::Superseded)
+    );
+}
+
 /// SPEC 7.2: positions are kept per seq. A replay of a replace that was refused (dead-lettered)
 /// after later records wrote other seqs of the mailbox applies: a write of another seq never
 /// fences this one. Alone and in a batch.

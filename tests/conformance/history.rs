@@ -95,6 +95,14 @@ fn source_of(at: At) -> Option<mailbox_materializer::model::SourcePosition> {
     ))
 }
 
+/// A new write token for a group read from a log (a delivery with a position has one, as the
+/// daemon's and `replay`'s do; `model::written`).
+fn token_of(g: &EventGroup) -> Option<mailbox_materializer::model::WriteToken> {
+    g.source
+        .as_ref()
+        .map(|_| mailbox_materializer::model::WriteToken::next())
+}
+
 /// Seqs and cursors where arithmetic or a backend's number type changes: around 2^53 (the last
 /// integer a double holds exactly), the largest valid seq, and the largest cursor a caller can
 /// send.
@@ -408,6 +416,7 @@ fn resolve(
                 &tag,
             );
             g.source = source_of(at);
+            g.token = token_of(&g);
             (user, g)
         }
         Op::FreshExpired { user, days_back } => {
@@ -419,9 +428,15 @@ fn resolve(
             (user, group(&mb, book.last_seq, day, 1, "expired"))
         }
         Op::IdenticalReplay { user, pick } => {
+            // Even picks: the same delivery sent again (a retry after a lost answer, its
+            // token kept); odd: the record read anew (a new token).
             let book = &books[user as usize];
             let earlier = pick_sent(book, pick)?;
-            (user, earlier.clone())
+            let mut g = earlier.clone();
+            if pick % 2 == 1 {
+                g.token = token_of(&g);
+            }
+            (user, g)
         }
         Op::DifferentReplay {
             user,
@@ -440,6 +455,7 @@ fn resolve(
             );
             g.created_at = earlier.created_at;
             g.source = source_of(at);
+            g.token = token_of(&g);
             (user, g)
         }
         Op::CrossDayReplay { user, pick, shift } => {

@@ -24,7 +24,7 @@
 //! | 4.6 boundedness | `metadata_stays_bounded_over_a_year` |
 //! | 4 as a whole, random | `randomized_histories_keep_the_invariants` (`history.rs`: every backend against the memory reference), `randomized_histories_agree_in_runs_and_one_by_one` (each history one by one and in runs) |
 //! | 7.1 repair | `repair_*` (`repair.rs`; `repair_randomized_staged_histories_agree_in_runs_and_one_by_one`: random histories staged one by one and in runs) |
-//! | 7.2 zombies and log identity | `late_write_of_an_older_position_is_superseded`, `a_later_write_of_another_seq_never_fences_a_replace`, `a_cut_over_to_a_new_log_replaces_same_day_content` |
+//! | 7.2 zombies and log identity | `late_write_of_an_older_position_is_superseded`, `a_later_write_of_another_seq_never_fences_a_replace`, `a_cut_over_to_a_new_log_replaces_same_day_content`, `a_retry_whose_answer_was_lost_answers_as_the_lost_attempt_did` |
 //! | 7.3 any one piece lost | `every_lost_piece_answers_the_truth_or_corrupt` (`loss.rs`: a generated matrix of pieces x states x operations against the memory reference) |
 //! | 7.2 positions as `explain` shows them | `seq_positions_name_each_live_seqs_stored_version`, `seq_positions_leave_out_expired_seqs` |
 //!
@@ -134,6 +134,7 @@ macro_rules! conformance_tests {
             randomized_histories_agree_in_runs_and_one_by_one,
             append_many_spread_over_many_users_answers_each,
             late_write_of_an_older_position_is_superseded,
+            a_retry_whose_answer_was_lost_answers_as_the_lost_attempt_did,
         seq_positions_name_each_live_seqs_stored_version,
         seq_positions_leave_out_expired_seqs,
             a_later_write_of_another_seq_never_fences_a_replace,
@@ -184,6 +185,7 @@ pub fn group(mb: &MailboxId, seq: u64, day: u64, n: u32, tag: &str) -> EventGrou
             })
             .collect(),
         source: None,
+        token: None,
     }
 }
 

@@ -69,6 +69,7 @@ fn delivery(i: usize) -> Arc<Delivery> {
             payload: Payload::from_value(&serde_json::json!({"i": i})),
         }],
         source: None,
+        token: None,
     }))
 }
 

@@ -13,7 +13,7 @@ use crate::store::fault::Corruption;
 
 mod stored;
 
-use stored::{canonical_events, IdentityIndex, Mailbox, Meta};
+use stored::{canonical_events, IdentityIndex, Mailbox, Meta, StoredGroup};
 
 /// Everything stored for one user: the epoch key and the current epoch's mailbox.
 ///
@@ -87,7 +87,7 @@ impl UserState {
                         && stored.created_at == group.created_at
                         && stored.events == events
                     {
-                        return Ok(AppendOutcome::Unchanged);
+                        return Ok(rules::identical_answer(stored.mark, group.token));
                     }
                 }
                 let held = mailbox.groups.get(&seq).and_then(|g| g.source.as_ref());
@@ -97,11 +97,14 @@ impl UserState {
                 }
                 mailbox.put_group(
                     seq,
-                    day,
                     incoming_expires_at,
-                    group.created_at,
-                    events,
-                    group.source.clone(),
+                    StoredGroup {
+                        day,
+                        created_at: group.created_at,
+                        events,
+                        source: group.source.clone(),
+                        mark: group.token.map(crate::model::WriteMark::replaced),
+                    },
                 );
                 return Ok(AppendOutcome::Replaced);
             }
@@ -116,11 +119,14 @@ impl UserState {
         // Insert: events, identity, day member, proofs, range, seqbucket_max_seq.
         mailbox.put_group(
             seq,
-            day,
             incoming_expires_at,
-            group.created_at,
-            canonical_events(&group.events),
-            group.source.clone(),
+            StoredGroup {
+                day,
+                created_at: group.created_at,
+                events: canonical_events(&group.events),
+                source: group.source.clone(),
+                mark: group.token.map(crate::model::WriteMark::inserted),
+            },
         );
         mailbox
             .identity

@@ -6,8 +6,8 @@ use super::*;
 /// The reply code of a write refused after its promote compacted days (`after_promote`).
 const REFUSED_AFTER_PROMOTE: i64 = 7;
 
-/// The ARGV entries of `lua/append.lua` before a group's members (ARGV[1..14]).
-const APPEND_FIXED_ARGS: usize = 14;
+/// The ARGV entries of `lua/append.lua` before a group's members (ARGV[1..15]).
+const APPEND_FIXED_ARGS: usize = 15;
 
 /// The script error codes whose refusal is a delivery's final answer, as `lua/append_run.lua`
 /// reads them (`,-1,-2,-3,`): derived from [`StoreError::is_final`] through the one mapping
@@ -106,7 +106,8 @@ impl RedisStore {
                     .as_ref()
                     .map(|s| s.encode())
                     .unwrap_or_default(),
-            );
+            )
+            .arg(group.token.map(|t| t.hex()).unwrap_or_default());
         for event in events {
             invocation.arg(event_member(
                 group.mailbox_seq,

@@ -132,7 +132,7 @@ impl ScyllaStore {
             stored(seq),
             stored(expires_at),
             row_digest,
-            group.source.as_ref(),
+            super::commit::stored_position(group, true),
             ttl,
         );
         if !self.commit(commit).await? {
@@ -184,7 +184,7 @@ impl ScyllaStore {
             stored(seq),
             stored(expires_at),
             content,
-            group.source.as_ref(),
+            super::commit::stored_position(group, false),
             ttl,
         );
         Ok(())

@@ -15,7 +15,7 @@ use super::state::{stored, Meta};
 use super::statements::Statements;
 use super::{applied, ScyllaStore};
 use crate::model::rules::FORMAT_VERSION;
-use crate::model::{SourcePosition, StoreError};
+use crate::model::StoreError;
 use crate::store::classify::cql;
 
 type Values = Box<dyn SerializeRow + Send + Sync>;
@@ -79,17 +79,16 @@ impl<'s> Commit<'s> {
 
     /// Writes the identity row of `seq`: its expiry, the key of its event rows and the log
     /// position of the version (null for none: a replace without a position clears the old
-    /// version's).
+    /// version's), in its stored form with the write's mark ([`stored_position`]).
     pub(crate) fn put_identity(
         &mut self,
         slot: i32,
         seq: i64,
         expires_at: i64,
         digest: i64,
-        source: Option<&SourcePosition>,
+        source: Option<String>,
         ttl: i32,
     ) {
-        let source = source.map(SourcePosition::encode);
         let values = (
             self.user.clone(),
             slot,
@@ -170,4 +169,16 @@ impl ScyllaStore {
         }
         Ok(applied)
     }
+}
+
+/// The stored form of the position of the version `group` writes, with the write's mark
+/// (`model::written`): `replaced` when the write replaces an older version.
+pub(crate) fn stored_position(group: &crate::model::EventGroup, replaced: bool) -> Option<String> {
+    let mark = group
+        .token
+        .map(|token| crate::model::WriteMark { token, replaced });
+    group
+        .source
+        .as_ref()
+        .map(|position| crate::model::written::encode(position, mark))
 }

@@ -353,7 +353,13 @@ impl ScyllaStore {
                     None => d.snapshot.identity_source(d.slot, stored(seq)),
                 };
                 if same {
-                    Decided::Answer(Ok(AppendOutcome::Unchanged))
+                    // A run's own earlier write of the seq came from another delivery (a
+                    // record is in a run once): only a stored version can be this one's.
+                    let mark = match from_run {
+                        Some(_) => None,
+                        None => d.snapshot.identity_mark(d.slot, stored(seq)),
+                    };
+                    Decided::Answer(Ok(rules::identical_answer(mark, group.token)))
                 } else if rules::superseded(held, group.source.as_ref()) {
                     rules::note_superseded(group, held);
                     Decided::Answer(Ok(AppendOutcome::Superseded))

@@ -209,6 +209,8 @@ pub(super) struct Identity {
     pub expires_at: i64,
     pub digest: i64,
     pub source: Option<SourcePosition>,
+    /// The write that made the version (`model::written`), when it had a token.
+    pub mark: Option<crate::model::WriteMark>,
 }
 
 impl Snapshot {
@@ -234,6 +236,13 @@ impl Snapshot {
         self.identities
             .get(&(slot, seq))
             .and_then(|identity| identity.source.as_ref())
+    }
+
+    /// The mark of the write that made `seq`'s stored version in `slot` (`model::written`).
+    pub(crate) fn identity_mark(&self, slot: i32, seq: i64) -> Option<crate::model::WriteMark> {
+        self.identities
+            .get(&(slot, seq))
+            .and_then(|identity| identity.mark)
     }
 
     /// Decides which slot a writer may change, or why it may not (SPEC 7.1).
@@ -358,13 +367,15 @@ impl Snapshot {
                 }
                 (slot @ (0 | 1), seq) => {
                     if let Some(expires_at) = row.expires_at {
+                        let (source, mark) = row
+                            .source_position
+                            .as_deref()
+                            .map_or((None, None), crate::model::written::decode);
                         let identity = Identity {
                             expires_at,
                             digest: row.digest.unwrap_or(0),
-                            source: row
-                                .source_position
-                                .as_deref()
-                                .and_then(SourcePosition::decode),
+                            source,
+                            mark,
                         };
                         snapshot.identities.insert((slot, seq), identity);
                     }

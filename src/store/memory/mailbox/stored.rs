@@ -164,6 +164,10 @@ pub(super) struct StoredGroup {
     /// for a write without one (`apply`). Lives and dies with the version.
     #[serde(default)]
     pub(super) source: Option<SourcePosition>,
+    /// The write that made this version (`model::written`): a retry of it whose answer was
+    /// lost is answered as it was. `None` for a write without a token.
+    #[serde(default)]
+    pub(super) mark: Option<crate::model::WriteMark>,
 }
 
 /// Events sorted by ordinal: the order every backend stores and returns them in.
@@ -198,25 +202,10 @@ pub(super) fn prefetch<T: ?Sized>(shared: &Arc<T>) {
 }
 
 impl Mailbox {
-    /// Writes (or replaces) the whole group at `seq` in the bucket of `day`.
-    pub(super) fn put_group(
-        &mut self,
-        seq: u64,
-        day: u64,
-        expires_at: u64,
-        created_at: u64,
-        events: Arc<[Event]>,
-        source: Option<SourcePosition>,
-    ) {
-        let old = self.groups.insert(
-            seq,
-            StoredGroup {
-                day,
-                created_at,
-                events,
-                source,
-            },
-        );
+    /// Writes (or replaces) the whole group at `seq` in the bucket of its day.
+    pub(super) fn put_group(&mut self, seq: u64, expires_at: u64, group: StoredGroup) {
+        let day = group.day;
+        let old = self.groups.insert(seq, group);
         match old {
             Some(old) if old.day == day => {}
             Some(old) => {
