@@ -173,6 +173,17 @@ pub fn at_day(day: u64) -> u64 {
 }
 
 /// A group of `n` events whose payloads carry `tag`, so two tags give different content.
+/// `g` as the daemon reads it from a log: at `offset` of partition 0 of the log `log-a`, with
+/// the write token `token` of that reading (`model::written`).
+pub fn from_log(mut g: EventGroup, offset: i64, token: u64) -> EventGroup {
+    let log = mailbox_materializer::model::LogId::topic_id("log-a").expect("log id");
+    g.source = Some(mailbox_materializer::model::SourcePosition::new(
+        log, 0, offset,
+    ));
+    g.token = Some(mailbox_materializer::model::WriteToken::from_raw(token));
+    g
+}
+
 pub fn group(mb: &MailboxId, seq: u64, day: u64, n: u32, tag: &str) -> EventGroup {
     EventGroup {
         mailbox: mb.clone(),

@@ -217,11 +217,10 @@ async fn a_slot_left_migrating_holds_only_its_users_and_readiness_names_it() {
 /// by one replica (`wait_replicas = 1`). Under load, a replica takes over with `CLUSTER
 /// FAILOVER`, then another master is killed with SIGKILL (its replica is promoted after the
 /// node timeout), then the killed node is started again (it rejoins as a replica). The state
-/// equals the reference: nothing acknowledged is lost. The outcome counts may differ in one way
-/// only, `inserted`/`replaced` answered `unchanged`: a write the killed master ran and
-/// replicated but never answered, and every write the promoted replica ran while it had no
-/// replica of its own to acknowledge it (until the killed node rejoined), is retried and finds
-/// itself already there.
+/// equals the reference: nothing acknowledged is lost. Every outcome count is the reference's:
+/// a write the killed master ran and replicated but never answered, and every write the
+/// promoted replica ran while it had no replica of its own to acknowledge it, is retried, finds
+/// itself already there, and is answered as it was by its write token (`model::written`).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forced_failover_under_load_keeps_every_acknowledged_write() {
     let mut cluster =
@@ -324,18 +323,11 @@ async fn a_forced_failover_under_load_keeps_every_acknowledged_write() {
     let count =
         |word: &str| metrics.get(&format!("materializer_groups_total{{outcome=\"{word}\"}}"));
     let expected = |word: &str| reference.groups.get(word).copied().unwrap_or(0) as f64;
-    let answered_again = count("unchanged") - expected("unchanged");
-    eprintln!(
-        "failover under load: {} records, {answered_again} answers of a write whose first answer was lost",
-        records.len()
-    );
-    assert!(answered_again >= 0.0, "fewer unchanged than the reference");
-    assert_eq!(
-        count("inserted") + count("replaced") + answered_again,
-        expected("inserted") + expected("replaced"),
-        "only written outcomes can have been answered again"
-    );
     for word in [
+        "inserted",
+        "replaced",
+        "unchanged",
+        "superseded",
         "conflict",
         "rejected",
         "expired_merged",

@@ -158,6 +158,65 @@ async fn a_paused_replica_holds_every_write() {
     );
 }
 
+/// A write the master applied and no replica acknowledged is a write whose answer was lost (as
+/// in a failover): the daemon retries it. Once a replica acknowledges, the retry of that
+/// delivery (its write token, `model::written`) answers what the write did, `inserted` or
+/// `replaced`, alone and in a batch; another reading of the same records answers `unchanged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_no_replica_acknowledged_is_answered_with_its_true_outcome() {
+    use conformance::from_log;
+    let (master, replica) = master_and_replica().await;
+    let s = store(&master, 1).await;
+    let day = today();
+    let mb = mailbox("u-lost-answer", 1);
+    let other = mailbox("u-lost-answer-b", 1);
+    assert_eq!(
+        s.append(&from_log(group(&mb, 1, day, 1, "v1"), 1, 1)).await,
+        Ok(AppendOutcome::Inserted)
+    );
+
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 4");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let replace = from_log(group(&mb, 1, day, 2, "v2"), 2, 2);
+    let insert = from_log(group(&other, 1, day, 1, "x"), 3, 3);
+    assert!(
+        unavailable(&s.append(&replace).await),
+        "no replica acknowledged"
+    );
+    assert!(
+        unavailable(&s.append(&insert).await),
+        "no replica acknowledged"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let retried = loop {
+        let answers = s.append_many(&[&replace, &insert]).await;
+        if !answers.iter().any(unavailable) || Instant::now() > deadline {
+            break answers;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        retried,
+        vec![Ok(AppendOutcome::Replaced), Ok(AppendOutcome::Inserted)],
+        "the retries of the writes whose answers were lost"
+    );
+    assert_eq!(
+        s.append(&replace).await,
+        Ok(AppendOutcome::Replaced),
+        "and alone"
+    );
+    let read_again = [
+        from_log(group(&mb, 1, day, 2, "v2"), 2, 4),
+        from_log(group(&other, 1, day, 1, "x"), 3, 5),
+    ];
+    assert_eq!(
+        s.append_many(&[&read_again[0], &read_again[1]]).await,
+        vec![Ok(AppendOutcome::Unchanged), Ok(AppendOutcome::Unchanged)],
+        "another reading of the same records"
+    );
+}
+
 /// Appends run while the replica is healthy, then while it is cut off (asleep, its link killed
 /// by the master); the master is killed with SIGKILL and the replica promoted. Every append that
 /// answered `Ok` is on the promoted replica with its content; the cut-off ones answered

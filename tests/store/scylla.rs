@@ -1135,6 +1135,81 @@ async fn a_committed_swap_succeeds_even_when_its_clean_up_fails() {
     );
 }
 
+/// A Paxos round that applied and whose answer was lost (a CAS write timeout with an unknown
+/// outcome): for every write of an insert and of a replace, the operation fails right after
+/// it as if its answer were lost there (before the commit: nothing applied; at the commit: it
+/// applied). The retry of that delivery (its write token) answers the true outcome, `inserted`
+/// or `replaced`, whichever it was; another reading of the record answers `unchanged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_was_lost_is_answered_with_its_true_outcome() {
+    use conformance::from_log;
+    let f = ScyllaFixture::start(policy(), NOW0).await;
+    for (name, replace) in [("insert", false), ("replace", true)] {
+        let mut failpoint = 1;
+        let mut applied_before_answer = 0;
+        loop {
+            let mb = mailbox(&format!("lost-{name}-{failpoint}"), 1);
+            if replace {
+                let first = from_log(group(&mb, 1, TODAY0, 2, "v1"), 10, 1);
+                assert_eq!(f.store.append(&first).await, Ok(AppendOutcome::Inserted));
+            }
+            let write = from_log(group(&mb, 1, TODAY0, 3, "v2"), 20, 2);
+            let truth = if replace {
+                AppendOutcome::Replaced
+            } else {
+                AppendOutcome::Inserted
+            };
+            f.store.arm_failpoint(Some(failpoint));
+            let first = f.store.append(&write).await;
+            f.store.arm_failpoint(None);
+            match first {
+                Ok(outcome) => {
+                    assert_eq!(outcome, truth, "{name}: without a failure");
+                    assert!(failpoint > 1, "{name}: the operation wrote nothing");
+                    break;
+                }
+                Err(StoreError::Unavailable { detail, .. }) => {
+                    assert!(detail.contains("failpoint"), "{name}: {detail}");
+                }
+                Err(other) => panic!("{name}, failpoint {failpoint}: {other}"),
+            }
+            // Whether the lost attempt applied, as a reader sees it.
+            let page = f
+                .store
+                .range_scan(
+                    &mb,
+                    ScanRequest {
+                        after_seq: 0,
+                        until_seq: None,
+                        limit_groups: 10,
+                    },
+                )
+                .await
+                .expect("scan");
+            if page.groups.iter().any(|g| g.events.len() == 3) {
+                applied_before_answer += 1;
+            }
+            assert_eq!(
+                f.store.append(&write).await,
+                Ok(truth),
+                "{name}, failpoint {failpoint}: the retry of the delivery whose answer was lost"
+            );
+            let other_reading = from_log(group(&mb, 1, TODAY0, 3, "v2"), 20, 3);
+            assert_eq!(
+                f.store.append(&other_reading).await,
+                Ok(AppendOutcome::Unchanged),
+                "{name}, failpoint {failpoint}: another reading of the record"
+            );
+            failpoint += 1;
+        }
+        eprintln!("{name}: {applied_before_answer} failpoint(s) after the commit");
+        assert!(
+            applied_before_answer >= 1,
+            "{name}: no failpoint fell after the commit"
+        );
+    }
+}
+
 /// `store.scylla.max_in_flight_appends` reaches the store the runner asks (the runner's own
 /// tests hold it to the limit at every boundary); Redis and memory keep the runner's bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
