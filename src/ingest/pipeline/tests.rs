@@ -202,6 +202,23 @@ fn a_lane_hands_out_what_waits_for_one_mailbox_as_one_run() {
     }
 }
 
+/// A run is one store call: when its answer is lost, each write's retry must find the store as
+/// that write left it, so a same-day replace of a seq the run holds starts the next run
+/// (`model::written`); the runs still take everything else in order.
+#[test]
+fn a_seq_is_written_at_most_once_per_run() {
+    let mut p = P::new(100);
+    assert_eq!(admit(&mut p, 0, &[("a", 1)]).ready, vec![at(0, 0)]);
+    for (offset, seq) in [(1, 5), (2, 6), (3, 5), (4, 7), (5, 6), (6, 8)] {
+        assert!(admit(&mut p, offset, &[("a", seq)]).ready.is_empty());
+    }
+    let (run, _) = complete(&mut p, at(0, 0), ok());
+    assert_eq!(run, vec![at(1, 0), at(2, 0)], "seq 5 again ends the run");
+    complete(&mut p, at(1, 0), ok());
+    let (run, _) = complete(&mut p, at(2, 0), ok());
+    assert_eq!(run, vec![at(3, 0), at(4, 0), at(5, 0), at(6, 0)]);
+}
+
 #[test]
 fn an_epoch_or_a_truncate_ends_a_run() {
     let mut p = P::new(100);
