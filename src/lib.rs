@@ -22,7 +22,9 @@
 //!   calls in flight; reaches a store only through the trait.
 //! - [`config`]: the TOML configuration with environment overrides and validation.
 //! - [`daemon`]: `materializer run` (Kafka intake, engine, dead letters, offsets, telemetry,
-//!   health), `replay` and `verify`.
+//!   health).
+//! - [`operator`]: what the operator commands do over a range of the log with the daemon's
+//!   Kafka clients: `replay`, `verify` and the dead-letter reader.
 //! - [`cli`]: the `materializer` commands; loads the configuration, opens the store once
 //!   ([`cli::open_store::open`], the one place a configuration becomes a store) and hands both on.
 //!
@@ -38,6 +40,7 @@ pub mod ingest;
 mod layers;
 pub(crate) mod locks;
 pub mod model;
+pub mod operator;
 pub mod retry;
 pub(crate) mod splitmix;
 pub mod store;

@@ -22,13 +22,15 @@ use serde::Serialize;
 use super::apply::{is_corrupt, report_failure, ApplyPolicy, Failure};
 use super::fail_with;
 use crate::config::Config;
-use crate::daemon::dlq_reader::{fetch, log_identity, DeadLetterMessage, DlqReader, PartitionSpan};
-use crate::daemon::replay::parse_time_ms;
 use crate::ingest::decode;
 use crate::ingest::drive::Driver;
 use crate::ingest::pipeline::{FinalRecord, RecordOutcome};
 use crate::model::Exit;
 use crate::model::LogId;
+use crate::operator::dlq_reader::{
+    fetch, log_identity, DeadLetterMessage, DlqReader, PartitionSpan,
+};
+use crate::operator::replay::parse_time_ms;
 use crate::store::MailboxStore;
 
 use super::output::ApplyLine;
@@ -433,7 +435,7 @@ async fn redrive(store: Arc<dyn MailboxStore>, config: &Config, args: &RedriveAr
     let mut failure: Option<Failure> = None;
     let mut source_done = false;
     let mut shown =
-        crate::daemon::replay::Progress::count("dlq redrive", "letters", args.progress.mode());
+        crate::operator::replay::Progress::count("dlq redrive", "letters", args.progress.mode());
     while failure.is_none() && !(source_done && driver.is_empty()) {
         let can_read = !source_done && driver.windows().all(|(_, w)| !w.pipeline.is_full());
         tokio::select! {

@@ -202,7 +202,7 @@ pub(super) async fn run(config: &Config, args: &ExplainArgs) -> ExitCode {
         }
     };
     let fence_json = fence.as_ref().map(|f| {
-        let (process, gone) = crate::daemon::replay::holder_process_state(&f.holder);
+        let (process, gone) = crate::operator::replay::holder_process_state(&f.holder);
         json!({"holder": f.holder, "lease_left_ms": f.lease_left_ms, "process": process, "process_gone": gone})
     });
     let corrupt = corrupt_reason.is_some() || !blocked.is_empty();

@@ -834,7 +834,7 @@ async fn patrol(config: &Config, opened: &OpenedStore, args: &PatrolArgs) -> Exi
         .rate
         .unwrap_or(config.store.redis.patrol_rate_per_second);
     let mut progress =
-        crate::daemon::replay::Progress::count("patrol", "mailboxes", args.progress.mode());
+        crate::operator::replay::Progress::count("patrol", "mailboxes", args.progress.mode());
     let patrolled = store
         .patrol_with(rate, args.dry_run, |report| {
             progress.note(format!(

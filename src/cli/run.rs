@@ -13,9 +13,9 @@ use super::{
 };
 use crate::config::{Backend, Config};
 use crate::daemon::http::{self, Health};
-use crate::daemon::replay::{parse_time_ms, ProgressMode, ReplayRequest, ReplayStart};
 use crate::daemon::{self, metrics, DaemonOptions, Progress};
 use crate::model::{Exit, UserId};
+use crate::operator::replay::{parse_time_ms, ProgressMode, ReplayRequest, ReplayStart};
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -284,9 +284,9 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
         match tokio::time::timeout(Duration::from_secs(30), open_store_for_command(config)).await {
             Ok(Ok(opened)) => opened,
             Ok(Err(OpenFailure::Refused(refusal))) => {
-                let summary = daemon::replay::ReplaySummary {
+                let summary = crate::operator::replay::ReplaySummary {
                     partition: args.partition,
-                    refused: Some(daemon::replay::Refusal {
+                    refused: Some(crate::operator::replay::Refusal {
                         reason: "store_evicting",
                         detail: refusal.clone(),
                     }),
@@ -325,7 +325,7 @@ pub(super) async fn replay(config: &Config, args: &ReplayArgs) -> ExitCode {
     });
     let signalled = interrupt.clone();
     let mut summary =
-        daemon::replay::replay(config, opened.store.clone(), &request, interrupt).await;
+        crate::operator::replay::replay(config, opened.store.clone(), &request, interrupt).await;
     signals.abort();
     summary.interrupted = summary.aborted.is_some() && *signalled.borrow();
     if let Err(e) = opened.persist() {

@@ -1,4 +1,4 @@
-//! `materializer verify`: the scrub of one partition's range ([`crate::daemon::verify`]). One
+//! `materializer verify`: the scrub of one partition's range ([`crate::operator::verify`]). One
 //! JSON line per mailbox that is not a `match` (every mailbox with `--all`), each `differs` and
 //! `corrupt` one with the command that repairs it, then the summary line. Exit 0 nothing differs,
 //! 1 something differs or is corrupt, 2 unreachable (or stopped, or nothing to verify).
@@ -15,10 +15,10 @@ use super::run::{parse_users, ProgressArg};
 use super::top::scrape::{authority, get};
 use super::{bad_argument, fail_with, open_store_to_read};
 use crate::config::Config;
-use crate::daemon::replay::{parse_time_ms, ReplayStart};
-use crate::daemon::verify::{verify, MailboxReport, VerifyRequest, DEFAULT_BATCH_BYTES};
 use crate::model::Exit;
 use crate::model::UserId;
+use crate::operator::replay::{parse_time_ms, ReplayStart};
+use crate::operator::verify::{verify, MailboxReport, VerifyRequest, DEFAULT_BATCH_BYTES};
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {

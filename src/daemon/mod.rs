@@ -45,7 +45,6 @@
 
 pub mod broker_link;
 pub(crate) mod dead_letter;
-pub(crate) mod dlq_reader;
 pub mod engine;
 pub(crate) mod events;
 pub(crate) mod fetch_waker;
@@ -63,11 +62,9 @@ pub mod metrics;
 pub(crate) mod outage;
 pub(crate) mod partition_growth;
 pub(crate) mod records_lost;
-pub mod replay;
 pub mod tap;
 pub(crate) mod telemetry;
 pub mod topic_policy;
-pub mod verify;
 
 use std::sync::Arc;
 

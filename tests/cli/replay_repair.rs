@@ -511,8 +511,8 @@ async fn a_redrive_on_a_fenced_user_exits_2_and_commits_nothing_past_it() {
 async fn a_memory_repair_heals_a_corrupt_mailbox_while_the_daemon_runs() {
     use std::sync::Arc;
 
-    use mailbox_materializer::daemon::replay::{self, ProgressMode, ReplayRequest, ReplayStart};
     use mailbox_materializer::model::RetentionPolicy;
+    use mailbox_materializer::operator::replay::{self, ProgressMode, ReplayRequest, ReplayStart};
     use mailbox_materializer::store::fault::Corruption;
     use mailbox_materializer::store::memory::MemoryStore;
     use mailbox_materializer::store::SystemClock;

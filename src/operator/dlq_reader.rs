@@ -13,8 +13,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::kafka::{base_config, ClientRole};
 use crate::config::Config;
+use crate::daemon::kafka::{base_config, ClientRole};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a read waits for the next message while offsets below the end remain.
@@ -332,7 +332,7 @@ pub(crate) async fn log_identity(
         .map_err(|e| format!("kafka: {e}"))?;
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
-        super::log_identity::read(consumer.client(), &topic, KAFKA_TIMEOUT)
+        crate::daemon::log_identity::read(consumer.client(), &topic, KAFKA_TIMEOUT)
             .map_err(|e| format!("kafka: the identity of {topic}: {e}"))
     })
     .await
