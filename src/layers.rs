@@ -16,7 +16,9 @@
 //!
 //! Inside `daemon` and `operator`, one more rule: metrics are written by events
 //! (`daemon::events`), so only `metrics` itself, `events`, `telemetry` (the outcome counts) and
-//! the HTTP side (`/metrics`, the readiness gauge) call `metrics::`.
+//! the HTTP side (`/metrics`, the readiness gauge) call `metrics::`. The commands (`cli`) write
+//! none either: they emit events, and name of `metrics` only the recorder's installation and
+//! metric names (the demo's table reads what was counted).
 
 #[cfg(test)]
 mod tests {
@@ -178,6 +180,37 @@ mod tests {
                 let code = line.split("//").next().unwrap_or_default();
                 if code.contains("metrics::") && !code.trim_start().starts_with("use ") {
                     offenders.push(format!("{relative}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "emit an event (daemon::events) instead: {offenders:#?}"
+        );
+    }
+
+    #[test]
+    fn the_commands_write_no_metric_themselves() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&src.join("cli"), &mut files);
+        assert!(files.len() > 10, "the commands' sources were not found");
+        let mut offenders = Vec::new();
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if code.trim_start().starts_with("use ") {
+                    continue;
+                }
+                for (at, _) in code.match_indices("metrics::") {
+                    let rest = &code[at + "metrics::".len()..];
+                    // The recorder's installation and metric names (constants) only.
+                    let allowed = rest.starts_with("install(")
+                        || rest.starts_with(|c: char| c.is_ascii_uppercase());
+                    if !allowed {
+                        offenders.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
                 }
             }
         }

@@ -105,7 +105,9 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     if let Err(e) = metrics::install() {
         return fail_with(Exit::Retry, "metrics", e);
     }
-    metrics::backend(crate::config::Backend::Memory.as_str());
+    crate::daemon::events::Event::emit(crate::daemon::events::StoreOpening(
+        crate::config::Backend::Memory.as_str(),
+    ));
     let mut config = config.clone();
     let (producer, brokers) = match start_mock_cluster(&config) {
         Ok(started) => started,

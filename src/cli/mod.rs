@@ -647,7 +647,7 @@ pub(crate) async fn open_store_to_write(
         .await
         .map_err(|e| OpenFailure::Unavailable(format!("reading Redis's maxmemory-policy: {e}")))?;
     let verdict = verdict(&policies, config.store.redis.allow_eviction);
-    crate::daemon::metrics::store_evicting(verdict.evicting());
+    crate::daemon::events::Event::emit(crate::daemon::events::StoreEvicting(verdict.evicting()));
     match verdict {
         Verdict::Safe { .. } => Ok((opened, None)),
         Verdict::Allowed(warning) => Ok((opened, Some(warning))),
@@ -698,7 +698,9 @@ pub(crate) async fn open_store_to_read(config: &Config) -> Result<OpenedStore, E
 /// Builds the configured backend ([`open_store::open`]), naming it in `build_info` first so a
 /// daemon waiting for its store already says what it runs (a no-op without the metrics recorder).
 pub(crate) async fn open_store(config: &Config) -> Result<OpenedStore, String> {
-    crate::daemon::metrics::backend(config.store.backend.as_str());
+    crate::daemon::events::Event::emit(crate::daemon::events::StoreOpening(
+        config.store.backend.as_str(),
+    ));
     open_store::open(config).await
 }
 

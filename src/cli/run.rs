@@ -186,7 +186,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         tracing::error!(error = %e, "metrics recorder");
         return fail_with(Exit::Retry, "metrics", format!("metrics recorder: {e}"));
     }
-    metrics::ready(false);
+    crate::daemon::events::Event::emit(crate::daemon::events::Starting);
     let health = Arc::new(Health::default());
     health
         .liveness

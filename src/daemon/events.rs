@@ -381,6 +381,26 @@ impl Event for Subscription {
     }
 }
 
+/// A command or the daemon opens its store: `build_info` names the backend (before the store
+/// answers, so a daemon waiting for it already says what it runs), and every store error kind
+/// of that backend is exported at 0.
+pub(crate) struct StoreOpening(pub &'static str);
+
+impl Event for StoreOpening {
+    fn emit(self) {
+        metrics::backend(self.0);
+    }
+}
+
+/// The daemon starts: not ready until its checks pass and its partitions are assigned.
+pub(crate) struct Starting;
+
+impl Event for Starting {
+    fn emit(self) {
+        metrics::ready(false);
+    }
+}
+
 /// Whether the store may evict the mailboxes' keys.
 pub(crate) struct StoreEvicting(pub bool);
 
