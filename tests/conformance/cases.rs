@@ -1338,6 +1338,23 @@ pub async fn a_retry_whose_answer_was_lost_answers_as_the_lost_attempt_did(h: &H
         ])
     );
 
+    // In one run, as one by one: the same delivery twice answers its own insert twice; another
+    // reading of it after the insert is unchanged.
+    let fresh = |seq: u64, token: u64| {
+        let mut g = group(&mb, seq, TODAY0, 1, "r");
+        g.source = position("log-a", 0, 40 + seq as i64);
+        g.token = Some(WriteToken::from_raw(token));
+        g
+    };
+    assert_eq!(
+        store.append_run(&[&fresh(7, 9), &fresh(7, 9)]).await,
+        vec![Ok(AppendOutcome::Inserted), Ok(AppendOutcome::Inserted)]
+    );
+    assert_eq!(
+        store.append_run(&[&fresh(8, 10), &fresh(8, 11)]).await,
+        vec![Ok(AppendOutcome::Inserted), Ok(AppendOutcome::Unchanged)]
+    );
+
     // A version written without a mark (a delivery without a token, as an older release wrote
     // every version): a retry can never claim it.
     assert_eq!(

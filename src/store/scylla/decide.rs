@@ -353,10 +353,12 @@ impl ScyllaStore {
                     None => d.snapshot.identity_source(d.slot, stored(seq)),
                 };
                 if same {
-                    // A run's own earlier write of the seq came from another delivery (a
-                    // record is in a run once): only a stored version can be this one's.
+                    // The version this chunk wrote itself is always an insert (a replace goes
+                    // alone); otherwise the stored version's mark.
                     let mark = match from_run {
-                        Some(_) => None,
+                        Some((_, _, earlier)) => {
+                            earlier.token.map(crate::model::WriteMark::inserted)
+                        }
                         None => d.snapshot.identity_mark(d.slot, stored(seq)),
                     };
                     Decided::Answer(Ok(rules::identical_answer(mark, group.token)))
