@@ -73,7 +73,7 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 the registry is image.registry, else global.imageRegistry. */}}
 {{- define "mm.image" -}}
 {{- $registry := default (.Values.global).imageRegistry .Values.image.registry -}}
-{{- $repository := .Values.image.repository -}}
+{{- $repository := required "image.repository is required: the image you built (docker build . or scripts/build-image) and pushed to your registry, e.g. --set image.repository=registry.example/mailbox-materializer (no image of this product is published)" .Values.image.repository -}}
 {{- if $registry -}}{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository -}}{{- end -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" $repository .Values.image.digest -}}
