@@ -1174,18 +1174,7 @@ async fn a_commit_whose_answer_was_lost_is_answered_with_its_true_outcome() {
                 Err(other) => panic!("{name}, failpoint {failpoint}: {other}"),
             }
             // Whether the lost attempt applied, as a reader sees it.
-            let page = f
-                .store
-                .range_scan(
-                    &mb,
-                    ScanRequest {
-                        after_seq: 0,
-                        until_seq: None,
-                        limit_groups: 10,
-                    },
-                )
-                .await
-                .expect("scan");
+            let page = observe(f.store.as_ref(), &mb).await.0.expect("scan");
             if page.groups.iter().any(|g| g.events.len() == 3) {
                 applied_before_answer += 1;
             }
