@@ -50,6 +50,43 @@ pub async fn create_topic(name: &str, partitions: i32) {
     for result in results {
         result.expect("topic created");
     }
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || wait_visible(&name, partitions))
+        .await
+        .expect("wait for the topic");
+}
+
+/// Waits until a broker's metadata shows `name` with `partitions` partitions, each with a
+/// leader. The controller answers a creation before every broker has applied it (KRaft brokers
+/// read the metadata log on their own), so on a loaded machine a client asking at once may still
+/// be told the topic does not exist: a test's first reader is not what it is testing.
+fn wait_visible(name: &str, partitions: i32) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("metadata client");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = consumer
+            .fetch_metadata(Some(name), Duration::from_secs(5))
+            .ok()
+            .is_some_and(|metadata| {
+                metadata.topics().iter().any(|topic| {
+                    topic.name() == name
+                        && topic.error().is_none()
+                        && topic.partitions().len() == partitions as usize
+                        && topic.partitions().iter().all(|p| p.leader() >= 0)
+                })
+            });
+        if ready {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "topic {name} not visible with {partitions} partitions after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Produces `(partition, payload)` records in order, each partition's in the order given, and
