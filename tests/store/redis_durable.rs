@@ -20,7 +20,11 @@ use mailbox_materializer::store::redis::{RedisSettings, RedisStore};
 use mailbox_materializer::store::MailboxStore;
 use support::redis_server::{free_port, Clock, Listen, RedisServer};
 
-const WAIT_MS: u64 = 300;
+/// How long a write waits for its replica: long enough that a healthy replica on a loaded
+/// machine (the suite runs its binaries side by side) always acknowledges in time (300 ms did
+/// not, once), short enough that every write a test makes while its replica sleeps fits in the
+/// sleep.
+const WAIT_MS: u64 = 1_000;
 
 /// A master and its replica, replication link up.
 async fn master_and_replica() -> (RedisServer, RedisServer) {
@@ -95,7 +99,8 @@ async fn a_paused_replica_holds_every_write() {
     let first = group(&mb, 1, day, 2, "a");
     assert_eq!(s.append(&first).await, Ok(AppendOutcome::Inserted));
 
-    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 6");
+    // Eight writes wait WAIT_MS each below while the replica sleeps.
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 15");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let second = group(&mb, 2, day, 1, "b");
     let result = s.append(&second).await;
@@ -175,7 +180,7 @@ async fn a_write_no_replica_acknowledged_is_answered_with_its_true_outcome() {
         Ok(AppendOutcome::Inserted)
     );
 
-    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 4");
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 8");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let replace = from_log(group(&mb, 1, day, 2, "v2"), 2, 2);
     let insert = from_log(group(&other, 1, day, 1, "x"), 3, 3);
@@ -249,7 +254,7 @@ async fn every_acknowledged_append_survives_a_failover() {
     assert_eq!(acknowledged.len(), 80, "a healthy replica acknowledges all");
 
     // Cut off: the replica sleeps and its link is dropped, so what follows never reaches it.
-    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 6");
+    let _sleeper = send_and_leave(&replica, "DEBUG SLEEP 8");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(master.raw("CLIENT KILL TYPE replica").starts_with(':'));
     let mut refused = 0;
