@@ -292,11 +292,10 @@ if existing then
       end
     end
   end
-  if (same and incoming_token ~= '') or not same then
-    if m.seq_position == nil then
-      m.seq_position = redis.call('HGET', meta_key, position_key)
-      if known and known.meta then known.meta[position_key] = m.seq_position end
-    end
+  -- The seq's position decides a replace, and an identical write that brings a token.
+  if m.seq_position == nil and (not same or incoming_token ~= '') then
+    m.seq_position = redis.call('HGET', meta_key, position_key)
+    if known and known.meta then known.meta[position_key] = m.seq_position end
   end
   if same then return {identical_answer(m.seq_position), promoted} end
   -- Different content from an older offset of the log and partition that wrote this version.
