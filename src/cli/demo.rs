@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use super::fail_with;
 use crate::config::Config;
+use crate::daemon::events::{Event as _, StoreOpening};
 use crate::daemon::http::Health;
 use crate::daemon::{self, metrics, DaemonOptions, Progress};
 use crate::demo::{demo_shard, synthetic_workload, DEMO_SHARDS};
@@ -105,9 +106,7 @@ pub(super) async fn run(config: &Config, args: &DemoArgs) -> ExitCode {
     if let Err(e) = metrics::install() {
         return fail_with(Exit::Retry, "metrics", e);
     }
-    crate::daemon::events::Event::emit(crate::daemon::events::StoreOpening(
-        crate::config::Backend::Memory.as_str(),
-    ));
+    StoreOpening(crate::config::Backend::Memory.as_str()).emit();
     let mut config = config.clone();
     let (producer, brokers) = match start_mock_cluster(&config) {
         Ok(started) => started,

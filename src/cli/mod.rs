@@ -27,6 +27,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Backend, Config, Overrides};
+use crate::daemon::events::{Event as _, StoreEvicting, StoreOpening};
 use crate::model::{Exit, MailboxId, ScanRequest, StoreError, UserId, MAX_MAILBOX_SEQ};
 use crate::store::MailboxStore;
 pub use open_store::OpenedStore;
@@ -647,7 +648,7 @@ pub(crate) async fn open_store_to_write(
         .await
         .map_err(|e| OpenFailure::Unavailable(format!("reading Redis's maxmemory-policy: {e}")))?;
     let verdict = verdict(&policies, config.store.redis.allow_eviction);
-    crate::daemon::events::Event::emit(crate::daemon::events::StoreEvicting(verdict.evicting()));
+    StoreEvicting(verdict.evicting()).emit();
     match verdict {
         Verdict::Safe { .. } => Ok((opened, None)),
         Verdict::Allowed(warning) => Ok((opened, Some(warning))),
@@ -698,9 +699,7 @@ pub(crate) async fn open_store_to_read(config: &Config) -> Result<OpenedStore, E
 /// Builds the configured backend ([`open_store::open`]), naming it in `build_info` first so a
 /// daemon waiting for its store already says what it runs (a no-op without the metrics recorder).
 pub(crate) async fn open_store(config: &Config) -> Result<OpenedStore, String> {
-    crate::daemon::events::Event::emit(crate::daemon::events::StoreOpening(
-        config.store.backend.as_str(),
-    ));
+    StoreOpening(config.store.backend.as_str()).emit();
     open_store::open(config).await
 }
 

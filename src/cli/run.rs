@@ -12,6 +12,7 @@ use super::{
     OpenedStore,
 };
 use crate::config::{Backend, Config};
+use crate::daemon::events::{Event as _, Starting};
 use crate::daemon::http::{self, Health};
 use crate::daemon::{self, metrics, DaemonOptions, Progress};
 use crate::model::{Exit, UserId};
@@ -186,7 +187,7 @@ pub(super) async fn daemon(config: &Config) -> ExitCode {
         tracing::error!(error = %e, "metrics recorder");
         return fail_with(Exit::Retry, "metrics", format!("metrics recorder: {e}"));
     }
-    crate::daemon::events::Event::emit(crate::daemon::events::Starting);
+    Starting.emit();
     let health = Arc::new(Health::default());
     health
         .liveness
